@@ -1,0 +1,40 @@
+-- settle.lua: record the final outcome of each member of a sealed batch, then delete the
+-- batch (its body holds addresses). Idempotent: a batch already settled is left alone, and
+-- only members still sealed into this batch change, so a late holder cannot overwrite.
+-- Failed members go to the dead-letter stream; outcome_unknown members to the unknown stream.
+--
+-- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] dead stream, KEYS[4] unknown stream,
+-- KEYS[5..4+c] counts hashes, KEYS[5+c..] delivery keys of the members
+-- ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention ms;
+--   then per member: delivery id, state, detail (provider id or error name), counts index (1-based)
+-- Returns the number of members settled by this call.
+local bid, c, retention = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local settled = 0
+for i = 5 + c, #KEYS do
+  local base = 3 + 4 * (i - 5 - c)
+  local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
+  local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'attempts')
+  if d[1] == 'sealed' and d[2] == bid then
+    local field = 'error'
+    if state == 'sent' then field = 'provider_id' end
+    redis.call('HSET', KEYS[i], 'state', state, field, detail, 'settled_ms', now)
+    redis.call('HINCRBY', KEYS[4 + ci], state, 1)
+    redis.call('EXPIRE', KEYS[4 + ci], math.floor(retention / 1000), 'NX')
+    if state == 'failed' then
+      redis.call('XADD', KEYS[3], 'MINID', '~', now - retention, '*',
+        'delivery', id, 'error', detail, 'attempts', d[3] or 0)
+    elseif state == 'outcome_unknown' then
+      redis.call('XADD', KEYS[4], 'MINID', '~', now - retention, '*',
+        'delivery', id, 'error', detail, 'attempts', d[3] or 0)
+    end
+    settled = settled + 1
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[2], bid)
+return settled

@@ -1,0 +1,37 @@
+-- take.lua: take over a sealed batch that needs attention: its retry is due, or its holder's
+-- lease expired mid-send. The taker resends the sealed bytes with the sealed key, so the
+-- provider replays instead of sending twice. A batch that may have been sent and was sealed
+-- longer ago than the provider's idempotency window is not resent: it is marked expired and
+-- its members must be settled as outcome_unknown.
+--
+-- KEYS[1] batch, KEYS[2] batches zset
+-- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
+-- Returns {'take', key, body, members, tallies, attempts, maybe_sent}, {'expired', members, tallies},
+-- or {'skip'} when the batch is not due (someone else took it) or no longer exists.
+local bid, owner = ARGV[1], ARGV[2]
+local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local score = redis.call('ZSCORE', KEYS[2], bid)
+if not score or tonumber(score) > now then
+  return {'skip'}
+end
+local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'tallies', 'sealed_ms',
+  'attempts', 'state', 'maybe_sent')
+if not b[1] then
+  redis.call('ZREM', KEYS[2], bid)
+  return {'skip'}
+end
+local maybe_sent = b[8]
+if b[7] ~= 'retry' then
+  -- The holder's lease ran out while the request may have been on the wire.
+  maybe_sent = '1'
+end
+redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
+redis.call('ZADD', KEYS[2], now + lease, bid)
+if maybe_sent == '1' and now - tonumber(b[5]) > window then
+  redis.call('HSET', KEYS[1], 'state', 'expired')
+  return {'expired', b[3], b[4]}
+end
+redis.call('HSET', KEYS[1], 'state', 'sealed')
+return {'take', b[1], b[2], b[3], b[4], b[6], maybe_sent}

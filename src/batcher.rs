@@ -1,0 +1,242 @@
+//! The batcher: rendered emails wait in per-partition queues (a batch is sealed
+//! within one partition, so its Lua scripts touch one hash slot); whenever the
+//! limiter grants a request slot, the fullest queue gives up to `batch_size`
+//! emails, so under backlog every slot carries a full batch. Batches due for a
+//! resend go first. Bounded queues push back on the readers.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::Ctx;
+use crate::sender::{self, Sealed};
+use crate::shutdown::Shutdown;
+
+/// A claimed, rendered email waiting for a batch.
+#[derive(Debug, Clone)]
+pub struct Ready {
+    pub entry: String,
+    pub delivery: String,
+    pub campaign: String,
+    pub period: String,
+    /// The email object, exactly as it will be sent.
+    pub json: String,
+}
+
+/// The next request to make.
+#[derive(Debug)]
+pub enum Work {
+    /// A new batch of one partition's emails, to seal and send.
+    Fresh(u16, Vec<Ready>),
+    /// A sealed batch to send again, same key and body.
+    Resend(Sealed),
+}
+
+/// Queues between the readers and the request slots.
+pub struct Batcher {
+    batch_size: usize,
+    queues: Mutex<Queues>,
+    changed: Notify,
+    /// Free places per partition queue; readers wait here when sending falls behind.
+    space: Vec<Semaphore>,
+}
+
+struct Queues {
+    fresh: Vec<VecDeque<Ready>>,
+    resend: VecDeque<Sealed>,
+}
+
+impl Batcher {
+    /// `capacity` emails may wait per partition (at least one full read and one batch).
+    pub fn new(partitions: u16, batch_size: usize, capacity: usize) -> Batcher {
+        Batcher {
+            batch_size,
+            queues: Mutex::new(Queues {
+                fresh: (0..partitions).map(|_| VecDeque::new()).collect(),
+                resend: VecDeque::new(),
+            }),
+            changed: Notify::new(),
+            space: (0..partitions).map(|_| Semaphore::new(capacity)).collect(),
+        }
+    }
+
+    /// Queues emails of partition `p`, waiting for room.
+    pub async fn push(&self, p: u16, items: Vec<Ready>) {
+        if items.is_empty() {
+            return;
+        }
+        let permits = self.space[usize::from(p)]
+            .acquire_many(items.len() as u32)
+            .await
+            .expect("batcher semaphores are never closed");
+        permits.forget();
+        self.queues.lock().expect("batcher lock").fresh[usize::from(p)].extend(items);
+        self.changed.notify_one();
+    }
+
+    /// Queues a sealed batch for resending.
+    pub fn push_resend(&self, sealed: Sealed) {
+        self.queues.lock().expect("batcher lock").resend.push_back(sealed);
+        self.changed.notify_one();
+    }
+
+    /// Emails and batches waiting.
+    pub fn queued(&self) -> (usize, usize) {
+        let q = self.queues.lock().expect("batcher lock");
+        (q.fresh.iter().map(VecDeque::len).sum(), q.resend.len())
+    }
+
+    /// Whether a batch (or its resend) is already queued here.
+    pub fn has_resend(&self, batch: &str) -> bool {
+        self.queues.lock().expect("batcher lock").resend.iter().any(|s| s.id == batch)
+    }
+
+    /// Waits until there is something to send.
+    pub async fn wait_for_work(&self) {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let q = self.queues.lock().expect("batcher lock");
+                if !q.resend.is_empty() || q.fresh.iter().any(|f| !f.is_empty()) {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Takes the next request's worth: a resend first, else up to `batch_size`
+    /// emails from the fullest partition.
+    pub fn take(&self) -> Option<Work> {
+        let mut q = self.queues.lock().expect("batcher lock");
+        if let Some(sealed) = q.resend.pop_front() {
+            return Some(Work::Resend(sealed));
+        }
+        let (p, queue) = q.fresh.iter_mut().enumerate().max_by_key(|(_, f)| f.len())?;
+        if queue.is_empty() {
+            return None;
+        }
+        let n = queue.len().min(self.batch_size);
+        let items: Vec<Ready> = queue.drain(..n).collect();
+        self.space[p].add_permits(n);
+        Some(Work::Fresh(p as u16, items))
+    }
+}
+
+/// How long before its slot a batch is taken and sealed: sealing is a Redis
+/// round trip, done ahead so the request itself leaves right at the slot.
+const SEAL_LEAD: Duration = Duration::from_millis(20);
+
+/// Grants request slots to work until shutdown, then lets in-flight requests
+/// finish within `drain`; what does not finish stays sealed for recovery.
+pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: Shutdown, drain: Duration) {
+    let in_flight = Arc::new(Semaphore::new(ctx.config.resend.max_in_flight));
+    let mut tasks = JoinSet::new();
+    loop {
+        while tasks.try_join_next().is_some() {}
+        let permit = tokio::select! {
+            _ = shutdown.wait() => break,
+            p = in_flight.clone().acquire_owned() => p.expect("never closed"),
+        };
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            _ = ctx.batcher.wait_for_work() => {}
+        }
+        if let Some(left) = ctx.pause.remaining() {
+            shutdown.sleep(left.min(Duration::from_secs(1))).await;
+            continue;
+        }
+        let asked = Instant::now();
+        let slot = ctx.limiter.next_slot();
+        tokio::select! {
+            _ = shutdown.wait() => break,
+            _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
+        }
+        let Some(work) = ctx.batcher.take() else { continue };
+        let Some(sealed) = sender::prepare(&ctx, work).await else { continue };
+        // Wait for the slot as it stands now: the previous request may have left
+        // late, or a 429 may have paused sending, since it was first asked.
+        let stopped = loop {
+            let slot = ctx.limiter.next_slot();
+            if slot <= Instant::now() {
+                break false;
+            }
+            tokio::select! {
+                _ = shutdown.wait() => break true,
+                _ = tokio::time::sleep_until(slot) => {}
+            }
+        };
+        if stopped {
+            tracing::info!(batch = %sealed.id, "shutdown before its slot; the batch stays sealed for recovery");
+            break;
+        }
+        ctx.limiter.sent(Instant::now());
+        ctx.metrics.limiter_waited(asked.elapsed());
+        let ctx = ctx.clone();
+        tasks.spawn(async move {
+            sender::attempt(&ctx, sealed).await;
+            drop(permit);
+        });
+    }
+    let deadline = Instant::now() + drain;
+    while !tasks.is_empty() {
+        if tokio::time::timeout_at(deadline, tasks.join_next()).await.is_err() {
+            tracing::warn!(
+                requests = tasks.len(),
+                "drain deadline passed; unfinished batches stay sealed for recovery"
+            );
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ready(n: usize) -> Vec<Ready> {
+        (0..n)
+            .map(|i| Ready {
+                entry: format!("0-{i}"),
+                delivery: format!("d{i}"),
+                campaign: "c".into(),
+                period: "p".into(),
+                json: "{}".into(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn fullest_partition_first_and_never_over_the_batch_size() {
+        let b = Batcher::new(3, 100, 300);
+        b.push(0, ready(30)).await;
+        b.push(2, ready(250)).await;
+        let sizes: Vec<(u16, usize)> = std::iter::from_fn(|| match b.take()? {
+            Work::Fresh(p, items) => Some((p, items.len())),
+            Work::Resend(_) => None,
+        })
+        .collect();
+        assert_eq!(sizes, vec![(2, 100), (2, 100), (2, 50), (0, 30)]);
+        assert!(b.take().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_holds_its_reader_back() {
+        let b = Arc::new(Batcher::new(1, 100, 150));
+        b.push(0, ready(100)).await;
+        let pushing = {
+            let b = b.clone();
+            tokio::spawn(async move { b.push(0, ready(100)).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!pushing.is_finished(), "no room for 100 more");
+        assert!(matches!(b.take(), Some(Work::Fresh(0, items)) if items.len() == 100));
+        pushing.await.unwrap();
+        assert_eq!(b.queued(), (100, 0));
+    }
+}

@@ -1,0 +1,127 @@
+//! The Redis key layout, in one place. Every key of a delivery (its stream,
+//! record, dedup key, batch, counters, subscriber) carries the hash tag of its
+//! partition, `{N}`, so each Lua script touches one hash slot and the same
+//! scripts run on Redis Cluster. The README documents each family.
+
+/// Builds key names for one deployment (one prefix, fixed partition count).
+#[derive(Debug, Clone)]
+pub struct Keys {
+    prefix: String,
+    partitions: u16,
+}
+
+impl Keys {
+    pub fn new(prefix: &str, partitions: u16) -> Keys {
+        assert!(partitions > 0, "at least one partition");
+        Keys { prefix: prefix.to_string(), partitions }
+    }
+
+    pub fn partitions(&self) -> u16 {
+        self.partitions
+    }
+
+    /// The partition a subscriber's deliveries live in: FNV-1a of the id, stable
+    /// across versions and machines (changing it would break deduplication).
+    pub fn partition_of(&self, subscriber: &str) -> u16 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in subscriber.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        (hash % u64::from(self.partitions)) as u16
+    }
+
+    fn tagged(&self, partition: u16, rest: &str) -> String {
+        format!("{}:{{{}}}:{}", self.prefix, partition, rest)
+    }
+
+    /// Stream of delivery ids waiting to be sent (entries: `delivery <id>`).
+    pub fn stream(&self, p: u16) -> String {
+        self.tagged(p, "stream")
+    }
+
+    /// Hash: one delivery's state (no addresses: ids, state, attempts, outcome).
+    pub fn delivery(&self, p: u16, id: &str) -> String {
+        self.tagged(p, &format!("delivery:{id}"))
+    }
+
+    /// String holding the delivery id of (campaign, subscriber, target, period).
+    pub fn dedup(&self, p: u16, campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
+        self.tagged(p, &format!("dedup:{campaign}:{period}:{subscriber}:{target}"))
+    }
+
+    /// Hash: counters of one campaign period in this partition (enqueued, sent, ...).
+    pub fn counts(&self, p: u16, campaign: &str, period: &str) -> String {
+        self.tagged(p, &format!("counts:{campaign}:{period}"))
+    }
+
+    /// Hash: a subscriber (address, targets, entitled, subscribed, data).
+    pub fn subscriber(&self, p: u16, id: &str) -> String {
+        self.tagged(p, &format!("subscriber:{id}"))
+    }
+
+    /// Set: ids of the subscribers in this partition, for fan-out.
+    pub fn subscribers(&self, p: u16) -> String {
+        self.tagged(p, "subscribers")
+    }
+
+    /// Hash: a sealed batch (exact request body, idempotency key, members).
+    pub fn batch(&self, p: u16, id: &str) -> String {
+        self.tagged(p, &format!("batch:{id}"))
+    }
+
+    /// Sorted set: unsettled batches, scored by when they next need attention
+    /// (their lease expiry, or their retry due time), in Redis-clock milliseconds.
+    pub fn batches(&self, p: u16) -> String {
+        self.tagged(p, "batches")
+    }
+
+    /// Stream: dead letters (delivery id, error name, attempts; no personal data).
+    pub fn dead(&self, p: u16) -> String {
+        self.tagged(p, "dead")
+    }
+
+    /// Stream: deliveries whose outcome is unknown (id, error name), for the operator.
+    pub fn unknown(&self, p: u16) -> String {
+        self.tagged(p, "unknown")
+    }
+
+    /// Hash: deployment facts checked at start (the partition count).
+    pub fn meta(&self) -> String {
+        format!("{}:meta", self.prefix)
+    }
+
+    /// String with a TTL: sending is paused (quota exhausted) until it expires.
+    pub fn paused(&self) -> String {
+        format!("{}:paused", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_is_readable_and_tagged() {
+        let keys = Keys::new("mailstream", 8);
+        assert_eq!(keys.delivery(7, "01JD"), "mailstream:{7}:delivery:01JD");
+        assert_eq!(
+            keys.dedup(3, "weekly_digest", "2026-W48", "u42", "team-1"),
+            "mailstream:{3}:dedup:weekly_digest:2026-W48:u42:team-1"
+        );
+        assert_eq!(keys.stream(0), "mailstream:{0}:stream");
+    }
+
+    #[test]
+    fn partition_is_stable_and_in_range() {
+        let keys = Keys::new("mailstream", 8);
+        // Pinned values: a change here would re-partition every deployment.
+        assert_eq!(keys.partition_of("u42"), keys.partition_of("u42"));
+        let counts = (0..10_000).fold([0u32; 8], |mut acc, i| {
+            acc[keys.partition_of(&format!("user-{i}")) as usize] += 1;
+            acc
+        });
+        assert!(counts.iter().all(|&c| c > 1000), "{counts:?}");
+        assert_eq!(Keys::new("x", 1000).partition_of("abc"), (0xe71fa2190541574b_u64 % 1000) as u16);
+    }
+}

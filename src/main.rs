@@ -1,0 +1,271 @@
+//! The `mailstream` command: argument parsing, logging and signal wiring only;
+//! the work is in the library.
+
+use std::io::{IsTerminal, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use mailstream::audience::{self, Subscriber};
+use mailstream::config::Config;
+use mailstream::demo::{self, DemoOptions};
+use mailstream::resend::emulator::{Emulator, EmulatorConfig};
+use mailstream::shutdown::{self, Shutdown, Trigger};
+use mailstream::store::Store;
+
+#[derive(Parser)]
+#[command(
+    name = "mailstream",
+    version,
+    about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct ConfigArg {
+    /// Config file (see the shipped config.toml).
+    #[arg(long, short, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: read, batch, send, settle, recover; stop on SIGTERM or SIGINT.
+    Run {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Validate a config file and exit.
+    CheckConfig {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Add or update subscribers in the registry.
+    Subscribe {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Subscriber id (an id, not an address).
+        #[arg(long, required_unless_present = "ndjson")]
+        id: Option<String>,
+        #[arg(long, required_unless_present = "ndjson")]
+        email: Option<String>,
+        /// Target ids (repeat); one delivery per target and period.
+        #[arg(long = "target")]
+        targets: Vec<String>,
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        entitled: bool,
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+        subscribed: bool,
+        /// Read NDJSON subscriber records from this file, or `-` for stdin.
+        #[arg(long, conflicts_with_all = ["id", "email"])]
+        ndjson: Option<String>,
+    },
+    /// Enqueue a campaign period for every eligible subscriber (at most once each).
+    Kick {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[arg(long)]
+        campaign: String,
+        /// Period such as 2026-W48; default: the current one in the campaign's time zone.
+        #[arg(long)]
+        period: Option<String>,
+        /// `-`: fan out over NDJSON subscriber records on stdin (upserted first) instead of the registry.
+        #[arg(long)]
+        audience: Option<String>,
+    },
+    /// Run the Resend emulator.
+    Emulator {
+        #[arg(long, default_value = "127.0.0.1:3030")]
+        listen: SocketAddr,
+        /// Team rate limit (requests per sliding second); 0 for none.
+        #[arg(long, default_value_t = 10)]
+        rps: u32,
+        /// TOML file with emulator settings and faults (see EmulatorConfig).
+        #[arg(long)]
+        settings: Option<PathBuf>,
+    },
+    /// A full weekly run on the embedded default: private Redis, emulator, N subscribers.
+    Demo {
+        #[arg(long, default_value_t = 5000)]
+        subscribers: u64,
+        #[arg(long, default_value_t = 10)]
+        rps: u32,
+        /// End with one JSON line of results.
+        #[arg(long)]
+        json: bool,
+        /// Use this Redis (under a fresh key prefix) instead of starting a private one.
+        #[arg(long)]
+        redis_url: Option<String>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Run { .. } | Command::Emulator { .. } => "info",
+        _ => "warn",
+    };
+    init_logging(default_level);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<mailstream::config::ConfigError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+fn init_logging(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MAILSTREAM_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        Command::Run { config } => {
+            let config = Config::load(&config.config)?;
+            let listeners = mailstream::Listeners::bind(&config).await?;
+            let shutdown = signals()?;
+            mailstream::run(config, listeners, shutdown).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::CheckConfig { config } => {
+            let path = config.config;
+            let config = Config::load(&path)?;
+            println!(
+                "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
+                path.display(),
+                config.campaigns.len(),
+                config.redis.partitions,
+                config.resend.requests_per_second,
+                if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Subscribe { config, id, email, targets, entitled, subscribed, ndjson } => {
+            let config = Config::load(&config.config)?;
+            let subscribers = match ndjson {
+                Some(source) => audience::parse_ndjson(&read_source(&source)?)?,
+                None => vec![Subscriber {
+                    id: id.unwrap_or_default(),
+                    email: email.unwrap_or_default(),
+                    targets,
+                    entitled,
+                    subscribed,
+                    data: None,
+                }],
+            };
+            let store = Store::connect(&config).await?;
+            store.check_partitions().await?;
+            audience::upsert(&store, &subscribers).await?;
+            println!("{} subscribers written", subscribers.len());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Kick { config, campaign, period, audience: source } => {
+            let config = Config::load(&config.config)?;
+            let c = config
+                .campaign(&campaign)
+                .with_context(|| format!("no [[campaign]] named {campaign:?} in the config"))?;
+            let period = audience::period_for(c, period.as_deref())?;
+            let store = Store::connect(&config).await?;
+            store.check_partitions().await?;
+            let report = match source {
+                Some(source) => {
+                    let list = audience::parse_ndjson(&read_source(&source)?)?;
+                    audience::kick_list(&store, &config, &campaign, &period, &list).await?
+                }
+                None => audience::kick_registry(&store, &config, &campaign, &period).await?,
+            };
+            println!(
+                "campaign {} period {}: {} new, {} duplicates, {} not eligible",
+                report.campaign, report.period, report.new, report.duplicates, report.not_eligible
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Emulator { listen, rps, settings } => {
+            let mut emulator_config = match settings {
+                Some(path) => {
+                    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+                    toml::from_str::<EmulatorConfig>(&text).with_context(|| format!("{}", path.display()))?
+                }
+                None => EmulatorConfig::default(),
+            };
+            emulator_config.requests_per_second = (rps > 0).then_some(rps);
+            let listener =
+                tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+            tracing::info!(%listen, rps, "Resend emulator listening");
+            Emulator::new(emulator_config).serve(listener, signals()?).await;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo { subscribers, rps, json, redis_url } => {
+            let opts = DemoOptions { subscribers, rps, redis_url, ..Default::default() };
+            let mut out = std::io::stdout();
+            let report = demo::run(&opts, &mut out).await?;
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+            Ok(if report.problems().is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+    }
+}
+
+/// Reads a file, or stdin for `-`.
+fn read_source(source: &str) -> anyhow::Result<String> {
+    if source == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading stdin")?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(Path::new(source)).with_context(|| format!("reading {source}"))
+    }
+}
+
+/// SIGTERM or SIGINT begins a graceful shutdown; a second one exits at once
+/// (leases and sealed batches make that safe: the next instance recovers).
+fn signals() -> anyhow::Result<Shutdown> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (trigger, shutdown): (Trigger, Shutdown) = shutdown::channel();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            seen += 1;
+            if seen == 1 {
+                tracing::warn!("shutting down: finishing in-flight requests (signal again to exit now)");
+                trigger.trigger();
+            } else {
+                tracing::warn!("exiting now; unfinished work stays leased or sealed for the next instance");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(shutdown)
+}

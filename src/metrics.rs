@@ -1,0 +1,183 @@
+//! Observable events. Each is one method that logs and counts with the same
+//! labels; label values are bounded (campaign names from the config, outcome
+//! and error names), never an address or a message. `/metrics` serves them.
+
+use std::time::Duration;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+use crate::http::{self, HttpRequest, HttpResponse};
+
+/// Every metric mailstream exports.
+pub struct Metrics {
+    registry: Registry,
+    enqueued: IntCounterVec,
+    outcomes: IntCounterVec,
+    provider_requests: IntCounterVec,
+    batch_emails: Histogram,
+    limiter_wait: Histogram,
+    retries: IntCounterVec,
+    paused: IntGauge,
+    backlog: IntGaugeVec,
+    redis_errors: IntCounterVec,
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).expect("valid metric");
+    registry.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let paused = IntGauge::new("mailstream_sending_paused", "1 while sending is paused (provider quota exhausted)")
+            .expect("valid metric");
+        r.register(Box::new(paused.clone())).expect("unique metric");
+        let backlog = IntGaugeVec::new(
+            Opts::new(
+                "mailstream_backlog",
+                "Stream entries not yet read by the group, plus entries read but not acknowledged",
+            ),
+            &["partition", "kind"],
+        )
+        .expect("valid metric");
+        r.register(Box::new(backlog.clone())).expect("unique metric");
+        Metrics {
+            enqueued: counter(
+                &r,
+                "mailstream_enqueued_total",
+                "Deliveries offered to enqueue, by result (new, duplicate)",
+                &["campaign", "result"],
+            ),
+            outcomes: counter(
+                &r,
+                "mailstream_deliveries_total",
+                "Deliveries settled, by outcome (sent, skipped, failed, outcome_unknown) and reason",
+                &["campaign", "outcome", "reason"],
+            ),
+            provider_requests: counter(
+                &r,
+                "mailstream_provider_requests_total",
+                "Requests to Resend, by result (ok or the error name) and action",
+                &["result", "action"],
+            ),
+            batch_emails: histogram(
+                &r,
+                "mailstream_batch_emails",
+                "Emails per batch request",
+                vec![1.0, 10.0, 25.0, 50.0, 75.0, 99.0, 100.0],
+            ),
+            limiter_wait: histogram(
+                &r,
+                "mailstream_limiter_wait_seconds",
+                "Time a ready batch waited for a request slot",
+                prometheus::exponential_buckets(0.001, 4.0, 8).expect("valid buckets"),
+            ),
+            retries: counter(
+                &r,
+                "mailstream_batch_retries_total",
+                "Batches scheduled for another attempt, by error",
+                &["error"],
+            ),
+            paused,
+            backlog,
+            redis_errors: counter(
+                &r,
+                "mailstream_redis_errors_total",
+                "Redis calls that failed, by operation",
+                &["op"],
+            ),
+            registry: r,
+        }
+    }
+
+    pub fn enqueued(&self, campaign: &str, new: u64, duplicates: u64) {
+        tracing::info!(campaign, new, duplicates, "enqueued");
+        self.enqueued.with_label_values(&[campaign, "new"]).inc_by(new);
+        self.enqueued.with_label_values(&[campaign, "duplicate"]).inc_by(duplicates);
+    }
+
+    /// `n` deliveries of `campaign` reached `outcome` (reason: error or skip name, or "").
+    pub fn settled(&self, campaign: &str, outcome: &str, reason: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        if outcome == "sent" {
+            tracing::debug!(campaign, outcome, n, "settled");
+        } else {
+            tracing::info!(campaign, outcome, reason, n, "settled");
+        }
+        self.outcomes.with_label_values(&[campaign, outcome, reason]).inc_by(n);
+    }
+
+    /// One request to Resend ended: `result` is "ok" or the error name.
+    pub fn provider_request(&self, result: &str, action: &str, emails: usize) {
+        if result == "ok" {
+            tracing::debug!(emails, "batch accepted");
+        } else {
+            tracing::warn!(error = result, action, emails, "batch request failed");
+        }
+        self.provider_requests.with_label_values(&[result, action]).inc();
+        self.batch_emails.observe(emails as f64);
+    }
+
+    pub fn limiter_waited(&self, waited: Duration) {
+        self.limiter_wait.observe(waited.as_secs_f64());
+    }
+
+    pub fn retry_scheduled(&self, error: &str, attempts: u32, delay: Duration) {
+        tracing::info!(error, attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
+        self.retries.with_label_values(&[error]).inc();
+    }
+
+    pub fn set_paused(&self, paused: bool, reason: &str) {
+        if paused && self.paused.get() == 0 {
+            tracing::error!(reason, "sending paused");
+        } else if !paused && self.paused.get() == 1 {
+            tracing::warn!("sending resumed");
+        }
+        self.paused.set(i64::from(paused));
+    }
+
+    pub fn backlog(&self, partition: u16, unread: u64, unacked: u64) {
+        let p = partition.to_string();
+        self.backlog.with_label_values(&[p.as_str(), "unread"]).set(unread as i64);
+        self.backlog.with_label_values(&[p.as_str(), "unacked"]).set(unacked as i64);
+    }
+
+    pub fn redis_error(&self, op: &str, error: &anyhow::Error) {
+        tracing::warn!(op, error = %error, "redis call failed");
+        self.redis_errors.with_label_values(&[op]).inc();
+    }
+
+    /// The Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        String::from_utf8(out).expect("prometheus text is UTF-8")
+    }
+
+    /// The `/metrics` handler.
+    pub fn handle(&self, req: &HttpRequest) -> HttpResponse {
+        if req.uri().path() == "/metrics" {
+            http::text(hyper::StatusCode::OK, self.render())
+        } else {
+            http::text(hyper::StatusCode::NOT_FOUND, "not found\n")
+        }
+    }
+}

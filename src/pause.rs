@@ -1,0 +1,95 @@
+//! Pausing all sending when the provider's daily or monthly quota is used up.
+//! The pause lives in Redis (a key with an expiry at the next quota window), so
+//! every instance pauses; it ends on its own, or at `mailstream resume`.
+//! Nothing is dropped: batches wait, sealed, and deliveries wait in the streams.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Datelike, TimeZone, Utc};
+use redis::AsyncCommands;
+
+use crate::store::Store;
+
+/// This instance's view of the shared pause.
+#[derive(Default)]
+pub struct Pause {
+    until: Mutex<Option<SystemTime>>,
+}
+
+impl Pause {
+    /// Whether sending is paused now.
+    pub fn is_paused(&self) -> bool {
+        self.remaining().is_some()
+    }
+
+    /// How long the pause still lasts.
+    pub fn remaining(&self) -> Option<Duration> {
+        let until = (*self.until.lock().expect("pause lock"))?;
+        until.duration_since(SystemTime::now()).ok().filter(|d| !d.is_zero())
+    }
+
+    /// Pauses every instance until `until` (only ever extends a pause).
+    pub async fn begin(&self, store: &Store, until: SystemTime, reason: &str) -> anyhow::Result<()> {
+        let ms = until.duration_since(SystemTime::now()).unwrap_or_default().as_millis().max(1) as u64;
+        {
+            let mut local = self.until.lock().expect("pause lock");
+            if local.is_none_or(|u| u < until) {
+                *local = Some(until);
+            }
+        }
+        let mut conn = store.conn().await?;
+        let key = store.keys.paused();
+        let current: i64 = conn.pttl(&key).await?;
+        if current < ms as i64 {
+            let _: () = redis::cmd("SET").arg(&key).arg(reason).arg("PX").arg(ms).query_async(&mut conn).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads the shared pause (each instance does this every few seconds).
+    pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
+        let mut conn = store.conn().await?;
+        let ttl: i64 = conn.pttl(store.keys.paused()).await?;
+        *self.until.lock().expect("pause lock") =
+            (ttl > 0).then(|| SystemTime::now() + Duration::from_millis(ttl as u64));
+        Ok(())
+    }
+
+    /// Ends the pause everywhere (`mailstream resume`); returns whether one was on.
+    pub async fn resume(store: &Store) -> anyhow::Result<bool> {
+        let mut conn = store.conn().await?;
+        let removed: u32 = conn.del(store.keys.paused()).await?;
+        Ok(removed > 0)
+    }
+}
+
+/// When the quota named by `error` renews: daily quotas at the next 00:00 UTC,
+/// monthly ones on the 1st of next month, 00:00 UTC.
+pub fn quota_renews(error: &str, now: DateTime<Utc>) -> SystemTime {
+    let next = if error == "monthly_quota_exceeded" {
+        let (y, m) = if now.month() == 12 { (now.year() + 1, 1) } else { (now.year(), now.month() + 1) };
+        Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()
+    } else {
+        let tomorrow = now.date_naive().succ_opt().unwrap_or(now.date_naive());
+        Utc.from_local_datetime(&tomorrow.and_hms_opt(0, 0, 0).expect("midnight exists")).single()
+    };
+    let next = next.unwrap_or(now + chrono::Duration::hours(24));
+    UNIX_EPOCH + Duration::from_millis(next.timestamp_millis().max(0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quotas_renew_at_the_next_window() {
+        let now = DateTime::parse_from_rfc3339("2026-12-31T22:15:00Z").unwrap().with_timezone(&Utc);
+        let at = |t: SystemTime| DateTime::<Utc>::from(t).to_rfc3339();
+        assert_eq!(at(quota_renews("daily_quota_exceeded", now)), "2027-01-01T00:00:00+00:00");
+        assert_eq!(at(quota_renews("monthly_quota_exceeded", now)), "2027-01-01T00:00:00+00:00");
+        let mid = DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc);
+        assert_eq!(at(quota_renews("monthly_quota_exceeded", mid)), "2026-12-01T00:00:00+00:00");
+        assert_eq!(at(quota_renews("daily_quota_exceeded", mid)), "2026-11-30T00:00:00+00:00");
+    }
+}

@@ -1,0 +1,151 @@
+//! Rendering an email from a campaign's template (minijinja). The HTML body is
+//! auto-escaped; subject and text are not. The result is the email object of
+//! Resend's API, serialized once and sealed byte for byte.
+
+use std::collections::BTreeMap;
+
+use minijinja::{Environment, context};
+use serde::Serialize;
+
+use crate::config::{Config, TemplateConfig};
+
+/// What a template sees about one delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderInput<'a> {
+    pub campaign: &'a str,
+    pub period: &'a str,
+    pub target: &'a str,
+    pub delivery_id: &'a str,
+    pub subscriber_id: &'a str,
+    /// The subscriber's stored data (a JSON object), if any.
+    pub data: &'a serde_json::Value,
+}
+
+/// A tag on a sent email (ids only): lets webhooks find the delivery again.
+#[derive(Debug, Clone, Serialize)]
+pub struct Tag<'a> {
+    pub name: &'static str,
+    pub value: &'a str,
+}
+
+/// One email as Resend's API takes it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Email<'a> {
+    pub from: &'a str,
+    pub to: [&'a str; 1],
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+    pub tags: [Tag<'a>; 3],
+}
+
+/// Compiled templates, by name.
+pub struct Renderer {
+    env: Environment<'static>,
+}
+
+impl Renderer {
+    /// Compiles every template of the config.
+    pub fn new(config: &Config) -> Result<Renderer, minijinja::Error> {
+        let mut env = Environment::new();
+        for (name, t) in &config.templates {
+            add(&mut env, name, t)?;
+        }
+        Ok(Renderer { env })
+    }
+
+    /// Checks that a template compiles (used by config validation).
+    pub fn check(name: &str, t: &TemplateConfig) -> Result<(), String> {
+        add(&mut Environment::new(), name, t).map_err(|e| e.to_string())
+    }
+
+    /// Renders `template` for one delivery into a serialized Resend email object.
+    pub fn render(
+        &self,
+        template: &str,
+        from: &str,
+        to: &str,
+        input: &RenderInput<'_>,
+    ) -> Result<String, minijinja::Error> {
+        let empty = serde_json::Value::Object(Default::default());
+        let data = if input.data.is_object() { input.data } else { &empty };
+        let ctx = context! {
+            campaign => input.campaign,
+            period => input.period,
+            target => input.target,
+            delivery_id => input.delivery_id,
+            subscriber => context! { id => input.subscriber_id, data => minijinja::Value::from(minijinja::value::Serde(data)) },
+        };
+        let part = |suffix: &str| self.env.get_template(&format!("{template}.{suffix}"))?.render(&ctx);
+        let email = Email {
+            from,
+            to: [to],
+            subject: part("subject")?.trim().to_string(),
+            html: part("html")?,
+            text: part("text")?,
+            tags: [
+                Tag { name: "campaign", value: input.campaign },
+                Tag { name: "period", value: input.period },
+                Tag { name: "delivery", value: input.delivery_id },
+            ],
+        };
+        Ok(serde_json::to_string(&email).expect("an email serializes"))
+    }
+}
+
+fn add(env: &mut Environment<'static>, name: &str, t: &TemplateConfig) -> Result<(), minijinja::Error> {
+    // The suffix picks auto-escaping: `.html` escapes, the others do not.
+    let parts = BTreeMap::from([("subject", &t.subject), ("html", &t.html), ("text", &t.text)]);
+    for (suffix, source) in parts {
+        env.add_template_owned(format!("{name}.{suffix}"), source.clone())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_the_shipped_template_with_escaping() {
+        let config = Config::example();
+        let renderer = Renderer::new(&config).unwrap();
+        let data = serde_json::json!({ "name": "<Ann & Bo>" });
+        let input = RenderInput {
+            campaign: "weekly_digest",
+            period: "2026-W48",
+            target: "team-1",
+            delivery_id: "01JD",
+            subscriber_id: "u42",
+            data: &data,
+        };
+        let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");
+        assert!(v["html"].as_str().unwrap().contains("&lt;Ann &amp; Bo&gt;"), "{v}");
+        assert!(v["text"].as_str().unwrap().contains("<Ann & Bo>"), "{v}");
+        assert_eq!(v["to"][0], "u42@resend.dev");
+        assert_eq!(v["tags"][2]["value"], "01JD");
+    }
+
+    #[test]
+    fn missing_data_renders_without_it() {
+        let renderer = Renderer::new(&Config::example()).unwrap();
+        let input = RenderInput {
+            campaign: "weekly_digest",
+            period: "2026-W48",
+            target: "t",
+            delivery_id: "d",
+            subscriber_id: "s",
+            data: &serde_json::Value::Null,
+        };
+        let json = renderer.render("weekly_digest", "a@b.example", "c@d.example", &input).unwrap();
+        assert!(json.contains("Hello,"), "{json}");
+    }
+
+    #[test]
+    fn broken_template_is_reported() {
+        let t = TemplateConfig { subject: "{{ oops".into(), html: String::new(), text: String::new() };
+        assert!(Renderer::check("x", &t).is_err());
+    }
+}

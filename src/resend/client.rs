@@ -1,0 +1,214 @@
+//! The Resend HTTP client: one pooled connection set, a User-Agent and a
+//! timeout on every request, `POST /emails/batch` with an Idempotency-Key and
+//! permissive validation, and answers turned into per-email results or a
+//! classified [`ProviderError`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, HeaderValue};
+use serde::Deserialize;
+
+use super::error::{ProviderError, local};
+use crate::config::Secret;
+
+/// The User-Agent every request carries (Resend answers 403 without one).
+pub const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));
+
+/// One email of an accepted batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ItemResult {
+    /// Accepted; Resend's email id.
+    Sent(String),
+    /// Refused by permissive validation; always named `validation_error`.
+    Invalid,
+}
+
+/// Rate-limit facts from a response's headers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RateHeaders {
+    pub limit: Option<u32>,
+    pub remaining: Option<u32>,
+    pub reset: Option<Duration>,
+    pub retry_after: Option<Duration>,
+}
+
+/// A batch Resend answered with 2xx.
+#[derive(Debug, Clone)]
+pub struct BatchAccepted {
+    /// One result per email, in request order.
+    pub items: Vec<ItemResult>,
+    pub rate: RateHeaders,
+}
+
+/// A pooled Resend client.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    batch_url: String,
+    api_key: Secret,
+}
+
+impl Client {
+    pub fn new(base_url: &str, api_key: Secret, timeout: Duration) -> anyhow::Result<Client> {
+        install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .user_agent(USER_AGENT)
+            .timeout(timeout)
+            .connect_timeout(timeout.min(Duration::from_secs(10)))
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build()?;
+        Ok(Client { http, batch_url: format!("{}/emails/batch", base_url.trim_end_matches('/')), api_key })
+    }
+
+    /// Sends one sealed batch (`count` emails in `body`) with its idempotency key.
+    pub async fn send_batch(
+        &self,
+        idempotency_key: &str,
+        body: Bytes,
+        count: usize,
+    ) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
+        let response = self
+            .http
+            .post(&self.batch_url)
+            .bearer_auth(self.api_key.expose())
+            .header("Idempotency-Key", idempotency_key)
+            .header("x-batch-validation", "permissive")
+            .header("Content-Type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| (transport_error(&e), RateHeaders::default()))?;
+        let status = response.status().as_u16();
+        let rate = rate_headers(response.headers());
+        let bytes = response.bytes().await.map_err(|e| (transport_error(&e), rate))?;
+        if (200..300).contains(&status) {
+            match parse_batch_success(&bytes, count) {
+                Some(items) => Ok(BatchAccepted { items, rate }),
+                None => Err((ProviderError::local(local::UNEXPECTED, true), rate)),
+            }
+        } else {
+            let body: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
+            let retry_after = rate.retry_after.or(if status == 429 { rate.reset } else { None });
+            Err((
+                ProviderError::from_response(
+                    status,
+                    body.name.as_deref(),
+                    body.message.as_deref().unwrap_or(""),
+                    retry_after,
+                ),
+                rate,
+            ))
+        }
+    }
+}
+
+/// reqwest is built without a default crypto provider (aws-lc needs cmake);
+/// this installs ring, once per process, before any client is built.
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn transport_error(e: &reqwest::Error) -> ProviderError {
+    if e.is_timeout() {
+        ProviderError::local(local::TIMEOUT, true)
+    } else if e.is_connect() {
+        ProviderError::local(local::CONNECT, false)
+    } else {
+        ProviderError::local(local::TRANSPORT, true)
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    name: Option<String>,
+    message: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct BatchBody {
+    #[serde(default)]
+    data: Vec<Option<IdBody>>,
+    #[serde(default)]
+    errors: Vec<IndexError>,
+}
+
+#[derive(Debug, Deserialize)]
+struct IdBody {
+    id: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct IndexError {
+    index: usize,
+}
+
+/// Maps a batch answer to per-email results. Resend lists ids in request order and
+/// reports refused emails by index; `data` may either skip refused emails or hold
+/// a placeholder for them, so both readings are accepted. `None` if it cannot match.
+pub fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
+    let body: BatchBody = serde_json::from_slice(bytes).ok()?;
+    let mut refused = vec![false; count];
+    for e in &body.errors {
+        *refused.get_mut(e.index)? = true;
+    }
+    let refused_n = refused.iter().filter(|&&r| r).count();
+    if body.data.len() == count {
+        // Aligned by index.
+        return body
+            .data
+            .into_iter()
+            .zip(refused)
+            .map(|(item, refused)| match (item, refused) {
+                (_, true) => Some(ItemResult::Invalid),
+                (Some(IdBody { id }), false) => Some(ItemResult::Sent(id)),
+                (None, false) => None,
+            })
+            .collect();
+    }
+    if body.data.len() + refused_n != count {
+        return None;
+    }
+    let mut ids = body.data.into_iter();
+    refused
+        .into_iter()
+        .map(|r| if r { Some(ItemResult::Invalid) } else { ids.next().flatten().map(|b| ItemResult::Sent(b.id)) })
+        .collect()
+}
+
+fn rate_headers(h: &HeaderMap) -> RateHeaders {
+    let num = |name: &str| -> Option<u64> {
+        h.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
+    };
+    RateHeaders {
+        limit: num("ratelimit-limit").map(|n| n as u32),
+        remaining: num("ratelimit-remaining").map(|n| n as u32),
+        reset: num("ratelimit-reset").map(Duration::from_secs),
+        retry_after: num("retry-after").map(Duration::from_secs),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_answers_both_readings() {
+        let skipped =
+            br#"{"data":[{"id":"a"},{"id":"c"}],"errors":[{"index":1,"message":"The `to` field is missing."}]}"#;
+        assert_eq!(
+            parse_batch_success(skipped, 3).unwrap(),
+            vec![ItemResult::Sent("a".into()), ItemResult::Invalid, ItemResult::Sent("c".into())]
+        );
+        let aligned = br#"{"data":[{"id":"a"},null,{"id":"c"}],"errors":[{"index":1,"message":"x"}]}"#;
+        assert_eq!(parse_batch_success(aligned, 3), parse_batch_success(skipped, 3));
+        assert_eq!(parse_batch_success(br#"{"data":[{"id":"a"}]}"#, 1).unwrap(), vec![ItemResult::Sent("a".into())]);
+    }
+
+    #[test]
+    fn unmatched_batch_answers_are_refused() {
+        assert!(parse_batch_success(br#"{"data":[{"id":"a"}]}"#, 2).is_none());
+        assert!(parse_batch_success(br#"{"data":[],"errors":[{"index":5,"message":"x"}]}"#, 1).is_none());
+        assert!(parse_batch_success(b"not json", 1).is_none());
+    }
+}

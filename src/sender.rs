@@ -1,0 +1,256 @@
+//! One batch request's life: seal (seal.lua) → POST with the sealed key and
+//! body → settle (settle.lua) or reschedule (reschedule.lua). Any failure to
+//! record an outcome leaves the batch sealed under a lease that expires, and
+//! whoever takes it over resends the same bytes with the same key.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use chrono::Utc;
+
+use crate::Ctx;
+use crate::batcher::{Ready, Work};
+use crate::id::new_id;
+use crate::pause::quota_renews;
+use crate::resend::{Action, ItemResult, ProviderError};
+use crate::retry::Next;
+use crate::scripts::{self, Member, Outcome, Reschedule, SealMember, SealRequest, Settlement};
+
+/// A sealed batch in hand: what to send and who is in it.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    pub partition: u16,
+    pub id: String,
+    pub key: String,
+    pub body: Bytes,
+    pub members: Vec<Member>,
+    /// Attempts that failed before this one.
+    pub failed: u32,
+    /// Whether an earlier attempt may have been processed by the provider.
+    pub maybe_sent: bool,
+}
+
+/// Logs the provider becoming unreachable, and reachable again, once per change
+/// (not once per request).
+pub struct ProviderHealth {
+    base_url: String,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl ProviderHealth {
+    pub fn new(base_url: &str) -> ProviderHealth {
+        ProviderHealth { base_url: base_url.to_string(), down: Default::default() }
+    }
+
+    fn unreachable(&self) {
+        if !self.down.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::error!(
+                base_url = %self.base_url,
+                "Resend is unreachable (connection refused or no route); batches stay sealed and are retried with backoff"
+            );
+        }
+    }
+
+    fn reachable(&self) {
+        if self.down.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(base_url = %self.base_url, "Resend is reachable again");
+        }
+    }
+}
+
+/// The sealed batch `work` stands for: fresh emails are sealed now.
+pub(crate) async fn prepare(ctx: &Ctx, work: Work) -> Option<Sealed> {
+    match work {
+        Work::Fresh(p, items) => match seal(ctx, p, items).await {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                // Nothing left: the members stay claimed and are reclaimed after their lease.
+                ctx.metrics.redis_error("seal", &e);
+                None
+            }
+        },
+        Work::Resend(sealed) => Some(sealed),
+    }
+}
+
+/// The Idempotency-Key of a batch: unique per batch, fixed once sealed.
+pub fn idempotency_key(prefix: &str, batch: &str) -> String {
+    format!("{prefix}-{batch}")
+}
+
+async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
+    let batch = new_id();
+    let key = idempotency_key(&ctx.config.redis.prefix, &batch);
+    let members: Vec<SealMember<'_>> = items
+        .iter()
+        .map(|r| SealMember {
+            entry: &r.entry,
+            delivery: &r.delivery,
+            campaign: &r.campaign,
+            period: &r.period,
+            json: &r.json,
+        })
+        .collect();
+    let request = SealRequest {
+        partition: p,
+        batch: &batch,
+        idempotency_key: &key,
+        owner: &ctx.owner,
+        group: &ctx.config.redis.group,
+        lease_ms: ctx.config.lease().as_millis() as u64,
+        retention_secs: ctx.config.retention().as_secs(),
+    };
+    let mut conn = ctx.store.conn().await?;
+    let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &members).await?;
+    if positions.len() < items.len() {
+        tracing::info!(
+            partition = p,
+            dropped = items.len() - positions.len(),
+            "deliveries taken over by another holder were left out of the batch"
+        );
+    }
+    if positions.is_empty() {
+        return Ok(None);
+    }
+    // The same body seal.lua stored: the sealed members' JSON, in order.
+    let mut body = String::with_capacity(positions.iter().map(|&i| items[i].json.len() + 1).sum::<usize>() + 2);
+    body.push('[');
+    for (n, &i) in positions.iter().enumerate() {
+        if n > 0 {
+            body.push(',');
+        }
+        body.push_str(&items[i].json);
+    }
+    body.push(']');
+    let members = positions
+        .iter()
+        .map(|&i| Member {
+            delivery: items[i].delivery.clone(),
+            campaign: items[i].campaign.clone(),
+            period: items[i].period.clone(),
+        })
+        .collect();
+    Ok(Some(Sealed { partition: p, id: batch, key, body: Bytes::from(body), members, failed: 0, maybe_sent: false }))
+}
+
+/// Sends a sealed batch once and records what happened.
+pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
+    // The request leaves now; if this task started late, the next slot moves back.
+    ctx.limiter.sent(tokio::time::Instant::now());
+    match ctx.client.send_batch(&b.key, b.body.clone(), b.members.len()).await {
+        Ok(accepted) => {
+            if let Some(rps) = ctx.limiter.observe(&accepted.rate) {
+                tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered");
+            }
+            ctx.health.reachable();
+            ctx.metrics.provider_request("ok", "none", b.members.len());
+            let outcomes: Vec<(Outcome, String)> = accepted
+                .items
+                .into_iter()
+                .map(|item| match item {
+                    ItemResult::Sent(id) => (Outcome::Sent, id),
+                    ItemResult::Invalid => (Outcome::Failed, crate::consumer::reason::INVALID_EMAIL.to_string()),
+                })
+                .collect();
+            settle(ctx, &b, &outcomes).await;
+        }
+        Err((e, rate)) => {
+            ctx.limiter.observe(&rate);
+            ctx.metrics.provider_request(&e.name, e.action.as_str(), b.members.len());
+            failed(ctx, b, e).await;
+        }
+    }
+}
+
+async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
+    if e.name == crate::resend::error::local::CONNECT {
+        ctx.health.unreachable();
+    } else {
+        ctx.health.reachable();
+    }
+    if let (Some(after), "rate_limit_exceeded") = (e.retry_after, e.name.as_str()) {
+        ctx.limiter.pause_for(after);
+    }
+    match e.action {
+        Action::Retryable => {
+            let failed = b.failed + 1;
+            let next = {
+                let mut rng = ctx.rng.lock().expect("rng lock");
+                ctx.retry.after_failure(failed, e.retry_after, &mut *rng)
+            };
+            match next {
+                Next::RetryIn(delay) => {
+                    reschedule(ctx, &b, delay, true, &e).await;
+                    ctx.metrics.retry_scheduled(&e.name, failed, delay);
+                }
+                Next::GiveUp => give_up(ctx, &b, &e).await,
+            }
+        }
+        Action::QuotaExhausted => {
+            let until = quota_renews(&e.name, Utc::now());
+            if let Err(err) = ctx.pause.begin(&ctx.store, until, &e.name).await {
+                ctx.metrics.redis_error("pause", &err);
+            }
+            ctx.metrics.set_paused(true, &e.name);
+            let delay = until.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            // Not an attempt against the cap: the provider refused before sending.
+            reschedule(ctx, &b, delay, false, &e).await;
+        }
+        Action::SenderRejected | Action::Fatal => give_up(ctx, &b, &e).await,
+    }
+}
+
+/// Ends a batch that will not be retried: failed, or outcome_unknown when a
+/// request of it may have been processed and the provider never said so.
+async fn give_up(ctx: &Ctx, b: &Sealed, e: &ProviderError) {
+    // A definitive answer (a fatal error for this key) outweighs an earlier timeout:
+    // had that attempt been processed, the provider would have replayed it.
+    let unknown = e.maybe_sent || (e.action == Action::Retryable && b.maybe_sent);
+    let outcome = if unknown { Outcome::OutcomeUnknown } else { Outcome::Failed };
+    let outcomes: Vec<(Outcome, String)> = b.members.iter().map(|_| (outcome, e.name.clone())).collect();
+    settle(ctx, b, &outcomes).await;
+}
+
+async fn reschedule(ctx: &Ctx, b: &Sealed, delay: Duration, count_attempt: bool, e: &ProviderError) {
+    let r = Reschedule { delay_ms: delay.as_millis() as u64, count_attempt, maybe_sent: e.maybe_sent, error: &e.name };
+    let result = async {
+        let mut conn = ctx.store.conn().await?;
+        anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, b.partition, &b.id, &ctx.owner, &r).await?)
+    };
+    match result.await {
+        Ok(Some(_)) => {}
+        Ok(None) => tracing::info!(batch = %b.id, "batch was taken over by another holder; its retry is theirs"),
+        Err(err) => ctx.metrics.redis_error("reschedule", &err),
+    }
+}
+
+/// Records each member's outcome (same order as the batch) and counts it.
+async fn settle(ctx: &Ctx, b: &Sealed, outcomes: &[(Outcome, String)]) {
+    let settlements: Vec<Settlement<'_>> = b
+        .members
+        .iter()
+        .zip(outcomes)
+        .map(|(member, (outcome, detail))| Settlement { member, outcome: *outcome, detail })
+        .collect();
+    let result = async {
+        let mut conn = ctx.store.conn().await?;
+        let retention_ms = ctx.config.retention().as_millis() as u64;
+        anyhow::Ok(scripts::settle(&mut conn, &ctx.store.keys, b.partition, &b.id, &settlements, retention_ms).await?)
+    };
+    match result.await {
+        Ok(0) => tracing::debug!(batch = %b.id, "batch was already settled"),
+        Ok(_) => {
+            let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
+            for s in &settlements {
+                let reason = if s.outcome == Outcome::Sent { "" } else { s.detail };
+                *tally.entry((s.member.campaign.as_str(), s.outcome, reason)).or_default() += 1;
+            }
+            for ((campaign, outcome, reason), n) in tally {
+                ctx.metrics.settled(campaign, outcome.as_str(), reason, n);
+            }
+        }
+        // The batch stays sealed; after its lease, a taker resends (a replay) and settles.
+        Err(err) => ctx.metrics.redis_error("settle", &err),
+    }
+}

@@ -1,0 +1,127 @@
+//! The Redis side of a deployment: the connection pool, the key layout, and the
+//! start-up checks (Redis reachable, partition count unchanged, consumer groups).
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use deadpool_redis::{Connection, Pool};
+use redis::AsyncCommands;
+use redis::aio::ConnectionLike;
+
+use crate::config::Config;
+use crate::keys::Keys;
+
+/// Pooled connections plus the key layout. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    pub keys: Keys,
+}
+
+impl Store {
+    /// Builds the pool and checks that Redis answers, in one clear error if not.
+    pub async fn connect(config: &Config) -> anyhow::Result<Store> {
+        let r = &config.redis;
+        let settings = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(3)))
+            .set_response_timeout(Some(Duration::from_millis(r.response_timeout_ms)));
+        let manager = deadpool_redis::Manager::new_with_config(r.url.expose(), settings)
+            .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
+        let pool = Pool::builder(manager)
+            .max_size(r.pool_size)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .context("building the Redis pool")?;
+        let store = Store { pool, keys: Keys::new(&r.prefix, r.partitions) };
+        let mut conn = store.conn().await.with_context(|| format!("cannot reach Redis at {}", r.url.redacted_url()))?;
+        let _: () = redis::cmd("PING")
+            .query_async(&mut conn)
+            .await
+            .with_context(|| format!("Redis at {} does not answer PING", r.url.redacted_url()))?;
+        Ok(store)
+    }
+
+    /// A pooled connection.
+    pub async fn conn(&self) -> anyhow::Result<Connection> {
+        self.pool.get().await.map_err(|e| anyhow::anyhow!("Redis connection: {e}"))
+    }
+
+    /// Records the partition count on first use and refuses a different one later:
+    /// subscribers would move partitions and their dedup keys would no longer be found.
+    pub async fn check_partitions(&self) -> anyhow::Result<()> {
+        let mut conn = self.conn().await?;
+        let meta = self.keys.meta();
+        let want = self.keys.partitions();
+        let _: bool = conn.hset_nx(&meta, "partitions", want).await?;
+        let have: u16 = conn.hget(&meta, "partitions").await?;
+        if have != want {
+            bail!(
+                "redis.partitions is {want} but this deployment ({meta}) was created with {have}; \
+                 changing it would re-partition subscribers and break deduplication"
+            );
+        }
+        Ok(())
+    }
+
+    /// Creates the consumer group on every partition's stream (idempotent).
+    pub async fn ensure_groups(&self, group: &str) -> anyhow::Result<()> {
+        let mut conn = self.conn().await?;
+        for p in 0..self.keys.partitions() {
+            ensure_group(&mut conn, &self.keys.stream(p), group).await?;
+        }
+        Ok(())
+    }
+}
+
+/// `XGROUP CREATE ... 0 MKSTREAM` (entries added before the group existed are
+/// delivered too), treating "already exists" as success.
+pub async fn ensure_group(conn: &mut impl ConnectionLike, stream: &str, group: &str) -> anyhow::Result<()> {
+    let created: redis::RedisResult<()> =
+        redis::cmd("XGROUP").arg("CREATE").arg(stream).arg(group).arg("0").arg("MKSTREAM").query_async(conn).await;
+    match created {
+        Ok(()) => Ok(()),
+        Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("creating consumer group {group} on {stream}")),
+    }
+}
+
+/// A campaign period's counters, summed over partitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub enqueued: u64,
+    pub sent: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub outcome_unknown: u64,
+}
+
+impl Counts {
+    /// Deliveries with a final outcome.
+    pub fn settled(&self) -> u64 {
+        self.sent + self.failed + self.skipped + self.outcome_unknown
+    }
+}
+
+impl Store {
+    /// The counters of `campaign` for `period` (one pipelined read).
+    pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
+        let mut conn = self.conn().await?;
+        let mut pipe = redis::pipe();
+        for p in 0..self.keys.partitions() {
+            pipe.hgetall(self.keys.counts(p, campaign, period));
+        }
+        let parts: Vec<std::collections::HashMap<String, u64>> = pipe.query_async(&mut conn).await?;
+        let mut c = Counts::default();
+        for part in parts {
+            let get = |f: &str| part.get(f).copied().unwrap_or(0);
+            c.enqueued += get("enqueued");
+            c.sent += get("sent");
+            c.failed += get("failed");
+            c.skipped += get("skipped");
+            c.outcome_unknown += get("outcome_unknown");
+        }
+        Ok(c)
+    }
+}

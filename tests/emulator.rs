@@ -1,0 +1,245 @@
+//! The Resend emulator over real HTTP: Resend's shapes, batch rules,
+//! idempotency (replay and both 409s), the rate limit and its headers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::start_emulator;
+use mailstream::resend::emulator::{EmulatorConfig, Faults};
+use serde_json::{Value, json};
+
+fn email(i: usize) -> Value {
+    json!({
+        "from": "Acme <digest@acme.example>",
+        "to": [format!("delivered+u{i}@resend.dev")],
+        "subject": format!("Digest {i}"),
+        "text": "hello",
+    })
+}
+
+fn batch(n: usize) -> Value {
+    Value::Array((0..n).map(email).collect())
+}
+
+struct Api {
+    http: reqwest::Client,
+    url: String,
+}
+
+impl Api {
+    fn new(url: &str) -> Api {
+        mailstream::resend::client::install_crypto_provider();
+        Api {
+            http: reqwest::Client::builder().user_agent("mailstream-test").build().unwrap(),
+            url: url.to_string(),
+        }
+    }
+
+    async fn post(&self, path: &str, key: Option<&str>, body: &Value, permissive: bool) -> reqwest::Response {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth("re_test")
+            .json(body);
+        if let Some(key) = key {
+            req = req.header("Idempotency-Key", key);
+        }
+        if permissive {
+            req = req.header("x-batch-validation", "permissive");
+        }
+        req.send().await.unwrap()
+    }
+}
+
+async fn json_of(r: reqwest::Response) -> (u16, Value) {
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap())
+}
+
+fn unlimited() -> EmulatorConfig {
+    EmulatorConfig {
+        requests_per_second: None,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn idempotent_replay_sends_once() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let (s1, first) = json_of(api.post("/emails/batch", Some("k-1"), &batch(3), true).await).await;
+    let (s2, again) = json_of(api.post("/emails/batch", Some("k-1"), &batch(3), true).await).await;
+    assert_eq!((s1, s2), (200, 200));
+    assert_eq!(first, again, "a replay returns the original answer");
+    assert_eq!(first["data"].as_array().unwrap().len(), 3);
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.replays, stats.duplicate_sends), (3, 1, 0));
+    // The single-email endpoint honours keys too.
+    let (_, one) = json_of(api.post("/emails", Some("k-2"), &email(9), false).await).await;
+    let (_, same) = json_of(api.post("/emails", Some("k-2"), &email(9), false).await).await;
+    assert_eq!(one, same);
+    assert!(one["id"].is_string());
+    assert_eq!(emulator.stats().emails_accepted, 4);
+}
+
+#[tokio::test]
+async fn same_key_with_another_body_is_refused() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    api.post("/emails/batch", Some("k"), &batch(2), true).await;
+    let (status, body) = json_of(api.post("/emails/batch", Some("k"), &batch(3), true).await).await;
+    assert_eq!(status, 409);
+    assert_eq!(body["name"], "invalid_idempotent_request");
+    assert_eq!(body["statusCode"], 409);
+    assert_eq!(emulator.stats().emails_accepted, 2);
+}
+
+#[tokio::test]
+async fn same_key_while_the_first_is_in_flight_is_a_concurrent_conflict() {
+    let config = EmulatorConfig {
+        faults: Faults {
+            hang: 1.0,
+            hang_ms: 1500,
+            ..Default::default()
+        },
+        ..unlimited()
+    };
+    let (emulator, url, _stop) = start_emulator(config).await;
+    let api = Api::new(&url);
+    let first = {
+        let (http, url) = (api.http.clone(), url.clone());
+        tokio::spawn(async move {
+            Api { http, url }.post("/emails/batch", Some("slow"), &batch(1), true).await.status().as_u16()
+        })
+    };
+    let stats = common::eventually(Duration::from_secs(5), || async {
+        (emulator.stats().emails_accepted == 1).then_some(())
+    })
+    .await;
+    assert!(stats.is_some(), "the hung request was processed");
+    let (status, body) = json_of(api.post("/emails/batch", Some("slow"), &batch(1), true).await).await;
+    assert_eq!(status, 409);
+    assert_eq!(body["name"], "concurrent_idempotent_requests");
+    assert_eq!(first.await.unwrap(), 200);
+    // Once the original has answered, the same key replays.
+    let (status, _) = json_of(api.post("/emails/batch", Some("slow"), &batch(1), true).await).await;
+    assert_eq!(status, 200);
+    assert_eq!(emulator.stats().emails_accepted, 1);
+}
+
+#[tokio::test]
+async fn keys_outside_one_to_256_characters_are_refused() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let long = "k".repeat(257);
+    let (status, body) = json_of(api.post("/emails/batch", Some(&long), &batch(1), true).await).await;
+    assert_eq!((status, body["name"].as_str()), (400, Some("invalid_idempotency_key")));
+    let (status, _) = json_of(api.post("/emails/batch", Some(&"k".repeat(256)), &batch(1), true).await).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test]
+async fn more_than_the_limit_in_a_second_is_refused_with_headers() {
+    let config = EmulatorConfig {
+        requests_per_second: Some(5),
+        ..Default::default()
+    };
+    let (emulator, url, _stop) = start_emulator(config).await;
+    let api = Api::new(&url);
+    let mut statuses = Vec::new();
+    let mut limited = None;
+    for i in 0..6 {
+        let r = api.post("/emails", None, &email(i), false).await;
+        statuses.push(r.status().as_u16());
+        if i == 0 {
+            assert_eq!(r.headers()["ratelimit-limit"], "5");
+            assert_eq!(r.headers()["ratelimit-remaining"], "4");
+        }
+        if r.status() == 429 {
+            limited = Some(r);
+        }
+    }
+    // Six requests in far less than a second: the sixth is over the limit (no burst above 5).
+    assert_eq!(statuses, vec![200, 200, 200, 200, 200, 429]);
+    let r = limited.unwrap();
+    assert_eq!(r.headers()["ratelimit-remaining"], "0");
+    assert_eq!(r.headers()["retry-after"], "1");
+    assert!(r.headers().contains_key("ratelimit-reset"));
+    let (_, body) = json_of(r).await;
+    assert_eq!(body["name"], "rate_limit_exceeded");
+    let stats = emulator.stats();
+    assert_eq!((stats.rate_limited, stats.max_requests_in_1s, stats.emails_accepted), (1, 6, 5));
+}
+
+#[tokio::test]
+async fn a_batch_over_100_is_refused() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let (status, body) = json_of(api.post("/emails/batch", None, &batch(101), true).await).await;
+    assert_eq!(status, 422);
+    assert_eq!(body["name"], "validation_error");
+    let (status, _) = json_of(api.post("/emails/batch", None, &batch(100), true).await).await;
+    assert_eq!(status, 200);
+    assert_eq!(emulator.stats().emails_accepted, 100);
+}
+
+#[tokio::test]
+async fn permissive_reports_bad_emails_by_index_and_strict_refuses_all() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut body = batch(3);
+    body[1]["to"] = json!(["x@example.com"]);
+    body[2].as_object_mut().unwrap().remove("subject");
+    let (status, answer) = json_of(api.post("/emails/batch", None, &body, true).await).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["data"].as_array().unwrap().len(), 1);
+    let errors = answer["errors"].as_array().unwrap();
+    assert_eq!(errors.iter().map(|e| e["index"].as_u64().unwrap()).collect::<Vec<_>>(), vec![1, 2]);
+    assert_eq!(emulator.stats().emails_accepted, 1);
+
+    let (status, answer) = json_of(api.post("/emails/batch", None, &body, false).await).await;
+    assert_eq!(status, 422, "strict validation refuses the whole batch: {answer}");
+    assert_eq!(emulator.stats().emails_accepted, 1);
+}
+
+#[tokio::test]
+async fn user_agent_and_api_key_are_required() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let bare = reqwest::Client::builder().build().unwrap();
+    let r = bare.post(format!("{url}/emails")).bearer_auth("re_x").json(&email(1)).send().await.unwrap();
+    assert_eq!(r.status(), 403, "no User-Agent");
+    let api = Api::new(&url);
+    let r = api.http.post(format!("{url}/emails")).json(&email(1)).send().await.unwrap();
+    let (status, body) = json_of(r).await;
+    assert_eq!((status, body["name"].as_str()), (401, Some("missing_api_key")));
+}
+
+#[tokio::test]
+async fn injected_faults_and_quota() {
+    let config = EmulatorConfig {
+        faults: Faults {
+            quota_after_emails: Some(150),
+            ..Default::default()
+        },
+        ..unlimited()
+    };
+    let (emulator, url, _stop) = start_emulator(config).await;
+    let api = Api::new(&url);
+    assert_eq!(api.post("/emails/batch", None, &batch(100), true).await.status(), 200);
+    let (status, body) = json_of(api.post("/emails/batch", None, &batch(100), true).await).await;
+    assert_eq!((status, body["name"].as_str()), (429, Some("daily_quota_exceeded")));
+    assert_eq!(emulator.stats().emails_accepted, 100);
+
+    let config = EmulatorConfig {
+        faults: Faults {
+            server_error: 1.0,
+            ..Default::default()
+        },
+        ..unlimited()
+    };
+    let (emulator, url, _stop) = start_emulator(config).await;
+    let status = Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await.status();
+    assert!(status.is_server_error());
+    assert_eq!(emulator.stats().emails_accepted, 0, "a 5xx fault sends nothing");
+}

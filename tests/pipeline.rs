@@ -1,0 +1,256 @@
+//! The walking skeleton end to end, against a real Redis and the emulator over
+//! loopback: dedup at enqueue, one holder per delivery, send-time checks,
+//! batching and idempotency keys, per-email validation failures.
+
+mod common;
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use common::*;
+use mailstream::audience::{self, Subscriber};
+use mailstream::resend::emulator::EmulatorConfig;
+use mailstream::scripts::{self, Claim, NewDelivery};
+use mailstream::sender::idempotency_key;
+
+const SETTLE: Duration = Duration::from_secs(60);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_kick_twice_enqueues_once() {
+    let world = World::new().await;
+    world.subscribers(300).await;
+    let first = world.kick().await;
+    assert_eq!((first.new, first.duplicates), (300, 0));
+    let second = world.kick().await;
+    assert_eq!((second.new, second.duplicates), (0, 300));
+    assert_eq!(world.counts().await.enqueued, 300);
+    let mut conn = world.store.conn().await.unwrap();
+    let mut entries = 0;
+    for p in 0..world.store.keys.partitions() {
+        let n: u64 = redis::cmd("XLEN").arg(world.store.keys.stream(p)).query_async(&mut conn).await.unwrap();
+        entries += n;
+    }
+    assert_eq!(entries, 300, "one stream entry per delivery");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_kicks_enqueue_once() {
+    let world = World::new().await;
+    let subs = world.subscribers(500).await;
+    // Two registry kicks and two list kicks (as two daemons or a retried cron would), all at once.
+    let (a, b, c, d) = tokio::join!(
+        world.kick(),
+        world.kick(),
+        audience::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
+        audience::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
+    );
+    let (c, d) = (c.unwrap(), d.unwrap());
+    assert_eq!(a.new + b.new + c.new + d.new, 500);
+    assert_eq!(a.duplicates + b.duplicates + c.duplicates + d.duplicates, 3 * 500);
+    assert_eq!(world.counts().await.enqueued, 500);
+    // A different period is a different delivery.
+    let next = audience::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    assert_eq!(next.new, 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn targets_and_eligibility_shape_the_fan_out() {
+    let world = World::new().await;
+    let mut subs: Vec<Subscriber> = (0..4).map(subscriber).collect();
+    subs[0].targets = vec!["t1".into(), "t2".into(), "t3".into()];
+    subs[1].entitled = false;
+    subs[2].subscribed = false;
+    audience::upsert(&world.store, &subs).await.unwrap();
+    let report = world.kick().await;
+    assert_eq!((report.new, report.not_eligible), (4, 2), "three targets plus one plain subscriber");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_claimers_racing_on_one_delivery_only_one_wins() {
+    let world = World::new().await;
+    let keys = &world.store.keys;
+    let items: Vec<NewDelivery> = (0..200)
+        .map(|i| NewDelivery {
+            id: format!("d{i:04}"),
+            subscriber: "s".into(),
+            target: format!("t{i}"),
+        })
+        .collect();
+    let mut conn = world.store.conn().await.unwrap();
+    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
+    let ids: Vec<&str> = items.iter().map(|d| d.id.as_str()).collect();
+    let race = |owner: &'static str| {
+        let store = world.store.clone();
+        let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
+        async move {
+            let mut conn = store.conn().await.unwrap();
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            scripts::claim(&mut conn, &store.keys, 0, &ids, owner, 60_000).await.unwrap()
+        }
+    };
+    let (a, b) = tokio::join!(tokio::spawn(race("a")), tokio::spawn(race("b")));
+    let (a, b) = (a.unwrap(), b.unwrap());
+    for (x, y) in a.iter().zip(&b) {
+        let won = [x, y].iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
+        assert_eq!(won, 1, "exactly one claimer wins: {x:?} / {y:?}");
+        assert!(matches!(x, Claim::Claimed(_) | Claim::Held) && matches!(y, Claim::Claimed(_) | Claim::Held));
+    }
+    // The loser's view changes nothing: the record names one owner, claimed once.
+    let record = delivery(&world.store, "d0000").await;
+    assert_eq!(record["attempts"], "1");
+    assert!(record["lease_owner"] == "a" || record["lease_owner"] == "b");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_daemons_send_each_delivery_once() {
+    let mut world = World::new().await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    world.subscribers(1500).await;
+    world.kick().await;
+    let (one, two) = (world.daemon(), world.daemon());
+    let counts = world.settled(SETTLE).await;
+    one.stop().await;
+    two.stop().await;
+    assert_eq!(counts.sent, 1500);
+    let stats = emulator.stats();
+    assert_eq!(stats.emails_accepted, 1500);
+    assert_eq!(stats.duplicate_sends, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entitlement_revoked_between_kick_and_send_is_skipped() {
+    let mut world = World::new().await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let mut subs = world.subscribers(10).await;
+    world.kick().await;
+    // Between the kick and the send: one plan cancelled, one unsubscribe, one account deleted.
+    subs[0].entitled = false;
+    subs[1].subscribed = false;
+    audience::upsert(&world.store, &subs[..2]).await.unwrap();
+    let mut conn = world.store.conn().await.unwrap();
+    let p = world.store.keys.partition_of(&subs[2].id);
+    let _: () = redis::cmd("DEL")
+        .arg(world.store.keys.subscriber(p, &subs[2].id))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.failed), (7, 3, 0));
+    let sends = emulator.sends_matching(PERIOD);
+    for s in &subs[..3] {
+        assert!(!sends.contains_key(&s.email), "{} must not be mailed", s.id);
+    }
+    let reasons: BTreeMap<String, String> = deliveries(&world.store)
+        .await
+        .into_iter()
+        .filter(|(_, d)| d["state"] == "skipped")
+        .map(|(_, d)| (d["subscriber"].clone(), d["reason"].clone()))
+        .collect();
+    assert_eq!(reasons[&subs[0].id], "not_entitled");
+    assert_eq!(reasons[&subs[1].id], "unsubscribed");
+    assert_eq!(reasons[&subs[2].id], "unknown_subscriber");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_fifty_emails_become_three_keyed_requests() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 1).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    world.subscribers(250).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!(counts.sent, 250);
+
+    let seen = emulator.seen();
+    let mut sizes: Vec<usize> = seen.iter().map(|s| s.emails).collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, vec![50, 100, 100], "{seen:?}");
+    assert!(seen.iter().all(|s| s.status == 200));
+    // Each request carried its sealed batch's key: the one derived from the batch
+    // every member delivery records, and no two batches share one.
+    let sent_keys: HashSet<String> = seen.iter().map(|s| s.idempotency_key.clone().expect("keyed")).collect();
+    assert_eq!(sent_keys.len(), 3);
+    let recorded: HashSet<String> = deliveries(&world.store)
+        .await
+        .into_iter()
+        .map(|(_, d)| idempotency_key(&world.config.redis.prefix, &d["batch"]))
+        .collect();
+    assert_eq!(sent_keys, recorded);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_address_fails_only_its_own_delivery() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 1).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let mut subs: Vec<Subscriber> = (0..20).map(subscriber).collect();
+    subs[7].email = "someone@example.com".into(); // Resend refuses example.com with 422
+    audience::upsert(&world.store, &subs).await.unwrap();
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.failed), (19, 1));
+    assert_eq!(emulator.seen().len(), 1, "one permissive batch request");
+    let failed: Vec<_> = deliveries(&world.store)
+        .await
+        .into_iter()
+        .filter(|(_, d)| d["state"] == "failed")
+        .collect();
+    assert_eq!(failed.len(), 1);
+    assert_eq!(failed[0].1["subscriber"], subs[7].id);
+    assert_eq!(failed[0].1["error"], "validation_error");
+    // Dead letter: the id and the error name, no address.
+    let mut conn = world.store.conn().await.unwrap();
+    let dead: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(world.store.keys.dead(0))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(dead.ids.len(), 1);
+    let entry = &dead.ids[0];
+    assert_eq!(entry.get::<String>("delivery").as_deref(), Some(failed[0].0.as_str()));
+    assert_eq!(entry.get::<String>("error").as_deref(), Some("validation_error"));
+    assert!(!format!("{:?}", entry.map).contains('@'));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_and_sealed_bodies_do_not_outlive_their_work() {
+    let mut world = World::new().await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    world.subscribers(300).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    world.settled(SETTLE).await;
+    let store = world.store.clone();
+    // The reclaimer trims every stream below its oldest needed entry.
+    let trimmed = eventually(Duration::from_secs(20), || {
+        let store = store.clone();
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let mut total = 0u64;
+            for p in 0..store.keys.partitions() {
+                let n: u64 = redis::cmd("XLEN").arg(store.keys.stream(p)).query_async(&mut conn).await.ok()?;
+                total += n;
+            }
+            (total == 0).then_some(())
+        }
+    })
+    .await;
+    daemon.stop().await;
+    assert!(trimmed.is_some(), "streams are trimmed once every entry is acknowledged");
+    let mut conn = world.store.conn().await.unwrap();
+    let batches: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:batch:*").query_async(&mut conn).await.unwrap();
+    assert!(batches.is_empty(), "sealed bodies are deleted once settled: {batches:?}");
+    // Delivery records and dedup keys expire after the retention.
+    let (_, record) = &deliveries(&world.store).await[0];
+    assert_eq!(record["state"], "sent");
+    let any: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:delivery:*").query_async(&mut conn).await.unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg(&any[0]).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 0 && ttl <= (world.config.retention().as_secs() as i64));
+}
