@@ -121,12 +121,19 @@ async fn subscribe_and_kick_from_the_command_line() {
         &["kick", "--campaign", "weekly_digest", "--period", "2026-W48", "--audience", "-"],
         Some("{\"id\":\"u4\",\"email\":\"d@acme.example\"}\n{\"id\":\"u2\",\"email\":\"b@acme.example\"}\n"),
     );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("1 new, 1 duplicates"), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 new, 1 duplicates"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     let out = run(&["kick", "--campaign", "weekly_digest", "--period", "2026-48"], None);
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a week period"));
-    let out = run(&["kick", "--campaign", "weekly_digest", "--audience", "-"], Some("{\"id\":\"u5\",\"email\":\"secret@person.example\",\"x\":1}\n"));
+    let out = run(
+        &["kick", "--campaign", "weekly_digest", "--audience", "-"],
+        Some("{\"id\":\"u5\",\"email\":\"secret@person.example\",\"x\":1}\n"),
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 1") && !err.contains("secret@person"), "{err}");
 }
@@ -148,10 +155,7 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
         ],
     );
     let env = |cmd: &mut Command| {
-        cmd.arg("--config")
-            .arg(&path)
-            .env("MAILSTREAM_REDIS_URL", redis.url())
-            .env("RESEND_API_KEY", "re_cli_test");
+        cmd.arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", redis.url()).env("RESEND_API_KEY", "re_cli_test");
     };
     let mut subscribe = bin();
     subscribe.args(["subscribe", "--id", "u1", "--email", "delivered@resend.dev"]);
@@ -165,7 +169,7 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
     let mut daemon = bin();
     daemon.arg("run").stderr(Stdio::piped()).stdout(Stdio::null());
     env(&mut daemon);
-    let mut child = daemon.spawn().unwrap();
+    let child = daemon.spawn().unwrap();
     // Wait until the daemon has tried (and failed) several times.
     let scrape = format!("http://127.0.0.1:{metrics}/metrics");
     mailstream::resend::client::install_crypto_provider();
@@ -174,7 +178,9 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
         let (http, scrape) = (http.clone(), scrape.clone());
         async move {
             let text = http.get(&scrape).send().await.ok()?.text().await.ok()?;
-            let line = text.lines().find(|l| l.starts_with("mailstream_provider_requests_total{") && l.contains("connection_failed"))?;
+            let line = text
+                .lines()
+                .find(|l| l.starts_with("mailstream_provider_requests_total{") && l.contains("connection_failed"))?;
             let n: f64 = line.rsplit(' ').next()?.parse().ok()?;
             (n >= 5.0).then_some(())
         }

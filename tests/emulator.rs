@@ -30,18 +30,11 @@ struct Api {
 impl Api {
     fn new(url: &str) -> Api {
         mailstream::resend::client::install_crypto_provider();
-        Api {
-            http: reqwest::Client::builder().user_agent("mailstream-test").build().unwrap(),
-            url: url.to_string(),
-        }
+        Api { http: reqwest::Client::builder().user_agent("mailstream-test").build().unwrap(), url: url.to_string() }
     }
 
     async fn post(&self, path: &str, key: Option<&str>, body: &Value, permissive: bool) -> reqwest::Response {
-        let mut req = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .bearer_auth("re_test")
-            .json(body);
+        let mut req = self.http.post(format!("{}{path}", self.url)).bearer_auth("re_test").json(body);
         if let Some(key) = key {
             req = req.header("Idempotency-Key", key);
         }
@@ -58,10 +51,7 @@ async fn json_of(r: reqwest::Response) -> (u16, Value) {
 }
 
 fn unlimited() -> EmulatorConfig {
-    EmulatorConfig {
-        requests_per_second: None,
-        ..Default::default()
-    }
+    EmulatorConfig { requests_per_second: None, ..Default::default() }
 }
 
 #[tokio::test]
@@ -97,14 +87,7 @@ async fn same_key_with_another_body_is_refused() {
 
 #[tokio::test]
 async fn same_key_while_the_first_is_in_flight_is_a_concurrent_conflict() {
-    let config = EmulatorConfig {
-        faults: Faults {
-            hang: 1.0,
-            hang_ms: 1500,
-            ..Default::default()
-        },
-        ..unlimited()
-    };
+    let config = EmulatorConfig { faults: Faults { hang: 1.0, hang_ms: 1500, ..Default::default() }, ..unlimited() };
     let (emulator, url, _stop) = start_emulator(config).await;
     let api = Api::new(&url);
     let first = {
@@ -113,10 +96,9 @@ async fn same_key_while_the_first_is_in_flight_is_a_concurrent_conflict() {
             Api { http, url }.post("/emails/batch", Some("slow"), &batch(1), true).await.status().as_u16()
         })
     };
-    let stats = common::eventually(Duration::from_secs(5), || async {
-        (emulator.stats().emails_accepted == 1).then_some(())
-    })
-    .await;
+    let stats =
+        common::eventually(Duration::from_secs(5), || async { (emulator.stats().emails_accepted == 1).then_some(()) })
+            .await;
     assert!(stats.is_some(), "the hung request was processed");
     let (status, body) = json_of(api.post("/emails/batch", Some("slow"), &batch(1), true).await).await;
     assert_eq!(status, 409);
@@ -141,10 +123,7 @@ async fn keys_outside_one_to_256_characters_are_refused() {
 
 #[tokio::test]
 async fn more_than_the_limit_in_a_second_is_refused_with_headers() {
-    let config = EmulatorConfig {
-        requests_per_second: Some(5),
-        ..Default::default()
-    };
+    let config = EmulatorConfig { requests_per_second: Some(5), ..Default::default() };
     let (emulator, url, _stop) = start_emulator(config).await;
     let api = Api::new(&url);
     let mut statuses = Vec::new();
@@ -217,13 +196,8 @@ async fn user_agent_and_api_key_are_required() {
 
 #[tokio::test]
 async fn injected_faults_and_quota() {
-    let config = EmulatorConfig {
-        faults: Faults {
-            quota_after_emails: Some(150),
-            ..Default::default()
-        },
-        ..unlimited()
-    };
+    let config =
+        EmulatorConfig { faults: Faults { quota_after_emails: Some(150), ..Default::default() }, ..unlimited() };
     let (emulator, url, _stop) = start_emulator(config).await;
     let api = Api::new(&url);
     assert_eq!(api.post("/emails/batch", None, &batch(100), true).await.status(), 200);
@@ -231,13 +205,7 @@ async fn injected_faults_and_quota() {
     assert_eq!((status, body["name"].as_str()), (429, Some("daily_quota_exceeded")));
     assert_eq!(emulator.stats().emails_accepted, 100);
 
-    let config = EmulatorConfig {
-        faults: Faults {
-            server_error: 1.0,
-            ..Default::default()
-        },
-        ..unlimited()
-    };
+    let config = EmulatorConfig { faults: Faults { server_error: 1.0, ..Default::default() }, ..unlimited() };
     let (emulator, url, _stop) = start_emulator(config).await;
     let status = Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await.status();
     assert!(status.is_server_error());

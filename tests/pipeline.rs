@@ -70,11 +70,7 @@ async fn two_claimers_racing_on_one_delivery_only_one_wins() {
     let world = World::new().await;
     let keys = &world.store.keys;
     let items: Vec<NewDelivery> = (0..200)
-        .map(|i| NewDelivery {
-            id: format!("d{i:04}"),
-            subscriber: "s".into(),
-            target: format!("t{i}"),
-        })
+        .map(|i| NewDelivery { id: format!("d{i:04}"), subscriber: "s".into(), target: format!("t{i}") })
         .collect();
     let mut conn = world.store.conn().await.unwrap();
     scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
@@ -129,11 +125,8 @@ async fn entitlement_revoked_between_kick_and_send_is_skipped() {
     audience::upsert(&world.store, &subs[..2]).await.unwrap();
     let mut conn = world.store.conn().await.unwrap();
     let p = world.store.keys.partition_of(&subs[2].id);
-    let _: () = redis::cmd("DEL")
-        .arg(world.store.keys.subscriber(p, &subs[2].id))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let _: () =
+        redis::cmd("DEL").arg(world.store.keys.subscriber(p, &subs[2].id)).query_async(&mut conn).await.unwrap();
 
     let daemon = world.daemon();
     let counts = world.settled(SETTLE).await;
@@ -195,23 +188,14 @@ async fn an_invalid_address_fails_only_its_own_delivery() {
     daemon.stop().await;
     assert_eq!((counts.sent, counts.failed), (19, 1));
     assert_eq!(emulator.seen().len(), 1, "one permissive batch request");
-    let failed: Vec<_> = deliveries(&world.store)
-        .await
-        .into_iter()
-        .filter(|(_, d)| d["state"] == "failed")
-        .collect();
+    let failed: Vec<_> = deliveries(&world.store).await.into_iter().filter(|(_, d)| d["state"] == "failed").collect();
     assert_eq!(failed.len(), 1);
     assert_eq!(failed[0].1["subscriber"], subs[7].id);
     assert_eq!(failed[0].1["error"], "validation_error");
     // Dead letter: the id and the error name, no address.
     let mut conn = world.store.conn().await.unwrap();
-    let dead: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(world.store.keys.dead(0))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let dead: redis::streams::StreamRangeReply =
+        redis::cmd("XRANGE").arg(world.store.keys.dead(0)).arg("-").arg("+").query_async(&mut conn).await.unwrap();
     assert_eq!(dead.ids.len(), 1);
     let entry = &dead.ids[0];
     assert_eq!(entry.get::<String>("delivery").as_deref(), Some(failed[0].0.as_str()));

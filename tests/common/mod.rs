@@ -70,9 +70,7 @@ impl World {
     }
 
     pub async fn kick(&self) -> audience::KickReport {
-        audience::kick_registry(&self.store, &self.config, CAMPAIGN, PERIOD)
-            .await
-            .expect("kick")
+        audience::kick_registry(&self.store, &self.config, CAMPAIGN, PERIOD).await.expect("kick")
     }
 
     pub async fn counts(&self) -> Counts {
@@ -169,11 +167,8 @@ where
 pub async fn delivery(store: &Store, id: &str) -> std::collections::HashMap<String, String> {
     let mut conn = store.conn().await.unwrap();
     for p in 0..store.keys.partitions() {
-        let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
-            .arg(store.keys.delivery(p, id))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        let fields: std::collections::HashMap<String, String> =
+            redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await.unwrap();
         if !fields.is_empty() {
             return fields;
         }
