@@ -187,6 +187,12 @@ pub(crate) async fn process_entries(
             ctx.metrics.settled(d.campaign, d.outcome.as_str(), d.reason, 1);
         }
     }
-    ctx.batcher.push(p, ready).await;
+    ctx.failpoints.at("claimed").await;
+    let mut shutdown = ctx.shutdown.clone();
+    tokio::select! {
+        // The dispatcher has stopped taking: what is claimed stays leased, for the next instance.
+        _ = shutdown.wait() => {}
+        _ = ctx.batcher.push(p, ready) => {}
+    }
     Ok(())
 }

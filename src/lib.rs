@@ -6,6 +6,7 @@ pub mod audience;
 pub mod batcher;
 pub mod config;
 pub mod consumer;
+pub mod dead_letters;
 pub mod demo;
 pub mod http;
 pub mod id;
@@ -80,6 +81,31 @@ pub(crate) struct Ctx {
     pub pause: Pause,
     pub health: ProviderHealth,
     pub rng: Mutex<StdRng>,
+    pub failpoints: Failpoints,
+    /// Shutdown as every task sees it (waits that are not loops select on it).
+    pub shutdown: Shutdown,
+}
+
+/// A future returned by a failpoint hook.
+pub type Hold = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>;
+
+/// Hooks at the points where a crash matters ("claimed", "sealed", "answered",
+/// "settled"). The daemon awaits the hook's future before going on, so a test can
+/// freeze it right there and then abort it, as `kill -9` would. Empty in production.
+#[derive(Clone, Default)]
+pub struct Failpoints(Option<Arc<dyn Fn(&'static str) -> Hold + Send + Sync>>);
+
+impl Failpoints {
+    pub fn new(hook: impl Fn(&'static str) -> Hold + Send + Sync + 'static) -> Failpoints {
+        Failpoints(Some(Arc::new(hook)))
+    }
+
+    /// Passes the point named `name`.
+    pub async fn at(&self, name: &'static str) {
+        if let Some(hook) = &self.0 {
+            hook(name).await;
+        }
+    }
 }
 
 /// Options a test or the demo may set that the config file does not carry.
@@ -93,6 +119,7 @@ pub struct RunOptions {
     pub seed: Option<u64>,
     /// Lease owner name; generated when `None`.
     pub owner: Option<String>,
+    pub failpoints: Failpoints,
 }
 
 /// Runs the daemon until `shutdown`: partition readers, the dispatcher, the
@@ -133,6 +160,8 @@ pub async fn run_with(
             Some(seed) => StdRng::seed_from_u64(seed),
             None => rand::make_rng(),
         }),
+        failpoints: options.failpoints.clone(),
+        shutdown: shutdown.clone(),
         store,
         config,
     });

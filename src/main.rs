@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 use mailstream::audience::{self, Subscriber};
 use mailstream::config::Config;
+use mailstream::dead_letters;
 use mailstream::demo::{self, DemoOptions};
 use mailstream::resend::emulator::{Emulator, EmulatorConfig};
 use mailstream::shutdown::{self, Shutdown, Trigger};
@@ -79,6 +80,18 @@ enum Command {
         #[arg(long)]
         audience: Option<String>,
     },
+    /// Look at and requeue deliveries that failed (or whose outcome is unknown).
+    DeadLetters {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        action: DeadLetterAction,
+    },
+    /// End a quota pause now, on every instance (it also ends when the quota renews).
+    Resume {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
     /// Run the Resend emulator.
     Emulator {
         #[arg(long, default_value = "127.0.0.1:3030")]
@@ -102,6 +115,29 @@ enum Command {
         /// Use this Redis (under a fresh key prefix) instead of starting a private one.
         #[arg(long)]
         redis_url: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum DeadLetterAction {
+    /// The newest dead letters, oldest first, with each delivery's state now.
+    List {
+        /// List deliveries whose outcome is unknown instead of failed ones.
+        #[arg(long)]
+        unknown: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue deliveries by id: pending again, attempts reset, a new stream entry.
+    Retry {
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Also requeue outcome_unknown deliveries (check in Resend first that they were not sent).
+        #[arg(long)]
+        allow_unknown: bool,
     },
 }
 
@@ -203,6 +239,53 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 "campaign {} period {}: {} new, {} duplicates, {} not eligible",
                 report.campaign, report.period, report.new, report.duplicates, report.not_eligible
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::DeadLetters { config, action } => {
+            let config = Config::load(&config.config)?;
+            let store = Store::connect(&config).await?;
+            match action {
+                DeadLetterAction::List { unknown, limit, json } => {
+                    let kind = if unknown { dead_letters::Kind::OutcomeUnknown } else { dead_letters::Kind::Failed };
+                    let entries = dead_letters::list(&store, kind, limit).await?;
+                    for d in &entries {
+                        if json {
+                            println!("{}", serde_json::to_string(d)?);
+                        } else {
+                            let at = chrono::DateTime::from_timestamp_millis(d.at_ms as i64).unwrap_or_default();
+                            println!(
+                                "{}  {}  error={}  attempts={}  now={}",
+                                at.format("%Y-%m-%dT%H:%M:%SZ"),
+                                d.delivery,
+                                d.error,
+                                d.attempts,
+                                d.state_now
+                            );
+                        }
+                    }
+                    if !json {
+                        eprintln!("{} entries", entries.len());
+                    }
+                }
+                DeadLetterAction::Retry { ids, allow_unknown } => {
+                    let results = dead_letters::retry(&store, &ids, allow_unknown).await?;
+                    let mut refused = 0;
+                    for (id, result) in &results {
+                        println!("{id}: {result}");
+                        refused += usize::from(result != "requeued");
+                    }
+                    if refused > 0 {
+                        return Ok(ExitCode::FAILURE);
+                    }
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume { config } => {
+            let config = Config::load(&config.config)?;
+            let store = Store::connect(&config).await?;
+            let was = mailstream::pause::Pause::resume(&store).await?;
+            println!("{}", if was { "sending resumed" } else { "sending was not paused" });
             Ok(ExitCode::SUCCESS)
         }
         Command::Emulator { listen, rps, settings } => {

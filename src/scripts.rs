@@ -18,6 +18,7 @@ struct Scripts {
     reschedule: Script,
     settle: Script,
     decide: Script,
+    requeue: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -28,6 +29,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reschedule: Script::new(include_str!("../lua/reschedule.lua")),
     settle: Script::new(include_str!("../lua/settle.lua")),
     decide: Script::new(include_str!("../lua/decide.lua")),
+    requeue: Script::new(include_str!("../lua/requeue.lua")),
 });
 
 /// A delivery to enqueue: its new id and what it is for.
@@ -410,4 +412,26 @@ pub async fn decide(
             .arg(ci);
     }
     call.invoke_async(conn).await
+}
+
+/// Requeues a failed (or, if allowed, outcome_unknown) delivery; returns
+/// "requeued", "missing", or the state that prevented it.
+pub async fn requeue(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    delivery: &str,
+    campaign: &str,
+    period: &str,
+    allow_unknown: bool,
+) -> RedisResult<String> {
+    SCRIPTS
+        .requeue
+        .key(keys.stream(partition))
+        .key(keys.delivery(partition, delivery))
+        .key(keys.counts(partition, campaign, period))
+        .arg(delivery)
+        .arg(u8::from(allow_unknown))
+        .invoke_async(conn)
+        .await
 }

@@ -4,7 +4,7 @@
 //! whoever takes it over resends the same bytes with the same key.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use chrono::Utc;
@@ -14,7 +14,7 @@ use crate::batcher::{Ready, Work};
 use crate::id::new_id;
 use crate::pause::quota_renews;
 use crate::resend::{Action, ItemResult, ProviderError};
-use crate::retry::Next;
+use crate::retry::{Next, RetryPolicy};
 use crate::scripts::{self, Member, Outcome, Reschedule, SealMember, SealRequest, Settlement};
 
 /// A sealed batch in hand: what to send and who is in it.
@@ -63,7 +63,10 @@ impl ProviderHealth {
 pub(crate) async fn prepare(ctx: &Ctx, work: Work) -> Option<Sealed> {
     match work {
         Work::Fresh(p, items) => match seal(ctx, p, items).await {
-            Ok(sealed) => sealed,
+            Ok(sealed) => {
+                ctx.failpoints.at("sealed").await;
+                sealed
+            }
             Err(e) => {
                 // Nothing left: the members stay claimed and are reclaimed after their lease.
                 ctx.metrics.redis_error("seal", &e);
@@ -138,7 +141,9 @@ async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sea
 pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
     // The request leaves now; if this task started late, the next slot moves back.
     ctx.limiter.sent(tokio::time::Instant::now());
-    match ctx.client.send_batch(&b.key, b.body.clone(), b.members.len()).await {
+    let answer = ctx.client.send_batch(&b.key, b.body.clone(), b.members.len()).await;
+    ctx.failpoints.at("answered").await;
+    match answer {
         Ok(accepted) => {
             if let Some(rps) = ctx.limiter.observe(&accepted.rate) {
                 tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered");
@@ -163,6 +168,47 @@ pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
     }
 }
 
+/// How soon a batch refused for quota is due again (taken only once the pause ends).
+const QUOTA_RECHECK: Duration = Duration::from_secs(1);
+
+/// What to do after a failed request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Plan {
+    /// Resend the same sealed batch (same key, same body) after `delay`; `counts`
+    /// says whether this failure uses up one of the attempts.
+    Retry { delay: Duration, counts: bool },
+    /// Every instance stops sending until the quota renews; the batch waits, sealed.
+    PauseUntil(SystemTime),
+    /// No more attempts: settle every member with this outcome.
+    Settle(Outcome),
+}
+
+/// Decides what follows a failure of a batch that had failed `failed_before`
+/// times, `maybe_sent_before` telling whether any earlier request may have been
+/// processed. Pure, with the clock and randomness passed in.
+pub fn plan(
+    e: &ProviderError,
+    failed_before: u32,
+    maybe_sent_before: bool,
+    policy: &RetryPolicy,
+    rng: &mut impl rand::RngExt,
+    now: chrono::DateTime<Utc>,
+) -> Plan {
+    match e.action {
+        Action::Retryable => match policy.after_failure(failed_before + 1, e.retry_after, rng) {
+            Next::RetryIn(delay) => Plan::Retry { delay, counts: true },
+            // Out of attempts: if any request may have been processed, nobody can say it was not.
+            Next::GiveUp if e.maybe_sent || maybe_sent_before => Plan::Settle(Outcome::OutcomeUnknown),
+            Next::GiveUp => Plan::Settle(Outcome::Failed),
+        },
+        Action::QuotaExhausted => Plan::PauseUntil(quota_renews(&e.name, now)),
+        // A definitive answer for this key outweighs an earlier timeout: had that
+        // attempt been processed, the provider would have replayed it, not refused.
+        Action::SenderRejected | Action::Fatal if e.maybe_sent => Plan::Settle(Outcome::OutcomeUnknown),
+        Action::SenderRejected | Action::Fatal => Plan::Settle(Outcome::Failed),
+    }
+}
+
 async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
     if e.name == crate::resend::error::local::CONNECT {
         ctx.health.unreachable();
@@ -172,44 +218,30 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
     if let (Some(after), "rate_limit_exceeded") = (e.retry_after, e.name.as_str()) {
         ctx.limiter.pause_for(after);
     }
-    match e.action {
-        Action::Retryable => {
-            let failed = b.failed + 1;
-            let next = {
-                let mut rng = ctx.rng.lock().expect("rng lock");
-                ctx.retry.after_failure(failed, e.retry_after, &mut *rng)
-            };
-            match next {
-                Next::RetryIn(delay) => {
-                    reschedule(ctx, &b, delay, true, &e).await;
-                    ctx.metrics.retry_scheduled(&e.name, failed, delay);
-                }
-                Next::GiveUp => give_up(ctx, &b, &e).await,
-            }
+    let next = {
+        let mut rng = ctx.rng.lock().expect("rng lock");
+        plan(&e, b.failed, b.maybe_sent, &ctx.retry, &mut *rng, Utc::now())
+    };
+    match next {
+        Plan::Retry { delay, counts } => {
+            reschedule(ctx, &b, delay, counts, &e).await;
+            ctx.metrics.retry_scheduled(&e.name, b.failed + 1, delay);
         }
-        Action::QuotaExhausted => {
-            let until = quota_renews(&e.name, Utc::now());
+        Plan::PauseUntil(until) => {
             if let Err(err) = ctx.pause.begin(&ctx.store, until, &e.name).await {
                 ctx.metrics.redis_error("pause", &err);
             }
             ctx.metrics.set_paused(true, &e.name);
-            let delay = until.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-            // Not an attempt against the cap: the provider refused before sending.
-            reschedule(ctx, &b, delay, false, &e).await;
+            // Due again almost at once, but no instance takes a batch while paused: it
+            // goes out as soon as the pause ends, by expiry or `mailstream resume`. Not an
+            // attempt against the cap: the provider refused before sending.
+            reschedule(ctx, &b, QUOTA_RECHECK, false, &e).await;
         }
-        Action::SenderRejected | Action::Fatal => give_up(ctx, &b, &e).await,
+        Plan::Settle(outcome) => {
+            let outcomes: Vec<(Outcome, String)> = b.members.iter().map(|_| (outcome, e.name.clone())).collect();
+            settle(ctx, &b, &outcomes).await;
+        }
     }
-}
-
-/// Ends a batch that will not be retried: failed, or outcome_unknown when a
-/// request of it may have been processed and the provider never said so.
-async fn give_up(ctx: &Ctx, b: &Sealed, e: &ProviderError) {
-    // A definitive answer (a fatal error for this key) outweighs an earlier timeout:
-    // had that attempt been processed, the provider would have replayed it.
-    let unknown = e.maybe_sent || (e.action == Action::Retryable && b.maybe_sent);
-    let outcome = if unknown { Outcome::OutcomeUnknown } else { Outcome::Failed };
-    let outcomes: Vec<(Outcome, String)> = b.members.iter().map(|_| (outcome, e.name.clone())).collect();
-    settle(ctx, b, &outcomes).await;
 }
 
 async fn reschedule(ctx: &Ctx, b: &Sealed, delay: Duration, count_attempt: bool, e: &ProviderError) {
@@ -241,6 +273,7 @@ async fn settle(ctx: &Ctx, b: &Sealed, outcomes: &[(Outcome, String)]) {
     match result.await {
         Ok(0) => tracing::debug!(batch = %b.id, "batch was already settled"),
         Ok(_) => {
+            ctx.failpoints.at("settled").await;
             let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
             for s in &settlements {
                 let reason = if s.outcome == Outcome::Sent { "" } else { s.detail };
@@ -252,5 +285,84 @@ async fn settle(ctx: &Ctx, b: &Sealed, outcomes: &[(Outcome, String)]) {
         }
         // The batch stays sealed; after its lease, a taker resends (a replay) and settles.
         Err(err) => ctx.metrics.redis_error("settle", &err),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resend::error::local;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy { base: Duration::from_secs(1), max: Duration::from_secs(60), max_attempts: 3 }
+    }
+
+    fn now() -> chrono::DateTime<Utc> {
+        chrono::DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc)
+    }
+
+    fn answer(status: u16, name: &str) -> ProviderError {
+        ProviderError::from_response(status, Some(name), "", None)
+    }
+
+    fn decide(e: &ProviderError, failed_before: u32, maybe_before: bool) -> Plan {
+        plan(e, failed_before, maybe_before, &policy(), &mut StdRng::seed_from_u64(5), now())
+    }
+
+    #[test]
+    fn a_timeout_is_retried_with_backoff_then_ends_unknown() {
+        let timeout = ProviderError::local(local::TIMEOUT, true);
+        assert!(
+            matches!(decide(&timeout, 0, false), Plan::Retry { counts: true, delay } if delay <= Duration::from_secs(1))
+        );
+        assert!(
+            matches!(decide(&timeout, 1, true), Plan::Retry { counts: true, delay } if delay <= Duration::from_secs(2))
+        );
+        // The third failure is the last attempt; the email may have left.
+        assert_eq!(decide(&timeout, 2, true), Plan::Settle(Outcome::OutcomeUnknown));
+    }
+
+    #[test]
+    fn retries_that_never_reached_the_provider_end_failed() {
+        let refused = ProviderError::local(local::CONNECT, false);
+        assert_eq!(decide(&refused, 2, false), Plan::Settle(Outcome::Failed));
+        // ...unless an earlier attempt may have been processed.
+        assert_eq!(decide(&refused, 2, true), Plan::Settle(Outcome::OutcomeUnknown));
+    }
+
+    #[test]
+    fn a_429_waits_at_least_its_retry_after() {
+        let e = ProviderError::from_response(429, Some("rate_limit_exceeded"), "", Some(Duration::from_secs(9)));
+        assert_eq!(decide(&e, 0, false), Plan::Retry { delay: Duration::from_secs(9), counts: true });
+    }
+
+    #[test]
+    fn a_concurrent_request_waits_and_retries_the_same_batch() {
+        let e = answer(409, "concurrent_idempotent_requests");
+        assert!(matches!(decide(&e, 0, false), Plan::Retry { counts: true, .. }));
+        assert_eq!(decide(&e, 2, false), Plan::Settle(Outcome::OutcomeUnknown), "the original was in flight");
+    }
+
+    #[test]
+    fn fatal_and_sender_rejected_end_at_once_without_a_sleep() {
+        for e in [answer(422, "invalid_parameter"), answer(403, "invalid_api_key"), answer(422, "invalid_from_address")]
+        {
+            assert_eq!(decide(&e, 0, false), Plan::Settle(Outcome::Failed), "{e}");
+            // A definitive refusal for this key: an earlier timeout did not send it either.
+            assert_eq!(decide(&e, 1, true), Plan::Settle(Outcome::Failed), "{e}");
+        }
+        let garbled = ProviderError::local(local::UNEXPECTED, true);
+        assert_eq!(decide(&garbled, 0, false), Plan::Settle(Outcome::OutcomeUnknown));
+    }
+
+    #[test]
+    fn a_quota_pauses_until_it_renews_and_is_not_an_attempt() {
+        let e = answer(429, "daily_quota_exceeded");
+        let renews = chrono::DateTime::parse_from_rfc3339("2026-11-30T00:00:00Z").unwrap();
+        let want = std::time::UNIX_EPOCH + Duration::from_secs(renews.timestamp() as u64);
+        assert_eq!(decide(&e, 0, false), Plan::PauseUntil(want));
+        assert_eq!(decide(&e, 7, false), Plan::PauseUntil(want), "never given up on");
     }
 }

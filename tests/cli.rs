@@ -207,3 +207,103 @@ fn send_signal(pid: u32, signal: &str) {
     let status = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap();
     assert!(status.success());
 }
+
+/// A daemon process on `config`, with logs captured.
+fn spawn_daemon(config: &std::path::Path, redis_url: &str) -> std::process::Child {
+    bin()
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .env("MAILSTREAM_REDIS_URL", redis_url)
+        .env("RESEND_API_KEY", "re_cli_test")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_mid_run_then_a_restart_sends_each_once() {
+    let mut world = common::World::new().await;
+    let (emulator, _stop) = world.emulator(mailstream::resend::emulator::EmulatorConfig::default()).await;
+    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
+    let path = config_file(
+        "sigterm.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            ("timeout_seconds = 30", "timeout_seconds = 1"),
+            ("lease_seconds = 60", "lease_seconds = 6"),
+            ("partitions = 4", "partitions = 2"),
+            ("metrics_listen = \"127.0.0.1:9464\"", "# no metrics"),
+        ],
+    );
+    world.subscribers(3000).await;
+    world.kick().await;
+
+    let first = spawn_daemon(&path, &world.redis.url());
+    let store = world.store.clone();
+    let midway = common::eventually(Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { store.counts(common::CAMPAIGN, common::PERIOD).await.ok().filter(|c| c.sent >= 1000) }
+    })
+    .await;
+    assert!(midway.is_some());
+    send_signal(first.id(), "TERM");
+    let out = tokio::task::spawn_blocking(move || first.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success(), "graceful exit: {}", String::from_utf8_lossy(&out.stderr));
+    let after_stop = world.counts().await;
+    assert!(after_stop.sent < 3000, "stopped mid-run: {after_stop:?}");
+
+    let second = spawn_daemon(&path, &world.redis.url());
+    let counts = world.settled(Duration::from_secs(90)).await;
+    send_signal(second.id(), "TERM");
+    let out = tokio::task::spawn_blocking(move || second.wait_with_output()).await.unwrap().unwrap();
+    assert!(out.status.success());
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (3000, 0, 0));
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (3000, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_exits_at_once_and_loses_nothing() {
+    let mut world = common::World::new().await;
+    // Every request hangs 20 s, so a graceful stop would have to wait for them.
+    let faults = mailstream::resend::emulator::Faults { hang: 1.0, hang_ms: 20_000, ..Default::default() };
+    let (_emulator, _stop) =
+        world.emulator(mailstream::resend::emulator::EmulatorConfig { faults, ..Default::default() }).await;
+    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
+    let path = config_file(
+        "twice.toml",
+        &[("base_url = \"https://api.resend.com\"", &base_url), ("metrics_listen = \"127.0.0.1:9464\"", "# none")],
+    );
+    world.subscribers(300).await;
+    world.kick().await;
+    let daemon = spawn_daemon(&path, &world.redis.url());
+    let store = world.store.clone();
+    let sealed = common::eventually(Duration::from_secs(30), || {
+        let store = store.clone();
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let n: u64 = redis::cmd("ZCARD").arg(store.keys.batches(0)).query_async(&mut conn).await.ok()?;
+            (n > 0).then_some(())
+        }
+    })
+    .await;
+    assert!(sealed.is_some(), "a batch is on the wire");
+    send_signal(daemon.id(), "TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send_signal(daemon.id(), "TERM");
+    let out = tokio::task::spawn_blocking(move || daemon.wait_with_output()).await.unwrap().unwrap();
+    // 130 is the immediate exit; a graceful one (after the hung requests) would be 0.
+    assert_eq!(out.status.code(), Some(130), "{}", String::from_utf8_lossy(&out.stderr));
+    // The batches on the wire stay sealed for the next instance: nothing was dropped.
+    let counts = world.counts().await;
+    assert_eq!(counts.settled(), 0);
+    let mut conn = world.store.conn().await.unwrap();
+    let mut sealed = 0u64;
+    for p in 0..world.store.keys.partitions() {
+        let n: u64 = redis::cmd("ZCARD").arg(world.store.keys.batches(p)).query_async(&mut conn).await.unwrap();
+        sealed += n;
+    }
+    assert!(sealed > 0);
+}

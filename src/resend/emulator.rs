@@ -177,6 +177,13 @@ impl Emulator {
         self.inner.lock().expect("emulator lock").stats.clone()
     }
 
+    /// Starts a new quota window now (the provider's daily quota renewed).
+    pub fn renew_quota(&self) {
+        let mut inner = self.inner.lock().expect("emulator lock");
+        inner.quota_used = 0;
+        inner.quota_since = Instant::now();
+    }
+
     /// The requests seen so far to the sending endpoints, oldest first.
     pub fn seen(&self) -> Vec<Seen> {
         self.inner.lock().expect("emulator lock").seen.iter().cloned().collect()

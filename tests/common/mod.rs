@@ -34,6 +34,7 @@ impl World {
     }
 
     pub async fn with(options: RedisOptions, tweak: impl FnOnce(&mut Config)) -> World {
+        logs();
         let redis = RedisServer::start(options).await.expect("redis-server starts");
         let mut config = Config::example();
         config.redis.url = Secret::new(redis.url());
@@ -94,6 +95,13 @@ impl World {
         })
         .await
         .unwrap_or_else(|| panic!("not settled within {within:?}"))
+    }
+}
+
+/// Daemon logs in test output when `MAILSTREAM_LOG` is set (e.g. `debug`).
+pub fn logs() {
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_env("MAILSTREAM_LOG") {
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_test_writer().try_init();
     }
 }
 

@@ -1,0 +1,389 @@
+//! Never twice, never lost: crashes at each point of a batch's life, a slow
+//! holder whose lease was taken over, batches too old to resend, retries,
+//! quota pauses and a Redis restart, each against a real Redis and the emulator.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::*;
+use mailstream::config::Config;
+use mailstream::redis_server::RedisOptions;
+use mailstream::resend::emulator::{EmulatorConfig, Faults};
+use mailstream::scripts::{self, Claim, Member, NewDelivery, Outcome, Reschedule, SealMember, SealRequest, Settlement};
+use mailstream::{Failpoints, Hold, RunOptions};
+use tokio::sync::Notify;
+
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// Test config: the shortest lease the config allows (timeout 1 s + 5 s).
+fn quick(c: &mut Config) {
+    c.resend.timeout_seconds = 1;
+    c.delivery.lease_seconds = 6;
+}
+
+/// Freezes the daemon at `point` the first time it is reached; `reached` is notified.
+fn freeze_at(point: &'static str, reached: Arc<Notify>, release: Option<Arc<Notify>>) -> Failpoints {
+    let fired = Arc::new(AtomicBool::new(false));
+    Failpoints::new(move |name| -> Hold {
+        if name != point || fired.swap(true, Ordering::SeqCst) {
+            return Box::pin(async {});
+        }
+        let (reached, release) = (reached.clone(), release.clone());
+        Box::pin(async move {
+            reached.notify_one();
+            match release {
+                Some(release) => release.notified().await,
+                None => std::future::pending().await,
+            }
+        })
+    })
+}
+
+/// Runs a daemon that crashes at `point` (its tasks are aborted, as by kill -9),
+/// then a fresh one; every delivery must be sent exactly once.
+async fn crash_and_recover(point: &'static str) -> mailstream::resend::emulator::Stats {
+    let mut world = World::with(RedisOptions::default(), quick).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    world.subscribers(250).await;
+    world.kick().await;
+
+    let reached = Arc::new(Notify::new());
+    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
+    let crashing = Daemon::start(world.config.clone(), options);
+    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the failpoint is reached");
+    crashing.task.abort();
+    let _ = crashing.task.await;
+
+    let survivor = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    survivor.stop().await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (250, 0, 0), "at {point}");
+    let stats = emulator.stats();
+    assert_eq!(stats.emails_accepted, 250, "one real send per delivery, crash at {point}");
+    assert_eq!(stats.duplicate_sends, 0, "crash at {point}");
+    let sends = emulator.sends_matching(PERIOD);
+    assert_eq!(sends.len(), 250);
+    assert!(sends.values().all(|&n| n == 1));
+    stats
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_claim_before_seal() {
+    crash_and_recover("claimed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_seal_and_send() {
+    let stats = crash_and_recover("sealed").await;
+    assert_eq!(stats.replays, 0, "the sealed batch never left, so its resend is its first send");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_between_send_and_settle() {
+    let stats = crash_and_recover("answered").await;
+    assert!(stats.replays >= 1, "the taker resent the sealed bytes with the sealed key, and got a replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_after_settle() {
+    // There is no "settled but not acknowledged" window: seal acknowledged the stream
+    // entries, and settle deleted the batch in the same step that recorded its outcome.
+    crash_and_recover("settled").await;
+}
+
+/// Claims and seals one batch of `n` deliveries in partition 0 as `owner`.
+async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<Member>) {
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let items: Vec<NewDelivery> =
+        (0..n).map(|i| NewDelivery { id: format!("d{i}"), subscriber: format!("s{i}"), target: "t".into() }).collect();
+    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
+    let ids: Vec<&str> = items.iter().map(|d| d.id.as_str()).collect();
+    let claims = scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
+    assert!(claims.iter().all(|c| matches!(c, Claim::Claimed(_))));
+    let json: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                r#"{{"from":"a@acme.example","to":["delivered+s{i}@resend.dev"],"subject":"Digest {PERIOD}","text":"x"}}"#
+            )
+        })
+        .collect();
+    let members: Vec<SealMember<'_>> = items
+        .iter()
+        .zip(&json)
+        .map(|(d, j)| SealMember { entry: "0-1", delivery: &d.id, campaign: CAMPAIGN, period: PERIOD, json: j })
+        .collect();
+    let req = SealRequest {
+        partition: 0,
+        batch: "B1",
+        idempotency_key: "mailstream-B1",
+        owner,
+        group: "mailstream",
+        lease_ms: 1,
+        retention_secs: 3600,
+    };
+    let sealed = scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
+    assert_eq!(sealed.len(), n);
+    let members = items
+        .iter()
+        .map(|d| Member { delivery: d.id.clone(), campaign: CAMPAIGN.into(), period: PERIOD.into() })
+        .collect();
+    ("B1".into(), members)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_holder_cannot_overwrite_the_new_holders_result() {
+    let world = World::new().await;
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let (batch, members) = sealed_batch(&world, 3, "slow").await;
+    tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms lease runs out
+
+    // The new holder takes the batch over, resends, and settles it as sent.
+    let taken = scripts::take(&mut conn, keys, 0, &batch, "new", 60_000, 3_600_000).await.unwrap();
+    assert!(matches!(&taken, scripts::Take::Take { key, maybe_sent: true, .. } if key == "mailstream-B1"), "{taken:?}");
+    let sent: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, outcome: Outcome::Sent, detail: "re_new" }).collect();
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, &sent, 3_600_000).await.unwrap(), 3);
+
+    // The slow holder wakes up with a different story: neither its retry nor its
+    // failure changes anything.
+    let retry = Reschedule { delay_ms: 10, count_attempt: true, maybe_sent: true, error: "timeout" };
+    assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "slow", &retry).await.unwrap(), None);
+    let failed: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, outcome: Outcome::Failed, detail: "timeout" }).collect();
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, &failed, 3_600_000).await.unwrap(), 0);
+    for m in &members {
+        let d = delivery(&world.store, &m.delivery).await;
+        assert_eq!((d["state"].as_str(), d["provider_id"].as_str()), ("sent", "re_new"));
+    }
+    let counts = world.counts().await;
+    assert_eq!((counts.sent, counts.failed), (3, 0), "settled once, counted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_claimer_is_fenced_out_of_sealing() {
+    let world = World::new().await;
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let items = vec![NewDelivery { id: "d1".into(), subscriber: "s".into(), target: "t".into() }];
+    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
+    assert!(matches!(scripts::claim(&mut conn, keys, 0, &["d1"], "slow", 1).await.unwrap()[0], Claim::Claimed(_)));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let again = scripts::claim(&mut conn, keys, 0, &["d1"], "new", 60_000).await.unwrap();
+    assert!(matches!(&again[0], Claim::Claimed(c) if c.attempts == 2));
+    let member = SealMember { entry: "0-1", delivery: "d1", campaign: CAMPAIGN, period: PERIOD, json: "{}" };
+    let req = |batch, owner| SealRequest {
+        partition: 0,
+        batch,
+        idempotency_key: batch,
+        owner,
+        group: "mailstream",
+        lease_ms: 60_000,
+        retention_secs: 3600,
+    };
+    assert!(
+        scripts::seal(&mut conn, keys, &req("late", "slow"), std::slice::from_ref(&member)).await.unwrap().is_empty()
+    );
+    assert_eq!(scripts::seal(&mut conn, keys, &req("B", "new"), &[member]).await.unwrap(), vec![0]);
+    let exists: bool = redis::cmd("EXISTS").arg(keys.batch(0, "late")).query_async(&mut conn).await.unwrap();
+    assert!(!exists, "nothing was sealed for the late holder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
+    let mut world = World::new().await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let (batch, _) = sealed_batch(&world, 4, "dead-holder").await;
+    let mut conn = world.store.conn().await.unwrap();
+    // Sealed 25 hours ago by a holder that died mid-send.
+    let old = chrono::Utc::now().timestamp_millis() - 25 * 3_600_000;
+    let _: () = redis::cmd("HSET")
+        .arg(world.store.keys.batch(0, &batch))
+        .arg("sealed_ms")
+        .arg(old)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.outcome_unknown, counts.sent), (4, 0));
+    assert_eq!(emulator.stats().requests, 0, "never resent");
+    let unknown =
+        mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::OutcomeUnknown, 10).await.unwrap();
+    assert_eq!(unknown.len(), 4);
+    assert!(unknown.iter().all(|u| u.error == "idempotency_window_passed" && u.state_now == "outcome_unknown"));
+    // The operator checked in Resend: not delivered. Requeueing needs saying so.
+    let refused = mailstream::dead_letters::retry(&world.store, &[unknown[0].delivery.clone()], false).await.unwrap();
+    assert_eq!(refused[0].1, "outcome_unknown");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_batch_that_was_never_sent_is_sent() {
+    let mut world = World::new().await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let (batch, _) = sealed_batch(&world, 4, "paused-holder").await;
+    let mut conn = world.store.conn().await.unwrap();
+    // Waiting 25 hours for a retry, after refusals only (a long quota pause): nothing left.
+    let old = chrono::Utc::now().timestamp_millis() - 25 * 3_600_000;
+    let _: () = redis::cmd("HSET")
+        .arg(world.store.keys.batch(0, &batch))
+        .arg(&["sealed_ms", &old.to_string(), "state", "retry", "maybe_sent", "0"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!(counts.sent, 4);
+    assert_eq!(emulator.stats().emails_accepted, 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_request_is_retried_with_the_same_key_and_body() {
+    let mut world = World::with(RedisOptions::default(), |c| {
+        quick(c);
+        c.redis.partitions = 1;
+        c.delivery.max_attempts = 40;
+    })
+    .await;
+    // Every first request is processed, then answered after 2.5 s: past the 1 s timeout.
+    let faults = Faults { hang: 1.0, hang_ms: 2500, ..Default::default() };
+    let (emulator, _stop) =
+        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    world.subscribers(30).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!(counts.sent, 30);
+    let seen = emulator.seen();
+    assert!(seen.len() >= 2, "the timed-out request was retried: {seen:?}");
+    let keys: std::collections::HashSet<_> = seen.iter().map(|s| s.idempotency_key.clone()).collect();
+    assert_eq!(keys.len(), 1, "every retry carried the sealed key: {seen:?}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (30, 0));
+    assert!(stats.replays >= 1 || stats.concurrent_conflicts >= 1);
+    assert_eq!(stats.idempotency_mismatches, 0, "same body every time");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_answer_is_one_attempt_and_a_dead_letter() {
+    let mut world = World::with(RedisOptions::default(), |c| c.redis.partitions = 1).await;
+    let config = EmulatorConfig { api_key: Some("re_the_right_one".into()), ..Default::default() };
+    let (emulator, _stop) = world.emulator(config).await;
+    world.subscribers(150).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.failed, counts.sent), (150, 0));
+    let seen = emulator.seen();
+    assert_eq!(seen.len(), 2, "one request per batch, no retry: {seen:?}");
+    assert!(seen.iter().all(|s| s.status == 403));
+    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 500).await.unwrap();
+    assert_eq!(dead.len(), 150);
+    assert!(dead.iter().all(|d| d.error == "invalid_api_key"));
+
+    // After fixing the key, the operator requeues them and they go out.
+    let ids: Vec<String> = dead.iter().map(|d| d.delivery.clone()).collect();
+    let results = mailstream::dead_letters::retry(&world.store, &ids, false).await.unwrap();
+    assert!(results.iter().all(|(_, r)| r == "requeued"));
+    world.config.resend.api_key = Some(mailstream::config::Secret::new("re_the_right_one"));
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let sent = eventually(SETTLE, || {
+        let store = store.clone();
+        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent == 150) }
+    })
+    .await;
+    daemon.stop().await;
+    let counts = sent.expect("requeued deliveries are sent");
+    assert_eq!(counts.failed, 0, "requeue takes them out of the failed count");
+    assert_eq!(emulator.stats().emails_accepted, 150);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_sender_fails_at_once() {
+    let mut world = World::with(RedisOptions::default(), |c| c.redis.partitions = 1).await;
+    let faults = Faults { rejected_sender_domains: vec!["acme.example".into()], ..Default::default() };
+    let (emulator, _stop) = world.emulator(EmulatorConfig { faults, ..Default::default() }).await;
+    world.subscribers(20).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!(counts.failed, 20);
+    assert_eq!(emulator.seen().len(), 1, "no retry, no backoff sleep");
+    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 50).await.unwrap();
+    assert!(dead.iter().all(|d| d.error == "validation_error"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_quota_pauses_sending_and_drops_nothing() {
+    let mut world = World::with(RedisOptions::default(), |c| c.redis.partitions = 1).await;
+    let faults = Faults { quota_after_emails: Some(150), ..Default::default() };
+    let (emulator, _stop) = world.emulator(EmulatorConfig { faults, ..Default::default() }).await;
+    world.subscribers(250).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let paused_key = store.keys.paused();
+    let paused = eventually(Duration::from_secs(30), || {
+        let (store, key) = (store.clone(), paused_key.clone());
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let reason: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut conn).await.ok()?;
+            reason
+        }
+    })
+    .await;
+    assert_eq!(paused.as_deref(), Some("daily_quota_exceeded"));
+    let metrics = daemon.metrics.render();
+    assert!(metrics.contains("mailstream_sending_paused 1"), "{metrics}");
+    // Requests already on the wire when the pause began are answered (refused, or
+    // accepted within the quota); after that, silence, and nothing is dropped.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (during, requests) = (world.counts().await, emulator.stats().requests);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(emulator.stats().requests, requests, "no request while paused");
+    assert_eq!(world.counts().await, during);
+    assert!(during.sent >= 100 && during.sent < 250, "{during:?}");
+    assert_eq!(during.failed + during.skipped + during.outcome_unknown, 0);
+
+    // The quota renews (room for the 150 left); the operator resumes.
+    emulator.renew_quota();
+    assert!(mailstream::pause::Pause::resume(&world.store).await.unwrap());
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.failed), (250, 0));
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (250, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_restart_mid_run_loses_and_repeats_nothing() {
+    let mut world = World::with(RedisOptions { appendonly: true }, quick).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: Some(5), ..Default::default() }).await;
+    world.config.resend.requests_per_second = 5;
+    world.subscribers(2000).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let started = eventually(Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent >= 300) }
+    })
+    .await;
+    assert!(started.is_some());
+    world.redis.restart().await.expect("redis restarts");
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (2000, 0, 0));
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (2000, 0));
+}
