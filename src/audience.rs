@@ -61,6 +61,19 @@ impl Subscriber {
         Ok(())
     }
 
+    /// A made-up subscriber for the demo, tests and benchmarks: `user-000042` at
+    /// `delivered+user-000042@resend.dev` (Resend's always-delivered test address).
+    pub fn synthetic(i: u64) -> Subscriber {
+        Subscriber {
+            id: format!("user-{i:06}"),
+            email: format!("delivered+user-{i:06}@resend.dev"),
+            targets: vec![format!("team-{}", i % 97)],
+            entitled: true,
+            subscribed: true,
+            data: None,
+        }
+    }
+
     fn targets_or_default(&self) -> Vec<String> {
         if self.targets.is_empty() { vec![DEFAULT_TARGET.to_string()] } else { self.targets.clone() }
     }

@@ -124,16 +124,7 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     writeln!(out, "  redis {}   resend emulator http://{emulator_addr}", config.redis.url.redacted_url())?;
 
     let store = Store::connect(&config).await?;
-    let subscribers: Vec<Subscriber> = (0..opts.subscribers)
-        .map(|i| Subscriber {
-            id: format!("user-{i:06}"),
-            email: format!("delivered+user-{i:06}@resend.dev"),
-            targets: vec![format!("team-{}", i % 97)],
-            entitled: true,
-            subscribed: true,
-            data: None,
-        })
-        .collect();
+    let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
     audience::upsert(&store, &subscribers).await?;
     drop(subscribers);
 

@@ -193,21 +193,25 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
     assert!(!exists, "nothing was sealed for the late holder");
 }
 
+/// Makes a sealed batch 25 hours old, with `fields` overwritten.
+async fn age_batch(world: &World, batch: &str, fields: &[(&str, &str)]) {
+    let mut conn = world.store.conn().await.unwrap();
+    let old = (chrono::Utc::now().timestamp_millis() - 25 * 3_600_000).to_string();
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(world.store.keys.batch(0, batch)).arg("sealed_ms").arg(&old);
+    for (field, value) in fields {
+        cmd.arg(*field).arg(*value);
+    }
+    let _: () = cmd.query_async(&mut conn).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
     let mut world = World::new().await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let (batch, _) = sealed_batch(&world, 4, "dead-holder").await;
-    let mut conn = world.store.conn().await.unwrap();
     // Sealed 25 hours ago by a holder that died mid-send.
-    let old = chrono::Utc::now().timestamp_millis() - 25 * 3_600_000;
-    let _: () = redis::cmd("HSET")
-        .arg(world.store.keys.batch(0, &batch))
-        .arg("sealed_ms")
-        .arg(old)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    age_batch(&world, &batch, &[]).await;
     let daemon = world.daemon();
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
@@ -227,15 +231,8 @@ async fn an_old_batch_that_was_never_sent_is_sent() {
     let mut world = World::new().await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let (batch, _) = sealed_batch(&world, 4, "paused-holder").await;
-    let mut conn = world.store.conn().await.unwrap();
     // Waiting 25 hours for a retry, after refusals only (a long quota pause): nothing left.
-    let old = chrono::Utc::now().timestamp_millis() - 25 * 3_600_000;
-    let _: () = redis::cmd("HSET")
-        .arg(world.store.keys.batch(0, &batch))
-        .arg(&["sealed_ms", &old.to_string(), "state", "retry", "maybe_sent", "0"])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    age_batch(&world, &batch, &[("state", "retry"), ("maybe_sent", "0")]).await;
     let daemon = world.daemon();
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;

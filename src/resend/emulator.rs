@@ -258,8 +258,13 @@ impl Emulator {
         if let Err(e) = self.check_headers(req) {
             return (Err(e), rate, None);
         }
-        if rate.limited || inner.in_storm(now, &self.config.faults) {
+        let storm = inner.in_storm(now, &self.config.faults);
+        if rate.limited || storm.is_some() {
             inner.stats.rate_limited += 1;
+            let mut rate = rate;
+            if let Some(left) = storm {
+                rate.retry_after = Some(left.as_millis().div_ceil(1000).max(1) as u64);
+            }
             return (
                 Err(ApiError::new(
                     429,
@@ -440,14 +445,15 @@ impl Inner {
         }
     }
 
-    fn in_storm(&mut self, now: Instant, faults: &Faults) -> bool {
+    /// How much longer the current 429 storm lasts, if one is on.
+    fn in_storm(&mut self, now: Instant, faults: &Faults) -> Option<Duration> {
         if let Some(storm) = faults.storms.get(self.storms_started)
             && self.stats.requests > storm.after_requests
         {
             self.storms_started += 1;
             self.storm_until = Some(now + Duration::from_millis(storm.duration_ms));
         }
-        self.storm_until.is_some_and(|until| now < until)
+        self.storm_until.and_then(|until| until.checked_duration_since(now)).filter(|d| !d.is_zero())
     }
 
     /// Validates and "sends" a request's emails.

@@ -106,14 +106,7 @@ pub fn logs() {
 }
 
 pub fn subscriber(i: usize) -> Subscriber {
-    Subscriber {
-        id: format!("user-{i:06}"),
-        email: format!("delivered+user-{i:06}@resend.dev"),
-        targets: vec!["team-1".into()],
-        entitled: true,
-        subscribed: true,
-        data: None,
-    }
+    Subscriber::synthetic(i as u64)
 }
 
 pub async fn start_emulator(config: EmulatorConfig) -> (Emulator, String, Trigger) {

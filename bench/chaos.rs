@@ -1,0 +1,83 @@
+//! `bench/chaos [--deliveries N] [--kills K] [--redis-restarts R] [--rps R] [--seed S] [--json]`:
+//! the chaos run (see chaos_run.rs). Exits non-zero when a delivery was sent
+//! twice, never settled, or recorded as sent without a real send.
+
+#[path = "chaos_run.rs"]
+mod chaos_run;
+
+use std::process::ExitCode;
+
+use chaos_run::{ChaosOptions, chaos};
+
+fn main() -> ExitCode {
+    let mut opts = ChaosOptions {
+        deliveries: 20_000,
+        kills: 10,
+        redis_restarts: 1,
+        rps: 10,
+        seed: 42,
+        binary: env!("CARGO_BIN_EXE_mailstream").into(),
+        verbose: true,
+    };
+    let mut json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| -> u64 {
+            args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} needs a number"))
+        };
+        match arg.as_str() {
+            "--deliveries" => opts.deliveries = value("--deliveries"),
+            "--kills" => opts.kills = value("--kills") as u32,
+            "--redis-restarts" => opts.redis_restarts = value("--redis-restarts") as u32,
+            "--rps" => opts.rps = value("--rps") as u32,
+            "--seed" => opts.seed = value("--seed"),
+            "--json" => json = true,
+            "--bench" => {} // added by `cargo bench`
+            other => {
+                eprintln!("unknown argument {other}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let report = match runtime.block_on(chaos(&opts)) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!(
+        "deliveries {}: sent {}, failed {} {:?}, outcome_unknown {} {:?}, never settled {}",
+        report.deliveries,
+        report.sent,
+        report.failed,
+        report.failed_reasons,
+        report.outcome_unknown,
+        report.unknown_reasons,
+        report.never_settled
+    );
+    println!(
+        "emulator: {} real sends, {} duplicate real sends, {} requests ({} injected 5xx, {} hangs, {} rate-limited, {} replays, {} concurrent 409s)",
+        report.real_sends,
+        report.duplicate_real_sends,
+        report.provider_requests,
+        report.injected_server_errors,
+        report.injected_hangs,
+        report.rate_limited,
+        report.replays,
+        report.concurrent_conflicts
+    );
+    println!(
+        "chaos: {} kill -9, {} redis restarts, {:.1} s",
+        report.kills, report.redis_restarts, report.elapsed_seconds
+    );
+    let problems = report.problems();
+    for p in &problems {
+        println!("PROBLEM: {p}");
+    }
+    if json {
+        println!("{}", serde_json::to_string(&report).expect("report serializes"));
+    }
+    if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
