@@ -5,11 +5,11 @@
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3..2+c] counts hashes, KEYS[3+c..] delivery keys
 -- ARGV[1] group, ARGV[2] owner, ARGV[3] c, ARGV[4] retention ms;
 --   then per delivery: stream entry id, delivery id, state, reason, counts index (1-based)
--- Returns the number of deliveries decided.
+-- Returns, per delivery, 1 if it was decided now, 0 if this owner no longer held it.
 local group, owner, c, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local decided = 0
+local out = {}
 for i = 3 + c, #KEYS do
   local base = 4 + 5 * (i - 3 - c)
   local entry, id, state, reason, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4],
@@ -27,7 +27,9 @@ for i = 3 + c, #KEYS do
         'delivery', id, 'error', reason, 'attempts', d[3] or 0)
     end
     redis.call('XACK', KEYS[1], group, entry)
-    decided = decided + 1
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
   end
 end
-return decided
+return out

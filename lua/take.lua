@@ -7,7 +7,8 @@
 -- KEYS[1] batch, KEYS[2] batches zset
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
 -- Returns {'take', key, body, members, tallies, attempts, maybe_sent}, {'expired', members, tallies},
--- or {'skip'} when the batch is not due (someone else took it) or no longer exists.
+-- {'lost'} when the batch record expired unsettled (its members' records expired before it,
+-- as they were written first), or {'skip'} when it is not due or no longer exists.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -20,7 +21,7 @@ local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'tallies', 'sea
   'attempts', 'state', 'maybe_sent')
 if not b[1] then
   redis.call('ZREM', KEYS[2], bid)
-  return {'skip'}
+  return {'lost'}
 end
 local maybe_sent = b[8]
 if b[7] ~= 'retry' then

@@ -46,7 +46,8 @@ pub struct Batcher {
 }
 
 struct Queues {
-    fresh: Vec<VecDeque<Ready>>,
+    /// Per partition: emails with the time they were queued.
+    fresh: Vec<VecDeque<(Instant, Ready)>>,
     resend: VecDeque<Sealed>,
 }
 
@@ -74,7 +75,8 @@ impl Batcher {
             .await
             .expect("batcher semaphores are never closed");
         permits.forget();
-        self.queues.lock().expect("batcher lock").fresh[usize::from(p)].extend(items);
+        let now = Instant::now();
+        self.queues.lock().expect("batcher lock").fresh[usize::from(p)].extend(items.into_iter().map(|r| (now, r)));
         self.changed.notify_one();
     }
 
@@ -88,6 +90,11 @@ impl Batcher {
     pub fn queued(&self) -> (usize, usize) {
         let q = self.queues.lock().expect("batcher lock");
         (q.fresh.iter().map(VecDeque::len).sum(), q.resend.len())
+    }
+
+    /// Free places in partition `p`'s queue.
+    pub fn room(&self, p: u16) -> usize {
+        self.space[usize::from(p)].available_permits()
     }
 
     /// Whether a batch (or its resend) is already queued here.
@@ -109,19 +116,28 @@ impl Batcher {
         }
     }
 
-    /// Takes the next request's worth: a resend first, else up to `batch_size`
-    /// emails from the fullest partition.
+    /// Takes the next request's worth: a resend first, else up to `batch_size` emails
+    /// of one partition: the one waiting longest among those with a full batch, or,
+    /// when none has, the one waiting longest. Oldest-first keeps every partition
+    /// moving under backlog (the fullest-first rule let one partition that refilled
+    /// within a slot take every slot, while the others' leases ran out).
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
         if let Some(sealed) = q.resend.pop_front() {
             return Some(Work::Resend(sealed));
         }
-        let (p, queue) = q.fresh.iter_mut().enumerate().max_by_key(|(_, f)| f.len())?;
-        if queue.is_empty() {
-            return None;
-        }
+        let oldest = |full: bool| {
+            q.fresh
+                .iter()
+                .enumerate()
+                .filter(|(_, f)| if full { f.len() >= self.batch_size } else { !f.is_empty() })
+                .min_by_key(|(_, f)| f.front().map(|(at, _)| *at))
+                .map(|(p, _)| p)
+        };
+        let p = oldest(true).or_else(|| oldest(false))?;
+        let queue = &mut q.fresh[p];
         let n = queue.len().min(self.batch_size);
-        let items: Vec<Ready> = queue.drain(..n).collect();
+        let items: Vec<Ready> = queue.drain(..n).map(|(_, r)| r).collect();
         self.space[p].add_permits(n);
         Some(Work::Fresh(p as u16, items))
     }
@@ -130,6 +146,14 @@ impl Batcher {
 /// How long before its slot a batch is taken and sealed: sealing is a Redis
 /// round trip, done ahead so the request itself leaves right at the slot.
 const SEAL_LEAD: Duration = Duration::from_millis(20);
+
+/// How the wait for a sealed batch's slot ended.
+enum Wait {
+    Go,
+    /// The slot moved (a pause began) further than half a lease away.
+    TooLong(Duration),
+    Stopped,
+}
 
 /// Grants request slots to work until shutdown, then lets in-flight requests
 /// finish within `drain`; what does not finish stays sealed for recovery.
@@ -160,19 +184,30 @@ pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: Shutdown, drain: Durat
         let Some(sealed) = sender::prepare(&ctx, work).await else { continue };
         // Wait for the slot as it stands now: the previous request may have left
         // late, or a 429 may have paused sending, since it was first asked.
-        let stopped = loop {
+        let waited = loop {
             let slot = ctx.limiter.next_slot();
-            if slot <= Instant::now() {
-                break false;
+            let now = Instant::now();
+            if slot <= now {
+                break Wait::Go;
+            }
+            if slot - now > ctx.config.lease() / 2 {
+                break Wait::TooLong(slot - now);
             }
             tokio::select! {
-                _ = shutdown.wait() => break true,
+                _ = shutdown.wait() => break Wait::Stopped,
                 _ = tokio::time::sleep_until(slot) => {}
             }
         };
-        if stopped {
-            tracing::info!(batch = %sealed.id, "shutdown before its slot; the batch stays sealed for recovery");
-            break;
+        match waited {
+            Wait::Go => {}
+            Wait::TooLong(delay) => {
+                sender::postpone(&ctx, sealed.partition, &sealed.id, delay).await;
+                continue;
+            }
+            Wait::Stopped => {
+                tracing::info!(batch = %sealed.id, "shutdown before its slot; the batch stays sealed for recovery");
+                break;
+            }
         }
         ctx.limiter.sent(Instant::now());
         ctx.metrics.limiter_waited(asked.elapsed());
@@ -211,18 +246,42 @@ mod tests {
             .collect()
     }
 
-    #[tokio::test]
-    async fn fullest_partition_first_and_never_over_the_batch_size() {
-        let b = Batcher::new(3, 100, 300);
-        b.push(0, ready(30)).await;
-        b.push(2, ready(250)).await;
-        let sizes: Vec<(u16, usize)> = std::iter::from_fn(|| match b.take()? {
+    fn sizes(b: &Batcher) -> Vec<(u16, usize)> {
+        std::iter::from_fn(|| match b.take()? {
             Work::Fresh(p, items) => Some((p, items.len())),
             Work::Resend(_) => None,
         })
-        .collect();
-        assert_eq!(sizes, vec![(2, 100), (2, 100), (2, 50), (0, 30)]);
+        .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_batches_first_oldest_first_never_over_the_batch_size() {
+        let b = Batcher::new(3, 100, 300);
+        b.push(0, ready(30)).await;
+        tokio::time::advance(Duration::from_millis(1)).await;
+        b.push(2, ready(250)).await;
+        // Partition 2 has full batches; then partition 0's 30 have waited longest.
+        assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
         assert!(b.take().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partition_that_refills_at_once_does_not_take_every_slot() {
+        let b = Batcher::new(3, 100, 200);
+        for p in 0..3 {
+            b.push(p, ready(200)).await;
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        let mut served = Vec::new();
+        for _ in 0..6 {
+            let Some(Work::Fresh(p, items)) = b.take() else { panic!("work") };
+            served.push(p);
+            // Its reader refills the queue before the next slot.
+            b.push(p, ready(items.len())).await;
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // Oldest first: each partition's 200 (two slots' worth) go before the refills.
+        assert_eq!(served, vec![0, 0, 1, 1, 2, 2]);
     }
 
     #[tokio::test]

@@ -54,6 +54,9 @@ pub struct RedisConfig {
     pub pool_size: usize,
     /// How long one Redis command may take before it is an error.
     pub response_timeout_ms: u64,
+    /// Replicas that must acknowledge a sealed batch (WAIT) before its request
+    /// leaves; 0 relies on the primary's own persistence (appendfsync always).
+    pub wait_replicas: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -144,6 +147,7 @@ impl Default for RedisConfig {
             group: "mailstream".into(),
             pool_size: 32,
             response_timeout_ms: 10_000,
+            wait_replicas: 0,
         }
     }
 }

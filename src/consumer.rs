@@ -23,6 +23,7 @@ pub mod reason {
     pub const RENDER_ERROR: &str = "render_error";
     pub const TOO_MANY_ATTEMPTS: &str = "too_many_attempts";
     pub const INVALID_EMAIL: &str = "validation_error";
+    pub const INVALID_DATA: &str = "invalid_subscriber_data";
 }
 
 /// A stream entry: its id and the delivery id it carries (None: malformed entry).
@@ -62,7 +63,11 @@ pub(crate) async fn read_partition(ctx: Arc<Ctx>, p: u16, mut shutdown: Shutdown
                 other => other?,
             };
             let entries: Vec<Entry> = reply.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect();
-            process_entries(&ctx, p, &mut conn, entries).await
+            let ready = process_entries(&ctx, p, &mut conn, entries).await?;
+            // The connection goes back to the pool before waiting for room in the queue.
+            drop(conn);
+            hand_over(&ctx, p, ready).await;
+            anyhow::Ok(())
         }
         .await;
         match result {
@@ -83,15 +88,16 @@ pub(crate) fn entry_of(s: StreamId) -> Entry {
     (s.id, delivery)
 }
 
-/// Claims, resolves, renders and hands over `entries` of partition `p`.
+/// Claims, resolves and renders `entries` of partition `p`; returns the emails to
+/// hand to the batcher (what will not be sent is decided here).
 pub(crate) async fn process_entries(
     ctx: &Ctx,
     p: u16,
     conn: &mut deadpool_redis::Connection,
     entries: Vec<Entry>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Ready>> {
     if entries.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let keys = &ctx.store.keys;
     let group = &ctx.config.redis.group;
@@ -119,7 +125,7 @@ pub(crate) async fn process_entries(
         let _: () = redis::cmd("XACK").arg(keys.stream(p)).arg(group).arg(&ack).query_async(conn).await?;
     }
     if claimed.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
 
     // Resolve at send time: one pipelined read of every subscriber record.
@@ -155,7 +161,15 @@ pub(crate) async fn process_entries(
             decisions.push(decide(Outcome::Failed, reason::UNKNOWN_CAMPAIGN));
             continue;
         };
-        let data = data.and_then(|d| serde_json::from_str(&d).ok()).unwrap_or(serde_json::Value::Null);
+        let data = match data.map(|d| serde_json::from_str::<serde_json::Value>(&d)) {
+            None => serde_json::Value::Null,
+            Some(Ok(data)) => data,
+            // Sending a digest without its data would be a wrong email, not a lesser one.
+            Some(Err(_)) => {
+                decisions.push(decide(Outcome::Failed, reason::INVALID_DATA));
+                continue;
+            }
+        };
         let input = RenderInput {
             campaign: &c.campaign,
             period: &c.period,
@@ -182,17 +196,21 @@ pub(crate) async fn process_entries(
 
     if !decisions.is_empty() {
         let retention_ms = ctx.config.retention().as_millis() as u64;
-        scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention_ms).await?;
-        for d in &decisions {
+        let decided = scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention_ms).await?;
+        for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
             ctx.metrics.settled(d.campaign, d.outcome.as_str(), d.reason, 1);
         }
     }
     ctx.failpoints.at("claimed").await;
+    Ok(ready)
+}
+
+/// Queues claimed emails for the batcher, waiting for room.
+pub(crate) async fn hand_over(ctx: &Ctx, p: u16, ready: Vec<Ready>) {
     let mut shutdown = ctx.shutdown.clone();
     tokio::select! {
         // The dispatcher has stopped taking: what is claimed stays leased, for the next instance.
         _ = shutdown.wait() => {}
         _ = ctx.batcher.push(p, ready) => {}
     }
-    Ok(())
 }

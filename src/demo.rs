@@ -170,6 +170,11 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     stop_emulator.trigger();
     let _ = emulator_task.await;
     let counts = store.counts(&campaign.name, &period).await.unwrap_or(counts);
+    if opts.redis_url.is_some() {
+        // Someone else's Redis: take the demo's keys (addresses included) away again.
+        let removed = store.delete_all().await?;
+        writeln!(out, "  removed the demo's {removed} keys (prefix {}) from that Redis", config.redis.prefix)?;
+    }
 
     let report = DemoReport {
         subscribers: opts.subscribers,

@@ -16,6 +16,11 @@ impl Keys {
         Keys { prefix: prefix.to_string(), partitions }
     }
 
+    /// The first component of every key.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     pub fn partitions(&self) -> u16 {
         self.partitions
     }

@@ -141,6 +141,7 @@ pub async fn run_with(
     let store = Store::connect(&config).await?;
     store.check_partitions().await?;
     store.ensure_groups(&config.redis.group).await?;
+    store.check_durability(config.redis.wait_replicas).await?;
 
     let r = &config.resend;
     let client = Client::new(&r.base_url, api_key, Duration::from_secs(r.timeout_seconds))?;

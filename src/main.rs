@@ -96,9 +96,10 @@ enum Command {
     Emulator {
         #[arg(long, default_value = "127.0.0.1:3030")]
         listen: SocketAddr,
-        /// Team rate limit (requests per sliding second); 0 for none.
-        #[arg(long, default_value_t = 10)]
-        rps: u32,
+        /// Team rate limit (requests per sliding second), 0 for none; overrides the
+        /// settings file (default 10).
+        #[arg(long)]
+        rps: Option<u32>,
         /// TOML file with emulator settings and faults (see EmulatorConfig).
         #[arg(long)]
         settings: Option<PathBuf>,
@@ -296,10 +297,12 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                 }
                 None => EmulatorConfig::default(),
             };
-            emulator_config.requests_per_second = (rps > 0).then_some(rps);
+            if let Some(rps) = rps {
+                emulator_config.requests_per_second = (rps > 0).then_some(rps);
+            }
             let listener =
                 tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-            tracing::info!(%listen, rps, "Resend emulator listening");
+            tracing::info!(%listen, rps = ?emulator_config.requests_per_second, "Resend emulator listening");
             Emulator::new(emulator_config).serve(listener, signals()?).await;
             Ok(ExitCode::SUCCESS)
         }

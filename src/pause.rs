@@ -39,11 +39,7 @@ impl Pause {
             }
         }
         let mut conn = store.conn().await?;
-        let key = store.keys.paused();
-        let current: i64 = conn.pttl(&key).await?;
-        if current < ms as i64 {
-            let _: () = redis::cmd("SET").arg(&key).arg(reason).arg("PX").arg(ms).query_async(&mut conn).await?;
-        }
+        crate::scripts::pause(&mut conn, &store.keys, reason, ms).await?;
         Ok(())
     }
 
@@ -51,8 +47,13 @@ impl Pause {
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
         let mut conn = store.conn().await?;
         let ttl: i64 = conn.pttl(store.keys.paused()).await?;
-        *self.until.lock().expect("pause lock") =
-            (ttl > 0).then(|| SystemTime::now() + Duration::from_millis(ttl as u64));
+        // -1: paused by hand without an expiry, until `mailstream resume`.
+        let left = match ttl {
+            -1 => Some(Duration::from_secs(3600)),
+            ms if ms > 0 => Some(Duration::from_millis(ms as u64)),
+            _ => None,
+        };
+        *self.until.lock().expect("pause lock") = left.map(|d| SystemTime::now() + d);
         Ok(())
     }
 

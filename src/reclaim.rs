@@ -4,16 +4,18 @@
 //! or a holder that died mid-send), refreshes the shared pause, reports the
 //! backlog, and trims streams below the oldest entry still needed.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use redis::streams::StreamAutoClaimReply;
 
 use crate::Ctx;
-use crate::consumer::{Entry, entry_of, process_entries};
-use crate::scripts::{self, Outcome, Settlement, Take};
-use crate::sender::Sealed;
+use crate::consumer::{Entry, entry_of, hand_over, process_entries};
+use crate::scripts::{self, Outcome, Settlement, Settler, Take};
+use crate::sender::{Sealed, count_settled};
 use crate::shutdown::Shutdown;
 
 /// Due batches examined per partition per pass.
@@ -107,15 +109,17 @@ pub(crate) async fn due_batches(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
                     })
                     .collect();
                 let retention_ms = ctx.config.retention().as_millis() as u64;
-                let n = scripts::settle(&mut conn, keys, p, &batch, &settlements, retention_ms).await?;
-                if let Some(first) = members.first() {
-                    ctx.metrics.settled(
-                        &first.campaign,
-                        Outcome::OutcomeUnknown.as_str(),
-                        "idempotency_window_passed",
-                        u64::from(n),
-                    );
-                }
+                let by = Settler::Holder(&ctx.owner);
+                let recorded = scripts::settle(&mut conn, keys, p, &batch, by, &settlements, retention_ms).await?;
+                count_settled(ctx, &settlements, &recorded);
+            }
+            Take::Lost => {
+                tracing::error!(
+                    batch = %batch,
+                    "a sealed batch's record expired before it was settled (a pause longer than the retention?); \
+                     its deliveries' records had expired already"
+                );
+                ctx.metrics.settled("unknown", Outcome::OutcomeUnknown.as_str(), "batch_record_expired", 1);
             }
             Take::Skip => {}
         }
@@ -124,12 +128,14 @@ pub(crate) async fn due_batches(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
 }
 
 /// XAUTOCLAIMs entries idle longer than a lease and processes them like new ones
-/// (claim.lua decides whether the lease really expired).
+/// (claim.lua decides whether the lease really expired). Claims only what the
+/// partition's queue has room for, so the reclaimer never waits on the batcher.
 pub(crate) async fn expired_leases(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     let keys = &ctx.store.keys;
-    let mut conn = ctx.store.conn().await?;
+    let count = ctx.config.delivery.read_count;
     let mut cursor = "0-0".to_string();
-    loop {
+    while !ctx.shutdown.is_triggered() && ctx.batcher.room(p) >= count {
+        let mut conn = ctx.store.conn().await?;
         let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
             .arg(keys.stream(p))
             .arg(&ctx.config.redis.group)
@@ -137,59 +143,94 @@ pub(crate) async fn expired_leases(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
             .arg(ctx.config.lease().as_millis() as u64)
             .arg(&cursor)
             .arg("COUNT")
-            .arg(ctx.config.delivery.read_count)
+            .arg(count)
             .query_async(&mut conn)
             .await?;
-        // Redis 7 drops deleted entries from the PEL itself and lists them; nothing to do.
+        // Redis 7 drops entries deleted from the stream out of the pending list itself
+        // and names them here; their deliveries can no longer be found from the stream.
         if !reply.deleted_ids.is_empty() {
-            tracing::debug!(partition = p, deleted = reply.deleted_ids.len(), "trimmed entries left the pending list");
+            tracing::warn!(
+                partition = p,
+                deleted = reply.deleted_ids.len(),
+                "pending entries had been deleted from the stream"
+            );
         }
         let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
         if !entries.is_empty() {
             tracing::info!(partition = p, entries = entries.len(), "taking over deliveries whose lease expired");
         }
-        process_entries(ctx, p, &mut conn, entries).await?;
+        let ready = process_entries(ctx, p, &mut conn, entries).await?;
+        drop(conn);
+        hand_over(ctx, p, ready).await;
         cursor = reply.next_stream_id;
         if cursor == "0-0" {
-            return Ok(());
+            break;
         }
-    }
-}
-
-/// Reports the backlog and trims the stream below the oldest entry the group
-/// still needs (the first pending one, or the first not yet read).
-pub(crate) async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
-    let stream = ctx.store.keys.stream(p);
-    let mut conn = ctx.store.conn().await?;
-    let groups: Vec<std::collections::HashMap<String, redis::Value>> =
-        redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await?;
-    let mut keep_from: Option<(u64, u64)> = None;
-    for g in &groups {
-        let field = |name: &str| g.get(name).and_then(text);
-        let name = field("name").unwrap_or_default();
-        let last = field("last-delivered-id").and_then(|s| parse_id(&s)).unwrap_or((0, 0));
-        let lag: Option<u64> = field("lag").and_then(|s| s.parse().ok());
-        let pending: u64 = field("pending").and_then(|s| s.parse().ok()).unwrap_or(0);
-        if name == ctx.config.redis.group {
-            ctx.metrics.backlog(p, lag.unwrap_or(0), pending);
-        }
-        // Summary form: [count, smallest id, greatest id, consumers].
-        let summary: Vec<redis::Value> = redis::cmd("XPENDING").arg(&stream).arg(&name).query_async(&mut conn).await?;
-        let oldest = summary.get(1).and_then(text);
-        // Without a lag figure (Redis cannot always tell), trim nothing past the last read.
-        let first_unread = (last.0, last.1 + 1);
-        let needed = match oldest.and_then(|s| parse_id(&s)) {
-            Some(pending_min) => pending_min.min(first_unread),
-            None => first_unread,
-        };
-        keep_from = Some(keep_from.map_or(needed, |k: (u64, u64)| k.min(needed)));
-    }
-    if let Some((ms, seq)) = keep_from {
-        let _: u64 =
-            redis::cmd("XTRIM").arg(&stream).arg("MINID").arg(format!("{ms}-{seq}")).query_async(&mut conn).await?;
     }
     Ok(())
 }
+
+/// A consumer (a past process) idle this long with nothing pending is removed
+/// from the group, so `XINFO CONSUMERS` does not collect every restart forever.
+const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
+
+/// Reports the backlog, trims the stream below the oldest entry this deployment's
+/// group still needs (the first pending one, or the first not yet read), and
+/// removes consumers of past processes.
+pub(crate) async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
+    let stream = ctx.store.keys.stream(p);
+    let group = &ctx.config.redis.group;
+    let mut conn = ctx.store.conn().await?;
+    let groups: Vec<HashMap<String, redis::Value>> =
+        redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await?;
+    let Some(ours) = groups.iter().find(|g| g.get("name").and_then(text).as_deref() == Some(group)) else {
+        return Ok(());
+    };
+    if groups.len() > 1 && !FOREIGN_GROUPS_SEEN.swap(true, Ordering::Relaxed) {
+        tracing::warn!(stream = %stream, "the stream has other consumer groups; trimming follows only {group}");
+    }
+    let field = |name: &str| ours.get(name).and_then(text);
+    let last = field("last-delivered-id").and_then(|s| parse_id(&s)).unwrap_or((0, 0));
+    let lag: u64 = field("lag").and_then(|s| s.parse().ok()).unwrap_or(0);
+    let pending: u64 = field("pending").and_then(|s| s.parse().ok()).unwrap_or(0);
+    ctx.metrics.backlog(p, lag, pending);
+
+    // Summary form: [count, smallest id, greatest id, consumers].
+    let summary: Vec<redis::Value> = redis::cmd("XPENDING").arg(&stream).arg(group).query_async(&mut conn).await?;
+    let first_unread = (last.0, last.1 + 1);
+    let keep_from = match summary.get(1).and_then(text).and_then(|s| parse_id(&s)) {
+        Some(oldest_pending) => oldest_pending.min(first_unread),
+        None => first_unread,
+    };
+    let _: u64 = redis::cmd("XTRIM")
+        .arg(&stream)
+        .arg("MINID")
+        .arg(format!("{}-{}", keep_from.0, keep_from.1))
+        .query_async(&mut conn)
+        .await?;
+
+    let consumers: Vec<HashMap<String, redis::Value>> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg(group).query_async(&mut conn).await?;
+    let forget_ms = FORGET_CONSUMERS_AFTER.max(ctx.config.lease() * 10).as_millis() as u64;
+    for c in &consumers {
+        let get = |name: &str| c.get(name).and_then(text);
+        let (Some(name), Some(pending), Some(idle)) = (get("name"), get("pending"), get("idle")) else { continue };
+        if name != ctx.owner && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
+            let _: i64 = redis::cmd("XGROUP")
+                .arg("DELCONSUMER")
+                .arg(&stream)
+                .arg(group)
+                .arg(&name)
+                .query_async(&mut conn)
+                .await?;
+            tracing::debug!(partition = p, consumer = %name, "removed an idle consumer with nothing pending");
+        }
+    }
+    Ok(())
+}
+
+/// Whether the "other consumer groups" warning was given (once per process).
+static FOREIGN_GROUPS_SEEN: AtomicBool = AtomicBool::new(false);
 
 /// A reply value as text, whatever its RESP type.
 fn text(v: &redis::Value) -> Option<String> {

@@ -19,6 +19,7 @@ struct Scripts {
     settle: Script,
     decide: Script,
     requeue: Script,
+    pause: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -30,6 +31,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     settle: Script::new(include_str!("../lua/settle.lua")),
     decide: Script::new(include_str!("../lua/decide.lua")),
     requeue: Script::new(include_str!("../lua/requeue.lua")),
+    pause: Script::new(include_str!("../lua/pause.lua")),
 });
 
 /// A delivery to enqueue: its new id and what it is for.
@@ -194,6 +196,9 @@ pub enum Take {
     Take { key: String, body: String, members: Vec<Member>, attempts: u32, maybe_sent: bool },
     /// Sealed too long ago to resend blind: settle every member as outcome_unknown.
     Expired { members: Vec<Member> },
+    /// The batch record expired before it was settled (its members' records, written
+    /// earlier, expired first): nothing is left to send or settle, only to report.
+    Lost,
     /// Not due, taken by someone else, or gone.
     Skip,
 }
@@ -246,6 +251,7 @@ pub async fn take(
             maybe_sent: maybe_sent == "1",
         },
         [tag, ids, tallies] if tag == "expired" => Take::Expired { members: parse_members(ids, tallies) },
+        [tag] if tag == "lost" => Take::Lost,
         _ => Take::Skip,
     })
 }
@@ -295,6 +301,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The outcome named `s` (as stored in a delivery's `state`).
+    pub fn parse(s: &str) -> Option<Outcome> {
+        [Outcome::Sent, Outcome::Skipped, Outcome::Failed, Outcome::OutcomeUnknown]
+            .into_iter()
+            .find(|o| o.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Outcome::Sent => "sent",
@@ -332,15 +345,26 @@ fn counts_index<'a>(
     (names, index)
 }
 
-/// Settles a sealed batch; returns how many members this call settled (0 if already done).
+/// Who settles a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settler<'a> {
+    /// The provider answered 2xx for the batch's key: anyone may record that.
+    Answer,
+    /// A verdict without such an answer: only the batch's current holder may record it.
+    Holder(&'a str),
+}
+
+/// Settles a sealed batch; returns, per member, the outcome recorded now (`None` where
+/// nothing changed: already settled, or this holder lost the batch).
 pub async fn settle(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     batch: &str,
+    by: Settler<'_>,
     settlements: &[Settlement<'_>],
     retention_ms: u64,
-) -> RedisResult<u32> {
+) -> RedisResult<Vec<Option<Outcome>>> {
     let (counts, index) = counts_index(
         keys,
         partition,
@@ -353,7 +377,11 @@ pub async fn settle(
         .key(keys.unknown(partition))
         .arg(batch)
         .arg(counts.len())
-        .arg(retention_ms);
+        .arg(retention_ms)
+        .arg(match by {
+            Settler::Answer => "",
+            Settler::Holder(owner) => owner,
+        });
     for c in &counts {
         call.key(c);
     }
@@ -364,7 +392,8 @@ pub async fn settle(
             .arg(s.detail)
             .arg(ci);
     }
-    call.invoke_async(conn).await
+    let recorded: Vec<String> = call.invoke_async(conn).await?;
+    Ok(recorded.iter().map(|s| Outcome::parse(s)).collect())
 }
 
 /// A claimed delivery that will not be sent, and why.
@@ -379,7 +408,8 @@ pub struct Decision<'a> {
     pub reason: &'a str,
 }
 
-/// Settles claimed deliveries that will not be sent and acknowledges their entries.
+/// Settles claimed deliveries that will not be sent and acknowledges their entries;
+/// returns, per delivery, whether it was decided now (false: no longer ours).
 pub async fn decide(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -388,9 +418,9 @@ pub async fn decide(
     owner: &str,
     decisions: &[Decision<'_>],
     retention_ms: u64,
-) -> RedisResult<u32> {
+) -> RedisResult<Vec<bool>> {
     if decisions.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let (counts, index) = counts_index(keys, partition, decisions.iter().map(|d| (d.campaign, d.period)));
     let mut call = SCRIPTS.decide.prepare_invoke();
@@ -411,7 +441,8 @@ pub async fn decide(
             .arg(d.reason)
             .arg(ci);
     }
-    call.invoke_async(conn).await
+    let decided: Vec<i64> = call.invoke_async(conn).await?;
+    Ok(decided.into_iter().map(|d| d == 1).collect())
 }
 
 /// Requeues a failed (or, if allowed, outcome_unknown) delivery; returns
@@ -434,4 +465,10 @@ pub async fn requeue(
         .arg(u8::from(allow_unknown))
         .invoke_async(conn)
         .await
+}
+
+/// Pauses sending for `ms` (only ever lengthening a pause); true if set or lengthened.
+pub async fn pause(conn: &mut impl ConnectionLike, keys: &Keys, reason: &str, ms: u64) -> RedisResult<bool> {
+    let set: i64 = SCRIPTS.pause.key(keys.paused()).arg(reason).arg(ms).invoke_async(conn).await?;
+    Ok(set == 1)
 }

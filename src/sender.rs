@@ -15,7 +15,7 @@ use crate::id::new_id;
 use crate::pause::quota_renews;
 use crate::resend::{Action, ItemResult, ProviderError};
 use crate::retry::{Next, RetryPolicy};
-use crate::scripts::{self, Member, Outcome, Reschedule, SealMember, SealRequest, Settlement};
+use crate::scripts::{self, Member, Outcome, Reschedule, SealMember, SealRequest, Settlement, Settler};
 
 /// A sealed batch in hand: what to send and who is in it.
 #[derive(Debug, Clone)]
@@ -116,6 +116,15 @@ async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sea
     if positions.is_empty() {
         return Ok(None);
     }
+    if ctx.config.redis.wait_replicas > 0 {
+        let want = ctx.config.redis.wait_replicas;
+        let acked: u32 = redis::cmd("WAIT").arg(want).arg(1000).query_async(&mut conn).await?;
+        if acked < want {
+            tracing::warn!(acked, want, "replicas did not acknowledge the sealed batch; it waits");
+            postpone(ctx, p, &batch, Duration::from_secs(1)).await;
+            return Ok(None);
+        }
+    }
     // The same body seal.lua stored: the sealed members' JSON, in order.
     let mut body = String::with_capacity(positions.iter().map(|&i| items[i].json.len() + 1).sum::<usize>() + 2);
     body.push('[');
@@ -158,7 +167,7 @@ pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
                     ItemResult::Invalid => (Outcome::Failed, crate::consumer::reason::INVALID_EMAIL.to_string()),
                 })
                 .collect();
-            settle(ctx, &b, &outcomes).await;
+            settle(ctx, &b, Settler::Answer, &outcomes).await;
         }
         Err((e, rate)) => {
             ctx.limiter.observe(&rate);
@@ -202,9 +211,11 @@ pub fn plan(
             Next::GiveUp => Plan::Settle(Outcome::Failed),
         },
         Action::QuotaExhausted => Plan::PauseUntil(quota_renews(&e.name, now)),
-        // A definitive answer for this key outweighs an earlier timeout: had that
-        // attempt been processed, the provider would have replayed it, not refused.
-        Action::SenderRejected | Action::Fatal if e.maybe_sent => Plan::Settle(Outcome::OutcomeUnknown),
+        // A refusal now does not prove an earlier attempt was refused too (an API key
+        // rotated in between is refused before the idempotency store is consulted).
+        Action::SenderRejected | Action::Fatal if e.maybe_sent || maybe_sent_before => {
+            Plan::Settle(Outcome::OutcomeUnknown)
+        }
         Action::SenderRejected | Action::Fatal => Plan::Settle(Outcome::Failed),
     }
 }
@@ -224,7 +235,7 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
     };
     match next {
         Plan::Retry { delay, counts } => {
-            reschedule(ctx, &b, delay, counts, &e).await;
+            reschedule(ctx, b.partition, &b.id, delay, counts, &e).await;
             ctx.metrics.retry_scheduled(&e.name, b.failed + 1, delay);
         }
         Plan::PauseUntil(until) => {
@@ -235,30 +246,44 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
             // Due again almost at once, but no instance takes a batch while paused: it
             // goes out as soon as the pause ends, by expiry or `mailstream resume`. Not an
             // attempt against the cap: the provider refused before sending.
-            reschedule(ctx, &b, QUOTA_RECHECK, false, &e).await;
+            reschedule(ctx, b.partition, &b.id, QUOTA_RECHECK, false, &e).await;
         }
         Plan::Settle(outcome) => {
             let outcomes: Vec<(Outcome, String)> = b.members.iter().map(|_| (outcome, e.name.clone())).collect();
-            settle(ctx, &b, &outcomes).await;
+            settle(ctx, &b, Settler::Holder(&ctx.owner), &outcomes).await;
         }
     }
 }
 
-async fn reschedule(ctx: &Ctx, b: &Sealed, delay: Duration, count_attempt: bool, e: &ProviderError) {
+/// Puts a sealed batch that has not been sent back in Redis, due after `delay`
+/// (its slot moved far away: a long `retry-after`, say), so its lease cannot run
+/// out while it waits and a taker would not think it may have been sent.
+pub(crate) async fn postpone(ctx: &Ctx, partition: u16, batch: &str, delay: Duration) {
+    let e = ProviderError {
+        action: Action::Retryable,
+        name: "postponed".into(),
+        status: None,
+        retry_after: None,
+        maybe_sent: false,
+    };
+    reschedule(ctx, partition, batch, delay, false, &e).await;
+}
+
+async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, delay: Duration, count_attempt: bool, e: &ProviderError) {
     let r = Reschedule { delay_ms: delay.as_millis() as u64, count_attempt, maybe_sent: e.maybe_sent, error: &e.name };
     let result = async {
         let mut conn = ctx.store.conn().await?;
-        anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, b.partition, &b.id, &ctx.owner, &r).await?)
+        anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, partition, batch, &ctx.owner, &r).await?)
     };
     match result.await {
         Ok(Some(_)) => {}
-        Ok(None) => tracing::info!(batch = %b.id, "batch was taken over by another holder; its retry is theirs"),
+        Ok(None) => tracing::info!(batch = %batch, "batch was taken over by another holder; its retry is theirs"),
         Err(err) => ctx.metrics.redis_error("reschedule", &err),
     }
 }
 
-/// Records each member's outcome (same order as the batch) and counts it.
-async fn settle(ctx: &Ctx, b: &Sealed, outcomes: &[(Outcome, String)]) {
+/// Records each member's outcome (same order as the batch) and counts what was recorded.
+async fn settle(ctx: &Ctx, b: &Sealed, by: Settler<'_>, outcomes: &[(Outcome, String)]) {
     let settlements: Vec<Settlement<'_>> = b
         .members
         .iter()
@@ -268,23 +293,36 @@ async fn settle(ctx: &Ctx, b: &Sealed, outcomes: &[(Outcome, String)]) {
     let result = async {
         let mut conn = ctx.store.conn().await?;
         let retention_ms = ctx.config.retention().as_millis() as u64;
-        anyhow::Ok(scripts::settle(&mut conn, &ctx.store.keys, b.partition, &b.id, &settlements, retention_ms).await?)
+        anyhow::Ok(
+            scripts::settle(&mut conn, &ctx.store.keys, b.partition, &b.id, by, &settlements, retention_ms).await?,
+        )
     };
     match result.await {
-        Ok(0) => tracing::debug!(batch = %b.id, "batch was already settled"),
-        Ok(_) => {
+        Ok(recorded) => {
+            if recorded.iter().all(Option::is_none) {
+                tracing::debug!(batch = %b.id, "batch was already settled, or taken over by another holder");
+                return;
+            }
             ctx.failpoints.at("settled").await;
-            let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
-            for s in &settlements {
-                let reason = if s.outcome == Outcome::Sent { "" } else { s.detail };
-                *tally.entry((s.member.campaign.as_str(), s.outcome, reason)).or_default() += 1;
-            }
-            for ((campaign, outcome, reason), n) in tally {
-                ctx.metrics.settled(campaign, outcome.as_str(), reason, n);
-            }
+            count_settled(ctx, &settlements, &recorded);
         }
         // The batch stays sealed; after its lease, a taker resends (a replay) and settles.
         Err(err) => ctx.metrics.redis_error("settle", &err),
+    }
+}
+
+/// Counts what settle.lua recorded (which may differ from what was asked: a failure
+/// becomes outcome_unknown when an attempt may have been sent).
+pub(crate) fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<Outcome>]) {
+    let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
+    for (s, outcome) in settlements.iter().zip(recorded) {
+        if let Some(outcome) = *outcome {
+            let reason = if outcome == Outcome::Sent { "" } else { s.detail };
+            *tally.entry((s.member.campaign.as_str(), outcome, reason)).or_default() += 1;
+        }
+    }
+    for ((campaign, outcome, reason), n) in tally {
+        ctx.metrics.settled(campaign, outcome.as_str(), reason, n);
     }
 }
 
@@ -350,8 +388,8 @@ mod tests {
         for e in [answer(422, "invalid_parameter"), answer(403, "invalid_api_key"), answer(422, "invalid_from_address")]
         {
             assert_eq!(decide(&e, 0, false), Plan::Settle(Outcome::Failed), "{e}");
-            // A definitive refusal for this key: an earlier timeout did not send it either.
-            assert_eq!(decide(&e, 1, true), Plan::Settle(Outcome::Failed), "{e}");
+            // After an attempt that may have been processed, nobody can say it was not.
+            assert_eq!(decide(&e, 1, true), Plan::Settle(Outcome::OutcomeUnknown), "{e}");
         }
         let garbled = ProviderError::local(local::UNEXPECTED, true);
         assert_eq!(decide(&garbled, 0, false), Plan::Settle(Outcome::OutcomeUnknown));

@@ -65,6 +65,38 @@ impl Store {
         Ok(())
     }
 
+    /// Warns when Redis could lose what exactly-once rests on: evicted dedup keys or
+    /// batches, or writes lost at a restart. (CONFIG may be disabled: then it says so.)
+    pub async fn check_durability(&self, wait_replicas: u32) -> anyhow::Result<()> {
+        let mut conn = self.conn().await?;
+        let get = |name: &'static str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
+        let policy: redis::RedisResult<Vec<String>> = get("maxmemory-policy").query_async(&mut conn).await;
+        let aof: redis::RedisResult<Vec<String>> = get("appendonly").query_async(&mut conn).await;
+        let fsync: redis::RedisResult<Vec<String>> = get("appendfsync").query_async(&mut conn).await;
+        match (policy, aof, fsync) {
+            (Ok(policy), Ok(aof), Ok(fsync)) => {
+                let value = |v: &[String]| v.get(1).cloned().unwrap_or_default();
+                if value(&policy) != "noeviction" {
+                    tracing::warn!(
+                        maxmemory_policy = %value(&policy),
+                        "Redis may evict keys under memory pressure; evicted dedup keys or sealed batches can mean \
+                         duplicate or lost mail: set maxmemory-policy noeviction"
+                    );
+                }
+                if wait_replicas == 0 && (value(&aof) != "yes" || value(&fsync) != "always") {
+                    tracing::info!(
+                        appendonly = %value(&aof),
+                        appendfsync = %value(&fsync),
+                        "a Redis crash may lose the last writes; for exactly-once across Redis crashes use \
+                         appendonly yes with appendfsync always, or replicas with redis.wait_replicas"
+                    );
+                }
+            }
+            _ => tracing::info!("CONFIG GET is not allowed; Redis persistence and eviction settings were not checked"),
+        }
+        Ok(())
+    }
+
     /// Creates the consumer group on every partition's stream (idempotent).
     pub async fn ensure_groups(&self, group: &str) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
@@ -105,6 +137,32 @@ impl Counts {
 }
 
 impl Store {
+    /// Deletes every key under this deployment's prefix (the demo on a shared Redis).
+    pub async fn delete_all(&self) -> anyhow::Result<u64> {
+        let mut conn = self.conn().await?;
+        let pattern = format!("{}:*", self.keys.prefix());
+        let mut cursor: u64 = 0;
+        let mut removed = 0;
+        loop {
+            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            if !keys.is_empty() {
+                let n: u64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await?;
+                removed += n;
+            }
+            cursor = next;
+            if cursor == 0 {
+                return Ok(removed);
+            }
+        }
+    }
+
     /// The counters of `campaign` for `period` (one pipelined read).
     pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
         let mut conn = self.conn().await?;

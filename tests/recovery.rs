@@ -12,7 +12,9 @@ use common::*;
 use mailstream::config::Config;
 use mailstream::redis_server::RedisOptions;
 use mailstream::resend::emulator::{EmulatorConfig, Faults};
-use mailstream::scripts::{self, Claim, Member, NewDelivery, Outcome, Reschedule, SealMember, SealRequest, Settlement};
+use mailstream::scripts::{
+    self, Claim, Member, NewDelivery, Outcome, Reschedule, SealMember, SealRequest, Settlement, Settler,
+};
 use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;
 
@@ -142,26 +144,58 @@ async fn a_slow_holder_cannot_overwrite_the_new_holders_result() {
     let (batch, members) = sealed_batch(&world, 3, "slow").await;
     tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms lease runs out
 
-    // The new holder takes the batch over, resends, and settles it as sent.
+    // The new holder takes the batch over, resends, and settles the provider's answer.
     let taken = scripts::take(&mut conn, keys, 0, &batch, "new", 60_000, 3_600_000).await.unwrap();
     assert!(matches!(&taken, scripts::Take::Take { key, maybe_sent: true, .. } if key == "mailstream-B1"), "{taken:?}");
     let sent: Vec<Settlement<'_>> =
         members.iter().map(|m| Settlement { member: m, outcome: Outcome::Sent, detail: "re_new" }).collect();
-    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, &sent, 3_600_000).await.unwrap(), 3);
+    let recorded = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3_600_000).await.unwrap();
+    assert_eq!(recorded, vec![Some(Outcome::Sent); 3]);
 
     // The slow holder wakes up with a different story: neither its retry nor its
-    // failure changes anything.
+    // verdict changes anything.
     let retry = Reschedule { delay_ms: 10, count_attempt: true, maybe_sent: true, error: "timeout" };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "slow", &retry).await.unwrap(), None);
     let failed: Vec<Settlement<'_>> =
         members.iter().map(|m| Settlement { member: m, outcome: Outcome::Failed, detail: "timeout" }).collect();
-    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, &failed, 3_600_000).await.unwrap(), 0);
+    let by = Settler::Holder("slow");
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 3]);
     for m in &members {
         let d = delivery(&world.store, &m.delivery).await;
         assert_eq!((d["state"].as_str(), d["provider_id"].as_str()), ("sent", "re_new"));
     }
     let counts = world.counts().await;
     assert_eq!((counts.sent, counts.failed), (3, 0), "settled once, counted once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
+    let world = World::new().await;
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let (batch, members) = sealed_batch(&world, 2, "slow").await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // The new holder's attempt times out: the batch record now says "may have been sent".
+    assert!(matches!(
+        scripts::take(&mut conn, keys, 0, &batch, "new", 1, 3_600_000).await.unwrap(),
+        scripts::Take::Take { .. }
+    ));
+    let timeout = Reschedule { delay_ms: 60_000, count_attempt: true, maybe_sent: true, error: "timeout" };
+    assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "new", &timeout).await.unwrap(), Some(1));
+    // The old holder, which only ever saw connection refusals, gives up: refused.
+    let failed: Vec<Settlement<'_>> = members
+        .iter()
+        .map(|m| Settlement { member: m, outcome: Outcome::Failed, detail: "connection_failed" })
+        .collect();
+    let by = Settler::Holder("slow");
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 2]);
+    // The holder gives up the same way: recorded as outcome_unknown, not failed, so no
+    // dead-letter retry can send it a second time.
+    let by = Settler::Holder("new");
+    let recorded = scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap();
+    assert_eq!(recorded, vec![Some(Outcome::OutcomeUnknown); 2]);
+    let counts = world.counts().await;
+    assert_eq!((counts.failed, counts.outcome_unknown), (0, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
