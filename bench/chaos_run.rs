@@ -225,23 +225,13 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut sent_recipients = Vec::new();
     let mut conn = store.conn().await?;
     for p in 0..store.keys.partitions() {
-        let pattern = format!("{}*", store.keys.delivery(p, ""));
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+        let keys = store.scan(&format!("{}*", store.keys.delivery(p, ""))).await?;
+        for chunk in keys.chunks(1000) {
             let mut pipe = redis::pipe();
-            for key in &keys {
+            for key in chunk {
                 pipe.cmd("HMGET").arg(key).arg(&["state", "error", "subscriber"]);
             }
-            let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
-                if keys.is_empty() { Vec::new() } else { pipe.query_async(&mut conn).await? };
+            let rows: Vec<(Option<String>, Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
             for (state, error, subscriber) in rows {
                 let error = error.unwrap_or_else(|| "?".into());
                 match state.as_deref() {
@@ -252,10 +242,6 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                     }
                     _ => {}
                 }
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
             }
         }
     }

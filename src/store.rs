@@ -137,30 +137,39 @@ impl Counts {
 }
 
 impl Store {
-    /// Deletes every key under this deployment's prefix (the demo on a shared Redis).
-    pub async fn delete_all(&self) -> anyhow::Result<u64> {
+    /// Every key matching `pattern` (SCAN, so Redis is never blocked; a key may
+    /// appear twice if the keyspace is rehashed meanwhile).
+    pub async fn scan(&self, pattern: &str) -> anyhow::Result<Vec<String>> {
         let mut conn = self.conn().await?;
-        let pattern = format!("{}:*", self.keys.prefix());
         let mut cursor: u64 = 0;
-        let mut removed = 0;
+        let mut out = Vec::new();
         loop {
             let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
                 .arg(cursor)
                 .arg("MATCH")
-                .arg(&pattern)
+                .arg(pattern)
                 .arg("COUNT")
                 .arg(1000)
                 .query_async(&mut conn)
                 .await?;
-            if !keys.is_empty() {
-                let n: u64 = redis::cmd("UNLINK").arg(&keys).query_async(&mut conn).await?;
-                removed += n;
-            }
+            out.extend(keys);
             cursor = next;
             if cursor == 0 {
-                return Ok(removed);
+                return Ok(out);
             }
         }
+    }
+
+    /// Deletes every key under this deployment's prefix (the demo on a shared Redis).
+    pub async fn delete_all(&self) -> anyhow::Result<u64> {
+        let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
+        let mut conn = self.conn().await?;
+        let mut removed = 0;
+        for chunk in keys.chunks(1000) {
+            let n: u64 = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await?;
+            removed += n;
+        }
+        Ok(removed)
     }
 
     /// The counters of `campaign` for `period` (one pipelined read).

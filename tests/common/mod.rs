@@ -182,8 +182,7 @@ pub async fn deliveries(store: &Store) -> Vec<(String, std::collections::HashMap
     let mut conn = store.conn().await.unwrap();
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
-        let pattern = format!("{}*", store.keys.delivery(p, ""));
-        let keys: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(&mut conn).await.unwrap();
+        let keys = store.scan(&format!("{}*", store.keys.delivery(p, ""))).await.unwrap();
         for key in keys {
             let fields: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap();
