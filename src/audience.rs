@@ -296,18 +296,6 @@ impl ClassifyName for serde_json::Error {
     }
 }
 
-/// Reads one subscriber's stored record (tests, tools).
-pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<(String, bool, bool)>> {
-    let mut conn = store.conn().await?;
-    let p = store.keys.partition_of(id);
-    let (email, entitled, subscribed): (Option<String>, Option<String>, Option<String>) = redis::cmd("HMGET")
-        .arg(store.keys.subscriber(p, id))
-        .arg(&["email", "entitled", "subscribed"])
-        .query_async(&mut conn)
-        .await?;
-    Ok(email.map(|e| (e, entitled.as_deref() == Some("1"), subscribed.as_deref() == Some("1"))))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
