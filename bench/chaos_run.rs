@@ -14,7 +14,6 @@ use mailstream::audience::{self, Subscriber};
 use mailstream::config::{Config, EXAMPLE, Secret};
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::resend::emulator::{Emulator, EmulatorConfig, Faults, Storm};
-use mailstream::shutdown;
 use mailstream::store::Store;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -137,10 +136,7 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         },
         ..Default::default()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let emulator_url = format!("http://{}", listener.local_addr()?);
-    let (stop_emulator, down) = shutdown::channel();
-    let emulator_task = tokio::spawn(emulator.clone().serve(listener, down));
+    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
 
     let dir = std::env::temp_dir().join(format!("mailstream-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;

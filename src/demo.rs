@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use tokio::net::TcpListener;
 
 use crate::audience::{self, Subscriber};
 use crate::config::{Config, Secret};
@@ -100,12 +99,9 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     }
 
     let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(opts.rps), ..Default::default() });
-    let listener = TcpListener::bind("127.0.0.1:0").await.context("binding the emulator")?;
-    let emulator_addr = listener.local_addr()?;
-    let (stop_emulator, emulator_down) = shutdown::channel();
-    let emulator_task = tokio::spawn(emulator.clone().serve(listener, emulator_down));
+    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await.context("starting the emulator")?;
 
-    config.resend.base_url = format!("http://{emulator_addr}");
+    config.resend.base_url = emulator_url.clone();
     config.resend.api_key = Some(Secret::new("re_demo_key"));
     config.resend.requests_per_second = opts.rps;
     config.http.metrics_listen = None;
@@ -121,7 +117,7 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         "mailstream demo: {} subscribers, campaign {} period {}, {} requests/s x {} emails per batch",
         opts.subscribers, campaign.name, period, opts.rps, config.resend.batch_size
     )?;
-    writeln!(out, "  redis {}   resend emulator http://{emulator_addr}", config.redis.url.redacted_url())?;
+    writeln!(out, "  redis {}   resend emulator {emulator_url}", config.redis.url.redacted_url())?;
 
     let store = Store::connect(&config).await?;
     let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();

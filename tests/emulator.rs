@@ -215,19 +215,12 @@ async fn injected_faults_and_quota() {
 #[tokio::test]
 async fn a_restart_keeps_the_idempotency_store() {
     let emulator = mailstream::resend::emulator::Emulator::new(unlimited());
-    let serve = |emulator: mailstream::resend::emulator::Emulator| async move {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, down) = mailstream::shutdown::channel();
-        let task = tokio::spawn(emulator.serve(listener, down));
-        (url, stop, task)
-    };
-    let (url, stop, task) = serve(emulator.clone()).await;
+    let (url, stop, task) = emulator.spawn_local().await.unwrap();
     let (_, first) = json_of(Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await).await;
     stop.trigger();
     task.await.unwrap();
     // Restarted (a new listener, the same state): the same key replays, nothing is sent again.
-    let (url, _stop, _task) = serve(emulator.clone()).await;
+    let (url, _stop, _task) = emulator.spawn_local().await.unwrap();
     let (status, again) = json_of(Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await).await;
     assert_eq!((status, &again), (200, &first));
     let stats = emulator.stats();

@@ -201,6 +201,17 @@ impl Emulator {
         out
     }
 
+    /// Serves on a fresh loopback port in the background (the demo, tests and
+    /// benchmarks); returns the base URL, the trigger that stops it, and the task.
+    pub async fn spawn_local(
+        &self,
+    ) -> std::io::Result<(String, crate::shutdown::Trigger, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, down) = crate::shutdown::channel();
+        Ok((url, stop, tokio::spawn(self.clone().serve(listener, down))))
+    }
+
     /// Serves until `shutdown`.
     pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: crate::shutdown::Shutdown) {
         http::serve(

@@ -15,7 +15,6 @@ use mailstream::resend::emulator::{Emulator, EmulatorConfig};
 use mailstream::shutdown::{self, Trigger};
 use mailstream::store::{Counts, Store};
 use mailstream::{Listeners, RunOptions};
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 pub const CAMPAIGN: &str = "weekly_digest";
@@ -111,10 +110,7 @@ pub fn subscriber(i: usize) -> Subscriber {
 
 pub async fn start_emulator(config: EmulatorConfig) -> (Emulator, String, Trigger) {
     let emulator = Emulator::new(config);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, down) = shutdown::channel();
-    tokio::spawn(emulator.clone().serve(listener, down));
+    let (url, stop, _) = emulator.spawn_local().await.unwrap();
     (emulator, url, stop)
 }
 
