@@ -147,14 +147,6 @@ impl Batcher {
 /// round trip, done ahead so the request itself leaves right at the slot.
 const SEAL_LEAD: Duration = Duration::from_millis(20);
 
-/// How the wait for a sealed batch's slot ended.
-enum Wait {
-    Go,
-    /// The slot moved (a pause began) further than half a lease away.
-    TooLong(Duration),
-    Stopped,
-}
-
 /// Grants request slots to work until shutdown, then lets in-flight requests
 /// finish within `drain`; what does not finish stays sealed for recovery.
 pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: Shutdown, drain: Duration) {
@@ -183,33 +175,20 @@ pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: Shutdown, drain: Durat
         let Some(work) = ctx.batcher.take() else { continue };
         let Some(sealed) = sender::prepare(&ctx, work).await else { continue };
         // Wait for the slot as it stands now: the previous request may have left
-        // late, or a 429 may have paused sending, since it was first asked.
-        let waited = loop {
-            let slot = ctx.limiter.next_slot();
-            let now = Instant::now();
-            if slot <= now {
-                break Wait::Go;
-            }
-            if slot - now > ctx.config.lease() / 2 {
-                break Wait::TooLong(slot - now);
-            }
-            tokio::select! {
-                _ = shutdown.wait() => break Wait::Stopped,
-                _ = tokio::time::sleep_until(slot) => {}
-            }
-        };
-        match waited {
-            Wait::Go => {}
-            Wait::TooLong(delay) => {
-                sender::postpone(&ctx, sealed.partition, &sealed.id, delay).await;
-                continue;
-            }
-            Wait::Stopped => {
+        // late, or a 429 may have paused sending, since it was first asked. A slot
+        // more than half a lease away (a long pause) is not waited for holding the lease.
+        tokio::select! {
+            _ = shutdown.wait() => {
                 tracing::info!(batch = %sealed.id, "shutdown before its slot; the batch stays sealed for recovery");
                 break;
             }
+            waited = ctx.limiter.wait_for_slot(ctx.config.lease() / 2) => {
+                if let Err(delay) = waited {
+                    sender::postpone(&ctx, sealed.partition, &sealed.id, delay).await;
+                    continue;
+                }
+            }
         }
-        ctx.limiter.sent(Instant::now());
         ctx.metrics.limiter_waited(asked.elapsed());
         let ctx = ctx.clone();
         tasks.spawn(async move {

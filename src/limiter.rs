@@ -58,13 +58,19 @@ impl Limiter {
         }
     }
 
-    /// Waits for a slot and takes it (for callers that send right away).
-    pub async fn acquire(&self) {
+    /// Waits for the next slot, following it as it moves (a late departure, a new
+    /// pause), and takes it: the caller sends right away. Gives up, returning how far
+    /// off the slot is, when it lies more than `patience` ahead.
+    pub async fn wait_for_slot(&self, patience: Duration) -> Result<(), Duration> {
         loop {
             let slot = self.next_slot();
-            if slot <= Instant::now() {
-                self.sent(Instant::now());
-                return;
+            let now = Instant::now();
+            if slot <= now {
+                self.sent(now);
+                return Ok(());
+            }
+            if slot - now > patience {
+                return Err(slot - now);
             }
             tokio::time::sleep_until(slot).await;
         }
@@ -122,7 +128,7 @@ mod tests {
         let start = Instant::now();
         let mut slots = Vec::new();
         for _ in 0..11 {
-            l.acquire().await;
+            l.wait_for_slot(Duration::MAX).await.unwrap();
             slots.push(Instant::now() - start);
         }
         assert_eq!(slots[0], Duration::ZERO);
@@ -136,7 +142,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_late_departure_pushes_the_next_slot_back() {
         let l = Limiter::new(10, Duration::ZERO);
-        l.acquire().await;
+        l.wait_for_slot(Duration::MAX).await.unwrap();
         let planned = l.next_slot();
         // The request for that slot actually left 40 ms late (a busy CPU, say).
         tokio::time::sleep_until(planned + Duration::from_millis(40)).await;
@@ -147,23 +153,23 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_limiter_does_not_bank_slots() {
         let l = Limiter::new(10, Duration::ZERO);
-        l.acquire().await;
+        l.wait_for_slot(Duration::MAX).await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         let now = Instant::now();
         assert_eq!(l.next_slot(), now);
-        l.acquire().await;
+        l.wait_for_slot(Duration::MAX).await.unwrap();
         assert_eq!(l.next_slot() - now, Duration::from_millis(100));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_pause_holds_every_slot() {
         let l = Limiter::new(10, Duration::ZERO);
-        l.acquire().await;
+        l.wait_for_slot(Duration::MAX).await.unwrap();
         let slot = l.next_slot();
         l.pause_for(Duration::from_secs(2));
         assert!(l.next_slot() > slot);
         let before = Instant::now();
-        l.acquire().await;
+        l.wait_for_slot(Duration::MAX).await.unwrap();
         assert_eq!(Instant::now() - before, Duration::from_secs(2));
     }
 }

@@ -14,8 +14,8 @@ use redis::streams::StreamAutoClaimReply;
 
 use crate::Ctx;
 use crate::consumer::{Entry, entry_of, hand_over, process_entries};
-use crate::scripts::{self, Outcome, Settlement, Settler, Take};
-use crate::sender::{Sealed, count_settled};
+use crate::scripts::{self, Outcome, Take};
+use crate::sender::{self, Sealed};
 use crate::shutdown::Shutdown;
 
 /// Due batches examined per partition per pass.
@@ -100,18 +100,8 @@ pub(crate) async fn due_batches(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
                     "sealed batch outlived the provider's idempotency window without a known outcome; \
                      its deliveries are outcome_unknown and will not be resent"
                 );
-                let settlements: Vec<Settlement<'_>> = members
-                    .iter()
-                    .map(|member| Settlement {
-                        member,
-                        outcome: Outcome::OutcomeUnknown,
-                        detail: "idempotency_window_passed",
-                    })
-                    .collect();
-                let retention_ms = ctx.config.retention().as_millis() as u64;
-                let by = Settler::Holder(&ctx.owner);
-                let recorded = scripts::settle(&mut conn, keys, p, &batch, by, &settlements, retention_ms).await?;
-                count_settled(ctx, &settlements, &recorded);
+                sender::settle_all(ctx, p, &batch, &members, Outcome::OutcomeUnknown, "idempotency_window_passed")
+                    .await;
             }
             Take::Lost => {
                 tracing::error!(

@@ -167,7 +167,7 @@ pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
                     ItemResult::Invalid => (Outcome::Failed, crate::consumer::reason::INVALID_EMAIL.to_string()),
                 })
                 .collect();
-            settle(ctx, &b, Settler::Answer, &outcomes).await;
+            settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, &outcomes).await;
         }
         Err((e, rate)) => {
             ctx.limiter.observe(&rate);
@@ -235,7 +235,13 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
     };
     match next {
         Plan::Retry { delay, counts } => {
-            reschedule(ctx, b.partition, &b.id, delay, counts, &e).await;
+            let r = Reschedule {
+                delay_ms: delay.as_millis() as u64,
+                count_attempt: counts,
+                maybe_sent: e.maybe_sent,
+                error: &e.name,
+            };
+            reschedule(ctx, b.partition, &b.id, &r).await;
             ctx.metrics.retry_scheduled(&e.name, b.failed + 1, delay);
         }
         Plan::PauseUntil(until) => {
@@ -246,12 +252,15 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
             // Due again almost at once, but no instance takes a batch while paused: it
             // goes out as soon as the pause ends, by expiry or `mailstream resume`. Not an
             // attempt against the cap: the provider refused before sending.
-            reschedule(ctx, b.partition, &b.id, QUOTA_RECHECK, false, &e).await;
+            let r = Reschedule {
+                delay_ms: QUOTA_RECHECK.as_millis() as u64,
+                count_attempt: false,
+                maybe_sent: false,
+                error: &e.name,
+            };
+            reschedule(ctx, b.partition, &b.id, &r).await;
         }
-        Plan::Settle(outcome) => {
-            let outcomes: Vec<(Outcome, String)> = b.members.iter().map(|_| (outcome, e.name.clone())).collect();
-            settle(ctx, &b, Settler::Holder(&ctx.owner), &outcomes).await;
-        }
+        Plan::Settle(outcome) => settle_all(ctx, b.partition, &b.id, &b.members, outcome, &e.name).await,
     }
 }
 
@@ -259,21 +268,15 @@ async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
 /// (its slot moved far away: a long `retry-after`, say), so its lease cannot run
 /// out while it waits and a taker would not think it may have been sent.
 pub(crate) async fn postpone(ctx: &Ctx, partition: u16, batch: &str, delay: Duration) {
-    let e = ProviderError {
-        action: Action::Retryable,
-        name: "postponed".into(),
-        status: None,
-        retry_after: None,
-        maybe_sent: false,
-    };
-    reschedule(ctx, partition, batch, delay, false, &e).await;
+    let r =
+        Reschedule { delay_ms: delay.as_millis() as u64, count_attempt: false, maybe_sent: false, error: "postponed" };
+    reschedule(ctx, partition, batch, &r).await;
 }
 
-async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, delay: Duration, count_attempt: bool, e: &ProviderError) {
-    let r = Reschedule { delay_ms: delay.as_millis() as u64, count_attempt, maybe_sent: e.maybe_sent, error: &e.name };
+async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule<'_>) {
     let result = async {
         let mut conn = ctx.store.conn().await?;
-        anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, partition, batch, &ctx.owner, &r).await?)
+        anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, partition, batch, &ctx.owner, r).await?)
     };
     match result.await {
         Ok(Some(_)) => {}
@@ -282,10 +285,30 @@ async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, delay: Duration, cou
     }
 }
 
+/// Settles every member of a batch this instance holds with one outcome (giving
+/// up, or a batch too old to resend).
+pub(crate) async fn settle_all(
+    ctx: &Ctx,
+    partition: u16,
+    batch: &str,
+    members: &[Member],
+    outcome: Outcome,
+    detail: &str,
+) {
+    let outcomes: Vec<(Outcome, String)> = members.iter().map(|_| (outcome, detail.to_string())).collect();
+    settle(ctx, partition, batch, members, Settler::Holder(&ctx.owner), &outcomes).await;
+}
+
 /// Records each member's outcome (same order as the batch) and counts what was recorded.
-async fn settle(ctx: &Ctx, b: &Sealed, by: Settler<'_>, outcomes: &[(Outcome, String)]) {
-    let settlements: Vec<Settlement<'_>> = b
-        .members
+async fn settle(
+    ctx: &Ctx,
+    partition: u16,
+    batch: &str,
+    members: &[Member],
+    by: Settler<'_>,
+    outcomes: &[(Outcome, String)],
+) {
+    let settlements: Vec<Settlement<'_>> = members
         .iter()
         .zip(outcomes)
         .map(|(member, (outcome, detail))| Settlement { member, outcome: *outcome, detail })
@@ -293,14 +316,12 @@ async fn settle(ctx: &Ctx, b: &Sealed, by: Settler<'_>, outcomes: &[(Outcome, St
     let result = async {
         let mut conn = ctx.store.conn().await?;
         let retention_ms = ctx.config.retention().as_millis() as u64;
-        anyhow::Ok(
-            scripts::settle(&mut conn, &ctx.store.keys, b.partition, &b.id, by, &settlements, retention_ms).await?,
-        )
+        anyhow::Ok(scripts::settle(&mut conn, &ctx.store.keys, partition, batch, by, &settlements, retention_ms).await?)
     };
     match result.await {
         Ok(recorded) => {
             if recorded.iter().all(Option::is_none) {
-                tracing::debug!(batch = %b.id, "batch was already settled, or taken over by another holder");
+                tracing::debug!(batch = %batch, "batch was already settled, or taken over by another holder");
                 return;
             }
             ctx.failpoints.at("settled").await;
@@ -313,7 +334,7 @@ async fn settle(ctx: &Ctx, b: &Sealed, by: Settler<'_>, outcomes: &[(Outcome, St
 
 /// Counts what settle.lua recorded (which may differ from what was asked: a failure
 /// becomes outcome_unknown when an attempt may have been sent).
-pub(crate) fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<Outcome>]) {
+fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<Outcome>]) {
     let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
     for (s, outcome) in settlements.iter().zip(recorded) {
         if let Some(outcome) = *outcome {
