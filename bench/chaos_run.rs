@@ -10,11 +10,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use mailstream::audience::{self, Subscriber};
 use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
+use mailstream::kick;
 use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::resend::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::store::Store;
+use mailstream::subscribers::{self, Subscriber};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -149,10 +150,10 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
 
     let store = Store::connect(&config).await?;
     let subscribers: Vec<Subscriber> = (0..opts.deliveries).map(Subscriber::synthetic).collect();
-    audience::upsert(&store, &subscribers).await?;
+    subscribers::upsert(&store, &subscribers).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest campaign")?.clone();
-    let period = audience::period_for(&campaign, None)?;
-    let kick = audience::kick_registry(&store, &config, &campaign.name, &period).await?;
+    let period = kick::period_for(&campaign, None)?;
+    let kick = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     say(opts, &format!("chaos: {} deliveries enqueued for {period}; logs in {}", kick.new, log_path.display()));
 
     let started = Instant::now();

@@ -1,40 +1,16 @@
-//! The batcher: rendered emails wait in per-partition queues (a batch is sealed
-//! within one partition, so its Lua scripts touch one hash slot); whenever the
-//! limiter grants a request slot, the fullest queue gives up to `batch_size`
-//! emails, so under backlog every slot carries a full batch. Batches due for a
-//! resend go first. Bounded queues push back on the readers.
+//! The batcher: queues only. Rendered emails wait in per-partition queues (a
+//! batch is sealed within one partition, so its Lua scripts touch one hash
+//! slot); each request slot takes up to `batch_size` emails of one partition,
+//! so under backlog every slot carries a full batch. Batches due for a resend
+//! go first. Bounded queues push back on the readers. Pacing is dispatch's.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Mutex;
 
 use tokio::sync::{Notify, Semaphore};
-use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use crate::Ctx;
-use crate::sender::{self, Sealed};
-use crate::shutdown::Shutdown;
-
-/// A claimed, rendered email waiting for a batch.
-#[derive(Debug, Clone)]
-pub struct Ready {
-    pub entry: String,
-    pub delivery: String,
-    pub campaign: String,
-    pub period: String,
-    /// The email object, exactly as it will be sent.
-    pub json: String,
-}
-
-/// The next request to make.
-#[derive(Debug)]
-pub enum Work {
-    /// A new batch of one partition's emails, to seal and send.
-    Fresh(u16, Vec<Ready>),
-    /// A sealed batch to send again, same key and body.
-    Resend(Sealed),
-}
+use crate::work::{Ready, Sealed, Work};
 
 /// Queues between the readers and the request slots.
 pub struct Batcher {
@@ -52,6 +28,12 @@ struct Queues {
 }
 
 impl Batcher {
+    /// The queues `config` asks for: room for two batches or one read per partition.
+    pub fn from_config(config: &crate::config::Config) -> Batcher {
+        let size = config.resend.batch_size;
+        Batcher::new(config.redis.partitions, size, (2 * size).max(config.delivery.read_count))
+    }
+
     /// `capacity` emails may wait per partition (at least one full read and one batch).
     pub fn new(partitions: u16, batch_size: usize, capacity: usize) -> Batcher {
         Batcher {
@@ -143,83 +125,19 @@ impl Batcher {
     }
 }
 
-/// How long before its slot a batch is taken and sealed: sealing is a Redis
-/// round trip, done ahead so the request itself leaves right at the slot.
-const SEAL_LEAD: Duration = Duration::from_millis(20);
-
-/// Grants request slots to work until shutdown, then lets in-flight requests
-/// finish within `drain`; what does not finish stays sealed for recovery.
-pub(crate) async fn dispatch(ctx: Arc<Ctx>, mut shutdown: Shutdown, drain: Duration) {
-    let in_flight = Arc::new(Semaphore::new(ctx.config.resend.max_in_flight));
-    let mut tasks = JoinSet::new();
-    loop {
-        while tasks.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            _ = shutdown.wait() => break,
-            p = in_flight.clone().acquire_owned() => p.expect("never closed"),
-        };
-        tokio::select! {
-            _ = shutdown.wait() => break,
-            _ = ctx.batcher.wait_for_work() => {}
-        }
-        if let Some(left) = ctx.pause.remaining() {
-            shutdown.sleep(left.min(Duration::from_secs(1))).await;
-            continue;
-        }
-        let asked = Instant::now();
-        let slot = ctx.limiter.next_slot();
-        tokio::select! {
-            _ = shutdown.wait() => break,
-            _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
-        }
-        let Some(work) = ctx.batcher.take() else { continue };
-        let Some(sealed) = sender::prepare(&ctx, work).await else { continue };
-        // Wait for the slot as it stands now: the previous request may have left
-        // late, or a 429 may have paused sending, since it was first asked. A slot
-        // more than half a lease away (a long pause) is not waited for holding the lease.
-        tokio::select! {
-            _ = shutdown.wait() => {
-                tracing::info!(batch = %sealed.id, "shutdown before its slot; the batch stays sealed for recovery");
-                break;
-            }
-            waited = ctx.limiter.wait_for_slot(ctx.config.lease() / 2) => {
-                if let Err(delay) = waited {
-                    sender::postpone(&ctx, sealed.partition, &sealed.id, delay).await;
-                    continue;
-                }
-            }
-        }
-        ctx.metrics.limiter_waited(asked.elapsed());
-        let ctx = ctx.clone();
-        tasks.spawn(async move {
-            sender::attempt(&ctx, sealed).await;
-            drop(permit);
-        });
-    }
-    let deadline = Instant::now() + drain;
-    while !tasks.is_empty() {
-        if tokio::time::timeout_at(deadline, tasks.join_next()).await.is_err() {
-            tracing::warn!(
-                requests = tasks.len(),
-                "drain deadline passed; unfinished batches stay sealed for recovery"
-            );
-            tasks.abort_all();
-            while tasks.join_next().await.is_some() {}
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
     use super::*;
+    use crate::work::DeliveryRef;
 
     fn ready(n: usize) -> Vec<Ready> {
         (0..n)
             .map(|i| Ready {
                 entry: format!("0-{i}"),
-                delivery: format!("d{i}"),
-                campaign: "c".into(),
-                period: "p".into(),
+                delivery: DeliveryRef { id: format!("d{i}"), campaign: "c".into(), period: "p".into() },
                 json: "{}".into(),
             })
             .collect()

@@ -11,7 +11,8 @@ use std::time::Duration;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use crate::schedule::PeriodKind;
+use crate::period::PeriodKind;
+pub use crate::render::TemplateConfig;
 
 /// The documented example config, shipped inside the binary (the demo runs on it).
 pub const EXAMPLE: &str = include_str!("../config.toml");
@@ -123,15 +124,6 @@ pub struct CampaignConfig {
     /// Overrides `resend.from` for this campaign.
     #[serde(default)]
     pub from: Option<String>,
-}
-
-/// A template: minijinja sources for the subject and the two bodies.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TemplateConfig {
-    pub subject: String,
-    pub html: String,
-    pub text: String,
 }
 
 fn default_time_zone() -> String {
@@ -462,6 +454,20 @@ mod tests {
         assert!(config.campaign("weekly_digest").is_some());
         assert_eq!(config.resend.requests_per_second, 10);
         assert_eq!(config.resend.batch_size, 100);
+    }
+
+    #[test]
+    fn the_shipped_template_renders() {
+        let config = Config::example();
+        let renderer = crate::render::Renderer::new(&config.templates).unwrap();
+        let d =
+            crate::work::DeliveryRef { id: "01JD".into(), campaign: "weekly_digest".into(), period: "2026-W48".into() };
+        let data = serde_json::json!({ "name": "Ann" });
+        let input = crate::render::RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data };
+        let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");
+        assert!(v["html"].as_str().unwrap().contains("Hello Ann,"), "{v}");
     }
 
     #[test]

@@ -6,6 +6,7 @@ use anyhow::Context;
 use redis::streams::StreamRangeReply;
 use serde::Serialize;
 
+use crate::outcome::Requeue;
 use crate::scripts;
 use crate::store::Store;
 
@@ -70,9 +71,8 @@ pub async fn list(store: &Store, kind: Kind, limit: usize) -> anyhow::Result<Vec
     Ok(out.split_off(skip))
 }
 
-/// Requeues deliveries by id; returns each id's result ("requeued", "missing", or
-/// the state that prevented it).
-pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow::Result<Vec<(String, String)>> {
+/// Requeues deliveries by id; returns what became of each.
+pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow::Result<Vec<(String, Requeue)>> {
     let mut conn = store.conn().await?;
     let mut out = Vec::new();
     for id in ids {
@@ -92,7 +92,7 @@ pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow
             Some((p, campaign, period)) => {
                 scripts::requeue(&mut conn, &store.keys, p, id, &campaign, &period, allow_unknown).await?
             }
-            None => "missing".to_string(),
+            None => Requeue::Missing,
         };
         out.push((id.clone(), result));
     }

@@ -10,12 +10,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::Serialize;
 
-use crate::audience::{self, Subscriber};
 use crate::config::{Config, Secret};
+use crate::emulator::{Emulator, EmulatorConfig, Stats};
+use crate::kick;
 use crate::redis_server::{RedisOptions, RedisServer};
-use crate::resend::emulator::{Emulator, EmulatorConfig, Stats};
 use crate::shutdown;
 use crate::store::{Counts, Store};
+use crate::subscribers::{self, Subscriber};
 use crate::{Listeners, RunOptions};
 
 /// What the demo is asked to do.
@@ -110,7 +111,7 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         .campaign(&opts.campaign)
         .with_context(|| format!("no campaign {:?} in the embedded config", opts.campaign))?
         .clone();
-    let period = audience::period_for(&campaign, None)?;
+    let period = kick::period_for(&campaign, None)?;
 
     writeln!(
         out,
@@ -121,14 +122,14 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
 
     let store = Store::connect(&config).await?;
     let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
-    audience::upsert(&store, &subscribers).await?;
+    subscribers::upsert(&store, &subscribers).await?;
     drop(subscribers);
 
     let kicked = Instant::now();
-    let first = audience::kick_registry(&store, &config, &campaign.name, &period).await?;
+    let first = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     let kick_seconds = kicked.elapsed().as_secs_f64();
     writeln!(out, "  kick 1: {} new, {} duplicates ({kick_seconds:.2} s)", first.new, first.duplicates)?;
-    let second = audience::kick_registry(&store, &config, &campaign.name, &period).await?;
+    let second = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     writeln!(out, "  kick 2: {} new, {} duplicates", second.new, second.duplicates)?;
 
     let (stop, down) = shutdown::channel();

@@ -30,6 +30,13 @@ pub struct Arrived(pub std::time::Instant);
 /// Largest request body accepted (a full batch of 100 large emails fits easily).
 const MAX_BODY: usize = 16 * 1024 * 1024;
 
+/// Binds `addr` if one is configured (`key` names the setting in errors).
+pub async fn bind(addr: Option<std::net::SocketAddr>, key: &str) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {key} {addr}: {e}"))?;
+    Ok(Some(listener))
+}
+
 /// Serves `handler` on `listener` until `shutdown`, then drains for at most `drain`.
 pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: Shutdown, drain: Duration)
 where

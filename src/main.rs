@@ -9,13 +9,15 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use mailstream::audience::{self, Subscriber};
 use mailstream::config::Config;
 use mailstream::dead_letters;
 use mailstream::demo::{self, DemoOptions};
-use mailstream::resend::emulator::{Emulator, EmulatorConfig};
+use mailstream::emulator::{Emulator, EmulatorConfig};
+use mailstream::kick;
+use mailstream::outcome::Requeue;
 use mailstream::shutdown::{self, Shutdown, Trigger};
 use mailstream::store::Store;
+use mailstream::subscribers::{self, Subscriber};
 
 #[derive(Parser)]
 #[command(
@@ -204,8 +206,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Subscribe { config, id, email, targets, entitled, subscribed, ndjson } => {
             let config = Config::load(&config.config)?;
-            let subscribers = match ndjson {
-                Some(source) => audience::parse_ndjson(&read_source(&source)?)?,
+            let list = match ndjson {
+                Some(source) => subscribers::parse_ndjson(&read_source(&source)?)?,
                 None => vec![Subscriber {
                     id: id.unwrap_or_default(),
                     email: email.unwrap_or_default(),
@@ -217,8 +219,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             };
             let store = Store::connect(&config).await?;
             store.check_partitions().await?;
-            audience::upsert(&store, &subscribers).await?;
-            println!("{} subscribers written", subscribers.len());
+            subscribers::upsert(&store, &list).await?;
+            println!("{} subscribers written", list.len());
             Ok(ExitCode::SUCCESS)
         }
         Command::Kick { config, campaign, period, audience: source } => {
@@ -226,15 +228,15 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             let c = config
                 .campaign(&campaign)
                 .with_context(|| format!("no [[campaign]] named {campaign:?} in the config"))?;
-            let period = audience::period_for(c, period.as_deref())?;
+            let period = kick::period_for(c, period.as_deref())?;
             let store = Store::connect(&config).await?;
             store.check_partitions().await?;
             let report = match source {
                 Some(source) => {
-                    let list = audience::parse_ndjson(&read_source(&source)?)?;
-                    audience::kick_list(&store, &config, &campaign, &period, &list).await?
+                    let list = subscribers::parse_ndjson(&read_source(&source)?)?;
+                    kick::kick_list(&store, &config, &campaign, &period, &list).await?
                 }
-                None => audience::kick_registry(&store, &config, &campaign, &period).await?,
+                None => kick::kick_registry(&store, &config, &campaign, &period).await?,
             };
             println!(
                 "campaign {} period {}: {} new, {} duplicates, {} not eligible",
@@ -273,7 +275,7 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                     let mut refused = 0;
                     for (id, result) in &results {
                         println!("{id}: {result}");
-                        refused += usize::from(result != "requeued");
+                        refused += usize::from(*result != Requeue::Requeued);
                     }
                     if refused > 0 {
                         return Ok(ExitCode::FAILURE);

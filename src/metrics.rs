@@ -9,6 +9,8 @@ use prometheus::{
 };
 
 use crate::http::{self, HttpRequest, HttpResponse};
+use crate::outcome::{Outcome, Reason};
+use crate::resend::{ErrorName, ProviderError};
 
 /// Every metric mailstream exports.
 pub struct Metrics {
@@ -112,27 +114,34 @@ impl Metrics {
         self.enqueued.with_label_values(&[campaign, "duplicate"]).inc_by(duplicates);
     }
 
-    /// `n` deliveries of `campaign` reached `outcome` (reason: error or skip name, or "").
-    pub fn settled(&self, campaign: &str, outcome: &str, reason: &str, n: u64) {
+    /// `n` deliveries of `campaign` reached `outcome` (with a reason unless sent).
+    pub fn settled(&self, campaign: &str, outcome: Outcome, reason: Option<&Reason>, n: u64) {
         if n == 0 {
             return;
         }
-        if outcome == "sent" {
-            tracing::debug!(campaign, outcome, n, "settled");
-        } else {
-            tracing::info!(campaign, outcome, reason, n, "settled");
+        let label = reason.map_or("", Reason::label);
+        match reason {
+            None => tracing::debug!(campaign, outcome = outcome.as_str(), n, "settled"),
+            Some(reason) => {
+                tracing::info!(campaign, outcome = outcome.as_str(), reason = reason.as_str(), n, "settled")
+            }
         }
-        self.outcomes.with_label_values(&[campaign, outcome, reason]).inc_by(n);
+        self.outcomes.with_label_values(&[campaign, outcome.as_str(), label]).inc_by(n);
     }
 
-    /// One request to Resend ended: `result` is "ok" or the error name.
-    pub fn provider_request(&self, result: &str, action: &str, emails: usize) {
-        if result == "ok" {
-            tracing::debug!(emails, "batch accepted");
-        } else {
-            tracing::warn!(error = result, action, emails, "batch request failed");
-        }
-        self.provider_requests.with_label_values(&[result, action]).inc();
+    /// One request to Resend ended, accepted or refused.
+    pub fn provider_request(&self, result: Result<(), &ProviderError>, emails: usize) {
+        let (name, action) = match result {
+            Ok(()) => {
+                tracing::debug!(emails, "batch accepted");
+                ("ok", "none")
+            }
+            Err(e) => {
+                tracing::warn!(error = e.name.as_str(), action = e.action.as_str(), emails, "batch request failed");
+                (e.name.label(), e.action.as_str())
+            }
+        };
+        self.provider_requests.with_label_values(&[name, action]).inc();
         self.batch_emails.observe(emails as f64);
     }
 
@@ -140,14 +149,15 @@ impl Metrics {
         self.limiter_wait.observe(waited.as_secs_f64());
     }
 
-    pub fn retry_scheduled(&self, error: &str, attempts: u32, delay: Duration) {
-        tracing::info!(error, attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
-        self.retries.with_label_values(&[error]).inc();
+    pub fn retry_scheduled(&self, error: &ErrorName, attempts: u32, delay: Duration) {
+        tracing::info!(error = error.as_str(), attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
+        self.retries.with_label_values(&[error.label()]).inc();
     }
 
-    pub fn set_paused(&self, paused: bool, reason: &str) {
+    /// Sending is paused (a provider quota is used up) or resumed, on every instance.
+    pub fn set_paused(&self, paused: bool) {
         if paused && self.paused.get() == 0 {
-            tracing::error!(reason, "sending paused");
+            tracing::error!("sending paused: the provider's quota is used up; nothing is dropped");
         } else if !paused && self.paused.get() == 1 {
             tracing::warn!("sending resumed");
         }
@@ -160,7 +170,8 @@ impl Metrics {
         self.backlog.with_label_values(&[p.as_str(), "unacked"]).set(unacked as i64);
     }
 
-    pub fn redis_error(&self, op: &str, error: &anyhow::Error) {
+    /// A Redis call failed; `op` names the step (a fixed name, never data).
+    pub fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
         tracing::warn!(op, error = %error, "redis call failed");
         self.redis_errors.with_label_values(&[op]).inc();
     }

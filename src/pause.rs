@@ -9,6 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use redis::AsyncCommands;
 
+use crate::resend::ErrorName;
 use crate::store::Store;
 
 /// This instance's view of the shared pause.
@@ -67,8 +68,8 @@ impl Pause {
 
 /// When the quota named by `error` renews: daily quotas at the next 00:00 UTC,
 /// monthly ones on the 1st of next month, 00:00 UTC.
-pub fn quota_renews(error: &str, now: DateTime<Utc>) -> SystemTime {
-    let next = if error == "monthly_quota_exceeded" {
+pub fn quota_renews(error: &ErrorName, now: DateTime<Utc>) -> SystemTime {
+    let next = if *error == ErrorName::MonthlyQuotaExceeded {
         let (y, m) = if now.month() == 12 { (now.year() + 1, 1) } else { (now.year(), now.month() + 1) };
         Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()
     } else {
@@ -87,10 +88,10 @@ mod tests {
     fn quotas_renew_at_the_next_window() {
         let now = DateTime::parse_from_rfc3339("2026-12-31T22:15:00Z").unwrap().with_timezone(&Utc);
         let at = |t: SystemTime| DateTime::<Utc>::from(t).to_rfc3339();
-        assert_eq!(at(quota_renews("daily_quota_exceeded", now)), "2027-01-01T00:00:00+00:00");
-        assert_eq!(at(quota_renews("monthly_quota_exceeded", now)), "2027-01-01T00:00:00+00:00");
+        assert_eq!(at(quota_renews(&ErrorName::DailyQuotaExceeded, now)), "2027-01-01T00:00:00+00:00");
+        assert_eq!(at(quota_renews(&ErrorName::MonthlyQuotaExceeded, now)), "2027-01-01T00:00:00+00:00");
         let mid = DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc);
-        assert_eq!(at(quota_renews("monthly_quota_exceeded", mid)), "2026-12-01T00:00:00+00:00");
-        assert_eq!(at(quota_renews("daily_quota_exceeded", mid)), "2026-11-30T00:00:00+00:00");
+        assert_eq!(at(quota_renews(&ErrorName::MonthlyQuotaExceeded, mid)), "2026-12-01T00:00:00+00:00");
+        assert_eq!(at(quota_renews(&ErrorName::DailyQuotaExceeded, mid)), "2026-11-30T00:00:00+00:00");
     }
 }

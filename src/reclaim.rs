@@ -12,152 +12,170 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::streams::StreamAutoClaimReply;
 
-use crate::Ctx;
-use crate::consumer::{Entry, entry_of, hand_over, process_entries};
-use crate::scripts::{self, Outcome, Take};
-use crate::sender::{self, Sealed};
-use crate::shutdown::Shutdown;
+use crate::batcher::Batcher;
+use crate::consumer::{Consumer, Entry, entry_of};
+use crate::ctx::Ctx;
+use crate::outcome::{Failpoint, Outcome, Reason};
+use crate::scripts::{self, Take, Verdict};
+use crate::sender;
+use crate::work::Sealed;
 
 /// Due batches examined per partition per pass.
 const DUE_BATCHES_PER_PASS: isize = 64;
 /// Passes between stream trims and backlog reports.
 const TRIM_EVERY: u32 = 10;
 
-/// Runs the reclaimer every `tick` until shutdown.
-pub(crate) async fn run(ctx: Arc<Ctx>, tick: Duration, mut shutdown: Shutdown) {
-    let mut pass = 0u32;
-    loop {
-        if let Err(e) = ctx.pause.refresh(&ctx.store).await {
-            ctx.metrics.redis_error("pause", &e);
-        }
-        ctx.metrics.set_paused(ctx.pause.is_paused(), "quota");
-        if !ctx.pause.is_paused() {
-            for p in 0..ctx.store.keys.partitions() {
-                if shutdown.is_triggered() {
-                    return;
-                }
-                if let Err(e) = due_batches(&ctx, p).await {
-                    ctx.metrics.redis_error("take", &e);
-                }
-                if let Err(e) = expired_leases(&ctx, p).await {
-                    ctx.metrics.redis_error("autoclaim", &e);
-                }
-            }
-        }
-        if pass.is_multiple_of(TRIM_EVERY) {
-            for p in 0..ctx.store.keys.partitions() {
-                if let Err(e) = trim_and_report(&ctx, p).await {
-                    ctx.metrics.redis_error("trim", &e);
-                }
-            }
-        }
-        pass = pass.wrapping_add(1);
-        if !shutdown.sleep(tick).await {
-            return;
-        }
-    }
+/// What the reclaimer works with.
+pub struct Reclaimer {
+    pub ctx: Arc<Ctx>,
+    /// Taken-over entries are processed like new ones.
+    pub consumer: Arc<Consumer>,
+    /// Due batches are queued here for resending.
+    pub batcher: Arc<Batcher>,
 }
 
-/// Takes over batches whose retry is due or whose holder's lease ran out.
-pub(crate) async fn due_batches(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
-    let keys = &ctx.store.keys;
-    let mut conn = ctx.store.conn().await?;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-    let now_ms = secs * 1000 + micros / 1000;
-    let due: Vec<String> = redis::cmd("ZRANGE")
-        .arg(keys.batches(p))
-        .arg("-inf")
-        .arg(now_ms)
-        .arg("BYSCORE")
-        .arg("LIMIT")
-        .arg(0)
-        .arg(DUE_BATCHES_PER_PASS)
-        .query_async(&mut conn)
-        .await?;
-    let lease_ms = ctx.config.lease().as_millis() as u64;
-    let window_ms = ctx.config.delivery.resend_window_hours * 3_600_000;
-    for batch in due {
-        if ctx.batcher.has_resend(&batch) {
-            continue;
-        }
-        match scripts::take(&mut conn, keys, p, &batch, &ctx.owner, lease_ms, window_ms).await? {
-            Take::Take { key, body, members, attempts, maybe_sent } => {
-                tracing::debug!(batch = %batch, attempts, "resending sealed batch");
-                ctx.batcher.push_resend(Sealed {
-                    partition: p,
-                    id: batch,
-                    key,
-                    body: Bytes::from(body),
-                    members,
-                    failed: attempts,
-                    maybe_sent,
-                });
+impl Reclaimer {
+    /// Runs the reclaimer every `tick` until shutdown.
+    pub async fn run(self, tick: Duration) {
+        let ctx = &self.ctx;
+        let mut shutdown = ctx.shutdown.clone();
+        let mut pass = 0u32;
+        loop {
+            ctx.failpoints.at(Failpoint::ReclaimTick).await;
+            if let Err(e) = ctx.pause.refresh(&ctx.store).await {
+                ctx.metrics.redis_error("pause", &e);
             }
-            Take::Expired { members } => {
-                tracing::error!(
-                    batch = %batch,
-                    deliveries = members.len(),
-                    "sealed batch outlived the provider's idempotency window without a known outcome; \
-                     its deliveries are outcome_unknown and will not be resent"
-                );
-                sender::settle_all(ctx, p, &batch, &members, Outcome::OutcomeUnknown, "idempotency_window_passed")
-                    .await;
+            ctx.metrics.set_paused(ctx.pause.is_paused());
+            if !ctx.pause.is_paused() {
+                for p in 0..ctx.store.keys.partitions() {
+                    if shutdown.is_triggered() {
+                        return;
+                    }
+                    if let Err(e) = self.due_batches(p).await {
+                        ctx.metrics.redis_error("take", &e);
+                    }
+                    if let Err(e) = self.expired_leases(p).await {
+                        ctx.metrics.redis_error("autoclaim", &e);
+                    }
+                }
             }
-            Take::Lost => {
-                tracing::error!(
-                    batch = %batch,
-                    "a sealed batch's record expired before it was settled (a pause longer than the retention?); \
-                     its deliveries' records had expired already"
-                );
-                ctx.metrics.settled("unknown", Outcome::OutcomeUnknown.as_str(), "batch_record_expired", 1);
+            if pass.is_multiple_of(TRIM_EVERY) {
+                for p in 0..ctx.store.keys.partitions() {
+                    if let Err(e) = trim_and_report(ctx, p).await {
+                        ctx.metrics.redis_error("trim", &e);
+                    }
+                }
             }
-            Take::Skip => {}
+            pass = pass.wrapping_add(1);
+            if !shutdown.sleep(tick).await {
+                return;
+            }
         }
     }
-    Ok(())
-}
 
-/// XAUTOCLAIMs entries idle longer than a lease and processes them like new ones
-/// (claim.lua decides whether the lease really expired). Claims only what the
-/// partition's queue has room for, so the reclaimer never waits on the batcher.
-pub(crate) async fn expired_leases(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
-    let keys = &ctx.store.keys;
-    let count = ctx.config.delivery.read_count;
-    let mut cursor = "0-0".to_string();
-    while !ctx.shutdown.is_triggered() && ctx.batcher.room(p) >= count {
+    /// Takes over batches whose retry is due or whose holder's lease ran out.
+    pub async fn due_batches(&self, p: u16) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        let keys = &ctx.store.keys;
         let mut conn = ctx.store.conn().await?;
-        let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-            .arg(keys.stream(p))
-            .arg(&ctx.config.redis.group)
-            .arg(&ctx.owner)
-            .arg(ctx.config.lease().as_millis() as u64)
-            .arg(&cursor)
-            .arg("COUNT")
-            .arg(count)
+        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let now_ms = secs * 1000 + micros / 1000;
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.batches(p))
+            .arg("-inf")
+            .arg(now_ms)
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(DUE_BATCHES_PER_PASS)
             .query_async(&mut conn)
             .await?;
-        // Redis 7 drops entries deleted from the stream out of the pending list itself
-        // and names them here; their deliveries can no longer be found from the stream.
-        if !reply.deleted_ids.is_empty() {
-            tracing::warn!(
-                partition = p,
-                deleted = reply.deleted_ids.len(),
-                "pending entries had been deleted from the stream"
-            );
+        let lease_ms = ctx.config.lease().as_millis() as u64;
+        let window_ms = ctx.config.delivery.resend_window_hours * 3_600_000;
+        for batch in due {
+            if self.batcher.has_resend(&batch) {
+                continue;
+            }
+            match scripts::take(&mut conn, keys, p, &batch, &ctx.owner, lease_ms, window_ms).await? {
+                Take::Take { key, body, members, attempts, maybe_sent } => {
+                    tracing::debug!(batch = %batch, attempts, "resending sealed batch");
+                    self.batcher.push_resend(Sealed {
+                        partition: p,
+                        id: batch,
+                        key,
+                        body: Bytes::from(body),
+                        members,
+                        failed: attempts,
+                        maybe_sent,
+                    });
+                }
+                Take::Expired { members } => {
+                    tracing::error!(
+                        batch = %batch,
+                        deliveries = members.len(),
+                        "sealed batch outlived the provider's idempotency window without a known outcome; \
+                         its deliveries are outcome_unknown and will not be resent"
+                    );
+                    let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
+                    sender::settle_all(ctx, p, &batch, &members, verdict).await;
+                }
+                Take::Lost => {
+                    tracing::error!(
+                        batch = %batch,
+                        "a sealed batch's record expired before it was settled (a pause longer than the retention?); \
+                         its deliveries' records had expired already"
+                    );
+                    ctx.metrics.settled("unknown", Outcome::OutcomeUnknown, Some(&Reason::RecordLost), 1);
+                }
+                Take::Skip => {}
+            }
         }
-        let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
-        if !entries.is_empty() {
-            tracing::info!(partition = p, entries = entries.len(), "taking over deliveries whose lease expired");
-        }
-        let ready = process_entries(ctx, p, &mut conn, entries).await?;
-        drop(conn);
-        hand_over(ctx, p, ready).await;
-        cursor = reply.next_stream_id;
-        if cursor == "0-0" {
-            break;
-        }
+        Ok(())
     }
-    Ok(())
+
+    /// XAUTOCLAIMs entries idle longer than a lease and processes them like new ones
+    /// (claim.lua decides whether the lease really expired). Claims only what the
+    /// partition's queue has room for, so the reclaimer never waits on the batcher.
+    pub async fn expired_leases(&self, p: u16) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        let keys = &ctx.store.keys;
+        let count = ctx.config.delivery.read_count;
+        let mut cursor = "0-0".to_string();
+        while !ctx.shutdown.is_triggered() && self.batcher.room(p) >= count {
+            let mut conn = ctx.store.conn().await?;
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(keys.stream(p))
+                .arg(&ctx.config.redis.group)
+                .arg(&ctx.owner)
+                .arg(ctx.config.lease().as_millis() as u64)
+                .arg(&cursor)
+                .arg("COUNT")
+                .arg(count)
+                .query_async(&mut conn)
+                .await?;
+            // Redis 7 drops entries deleted from the stream out of the pending list itself
+            // and names them here; their deliveries can no longer be found from the stream.
+            if !reply.deleted_ids.is_empty() {
+                tracing::warn!(
+                    partition = p,
+                    deleted = reply.deleted_ids.len(),
+                    "pending entries had been deleted from the stream"
+                );
+            }
+            let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
+            if !entries.is_empty() {
+                tracing::info!(partition = p, entries = entries.len(), "taking over deliveries whose lease expired");
+            }
+            let ready = self.consumer.process_entries(p, &mut conn, entries).await?;
+            drop(conn);
+            self.consumer.hand_over(p, ready).await;
+            cursor = reply.next_stream_id;
+            if cursor == "0-0" {
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A consumer (a past process) idle this long with nothing pending is removed
@@ -167,7 +185,7 @@ const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
 /// Reports the backlog, trims the stream below the oldest entry this deployment's
 /// group still needs (the first pending one, or the first not yet read), and
 /// removes consumers of past processes.
-pub(crate) async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
+pub async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     let stream = ctx.store.keys.stream(p);
     let group = &ctx.config.redis.group;
     let mut conn = ctx.store.conn().await?;

@@ -5,17 +5,25 @@
 use std::collections::BTreeMap;
 
 use minijinja::{Environment, context};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::config::{Config, TemplateConfig};
+use crate::work::DeliveryRef;
+
+/// A template: minijinja sources for the subject and the two bodies
+/// (`[templates.NAME]` in the config).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    pub subject: String,
+    pub html: String,
+    pub text: String,
+}
 
 /// What a template sees about one delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct RenderInput<'a> {
-    pub campaign: &'a str,
-    pub period: &'a str,
+    pub delivery: &'a DeliveryRef,
     pub target: &'a str,
-    pub delivery_id: &'a str,
     pub subscriber_id: &'a str,
     /// The subscriber's stored data (a JSON object), if any.
     pub data: &'a serde_json::Value,
@@ -45,10 +53,10 @@ pub struct Renderer {
 }
 
 impl Renderer {
-    /// Compiles every template of the config.
-    pub fn new(config: &Config) -> Result<Renderer, minijinja::Error> {
+    /// Compiles every template (`[templates.NAME]` of the config).
+    pub fn new(templates: &BTreeMap<String, TemplateConfig>) -> Result<Renderer, minijinja::Error> {
         let mut env = Environment::new();
-        for (name, t) in &config.templates {
+        for (name, t) in templates {
             add(&mut env, name, t)?;
         }
         Ok(Renderer { env })
@@ -69,11 +77,12 @@ impl Renderer {
     ) -> Result<String, minijinja::Error> {
         let empty = serde_json::Value::Object(Default::default());
         let data = if input.data.is_object() { input.data } else { &empty };
+        let d = input.delivery;
         let ctx = context! {
-            campaign => input.campaign,
-            period => input.period,
+            campaign => &d.campaign,
+            period => &d.period,
             target => input.target,
-            delivery_id => input.delivery_id,
+            delivery_id => &d.id,
             subscriber => context! { id => input.subscriber_id, data => minijinja::Value::from(minijinja::value::Serde(data)) },
         };
         let part = |suffix: &str| self.env.get_template(&format!("{template}.{suffix}"))?.render(&ctx);
@@ -84,9 +93,9 @@ impl Renderer {
             html: part("html")?,
             text: part("text")?,
             tags: [
-                Tag { name: "campaign", value: input.campaign },
-                Tag { name: "period", value: input.period },
-                Tag { name: "delivery", value: input.delivery_id },
+                Tag { name: "campaign", value: &d.campaign },
+                Tag { name: "period", value: &d.period },
+                Tag { name: "delivery", value: &d.id },
             ],
         };
         Ok(serde_json::to_string(&email).expect("an email serializes"))
@@ -106,22 +115,28 @@ fn add(env: &mut Environment<'static>, name: &str, t: &TemplateConfig) -> Result
 mod tests {
     use super::*;
 
-    #[test]
-    fn renders_the_shipped_template_with_escaping() {
-        let config = Config::example();
-        let renderer = Renderer::new(&config).unwrap();
-        let data = serde_json::json!({ "name": "<Ann & Bo>" });
-        let input = RenderInput {
-            campaign: "weekly_digest",
-            period: "2026-W48",
-            target: "team-1",
-            delivery_id: "01JD",
-            subscriber_id: "u42",
-            data: &data,
+    fn delivery() -> DeliveryRef {
+        DeliveryRef { id: "01JD".into(), campaign: "weekly_digest".into(), period: "2026-W48".into() }
+    }
+
+    fn templates() -> BTreeMap<String, TemplateConfig> {
+        let t = TemplateConfig {
+            subject: "Digest for {{ target }}, {{ period }}".into(),
+            html: "<p>Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},</p>".into(),
+            text: "Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},".into(),
         };
-        let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
+        BTreeMap::from([("digest".to_string(), t)])
+    }
+
+    #[test]
+    fn renders_with_escaping_in_html_only() {
+        let renderer = Renderer::new(&templates()).unwrap();
+        let data = serde_json::json!({ "name": "<Ann & Bo>" });
+        let d = delivery();
+        let input = RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data };
+        let json = renderer.render("digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");
+        assert_eq!(v["subject"], "Digest for team-1, 2026-W48");
         assert!(v["html"].as_str().unwrap().contains("&lt;Ann &amp; Bo&gt;"), "{v}");
         assert!(v["text"].as_str().unwrap().contains("<Ann & Bo>"), "{v}");
         assert_eq!(v["to"][0], "u42@resend.dev");
@@ -130,16 +145,10 @@ mod tests {
 
     #[test]
     fn missing_data_renders_without_it() {
-        let renderer = Renderer::new(&Config::example()).unwrap();
-        let input = RenderInput {
-            campaign: "weekly_digest",
-            period: "2026-W48",
-            target: "t",
-            delivery_id: "d",
-            subscriber_id: "s",
-            data: &serde_json::Value::Null,
-        };
-        let json = renderer.render("weekly_digest", "a@b.example", "c@d.example", &input).unwrap();
+        let renderer = Renderer::new(&templates()).unwrap();
+        let d = delivery();
+        let input = RenderInput { delivery: &d, target: "t", subscriber_id: "s", data: &serde_json::Value::Null };
+        let json = renderer.render("digest", "a@b.example", "c@d.example", &input).unwrap();
         assert!(json.contains("Hello,"), "{json}");
     }
 

@@ -9,6 +9,8 @@ use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
 use crate::keys::Keys;
+use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
+use crate::work::{DeliveryRef, Ready};
 
 struct Scripts {
     enqueue: Script,
@@ -82,7 +84,7 @@ pub enum Claim {
     /// The record is gone (expired): acknowledge the entry.
     Gone,
     /// Sealed into a batch or already decided: acknowledge the entry.
-    Done(String),
+    Done(DeliveryState),
 }
 
 /// A delivery this instance now holds.
@@ -128,19 +130,8 @@ fn parse_claim(row: Vec<String>) -> Claim {
         }
         Some("held") => Claim::Held,
         Some("gone") | None => Claim::Gone,
-        Some(state) => Claim::Done(state.to_string()),
+        Some(state) => Claim::Done(DeliveryState::parse(state)),
     }
-}
-
-/// One member of a batch about to be sealed.
-#[derive(Debug, Clone)]
-pub struct SealMember<'a> {
-    pub entry: &'a str,
-    pub delivery: &'a str,
-    pub campaign: &'a str,
-    pub period: &'a str,
-    /// The email object, serialized exactly as it will be sent.
-    pub json: &'a str,
 }
 
 /// A batch to seal.
@@ -155,12 +146,12 @@ pub struct SealRequest<'a> {
     pub retention_secs: u64,
 }
 
-/// Seals a batch; returns the 0-based positions of the members that were sealed.
+/// Seals a batch of `members`; returns the 0-based positions of those that were sealed.
 pub async fn seal(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     req: &SealRequest<'_>,
-    members: &[SealMember<'_>],
+    members: &[Ready],
 ) -> RedisResult<Vec<usize>> {
     let p = req.partition;
     let mut call = SCRIPTS.seal.prepare_invoke();
@@ -174,11 +165,11 @@ pub async fn seal(
         .arg(req.lease_ms)
         .arg(req.retention_secs);
     for m in members {
-        call.key(keys.delivery(p, m.delivery))
-            .arg(m.entry)
-            .arg(m.delivery)
-            .arg(tally(m.campaign, m.period))
-            .arg(m.json);
+        call.key(keys.delivery(p, &m.delivery.id))
+            .arg(&m.entry)
+            .arg(&m.delivery.id)
+            .arg(tally(&m.delivery.campaign, &m.delivery.period))
+            .arg(&m.json);
     }
     let sealed: Vec<usize> = call.invoke_async(conn).await?;
     Ok(sealed.into_iter().map(|i| i - 1).collect())
@@ -193,9 +184,9 @@ fn tally(campaign: &str, period: &str) -> String {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
     /// Resend `body` with `key`; `attempts` failed attempts so far.
-    Take { key: String, body: String, members: Vec<Member>, attempts: u32, maybe_sent: bool },
+    Take { key: String, body: String, members: Vec<DeliveryRef>, attempts: u32, maybe_sent: bool },
     /// Sealed too long ago to resend blind: settle every member as outcome_unknown.
-    Expired { members: Vec<Member> },
+    Expired { members: Vec<DeliveryRef> },
     /// The batch record expired before it was settled (its members' records, written
     /// earlier, expired first): nothing is left to send or settle, only to report.
     Lost,
@@ -203,21 +194,14 @@ pub enum Take {
     Skip,
 }
 
-/// A member of a sealed batch, as recorded in the batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Member {
-    pub delivery: String,
-    pub campaign: String,
-    pub period: String,
-}
-
-fn parse_members(ids: &str, tallies: &str) -> Vec<Member> {
+/// A sealed batch's members, as recorded in it.
+fn parse_members(ids: &str, tallies: &str) -> Vec<DeliveryRef> {
     ids.split(' ')
         .zip(tallies.split(' '))
         .filter(|(id, _)| !id.is_empty())
         .map(|(id, tally)| {
             let (campaign, period) = tally.split_once(':').unwrap_or((tally, ""));
-            Member { delivery: id.to_string(), campaign: campaign.to_string(), period: period.to_string() }
+            DeliveryRef { id: id.to_string(), campaign: campaign.to_string(), period: period.to_string() }
         })
         .collect()
 }
@@ -258,13 +242,14 @@ pub async fn take(
 
 /// A retry to schedule for a batch this instance holds.
 #[derive(Debug, Clone)]
-pub struct Reschedule<'a> {
+pub struct Reschedule {
     pub delay_ms: u64,
     /// Whether this failure counts towards the attempt limit (a quota pause does not).
     pub count_attempt: bool,
     /// Whether the provider may have processed the request (timeouts, 5xx).
     pub maybe_sent: bool,
-    pub error: &'a str,
+    /// The failure (kept as the batch's `last_error`).
+    pub error: Reason,
 }
 
 /// Reschedules a held batch; `None` when this owner no longer holds it.
@@ -274,7 +259,7 @@ pub async fn reschedule(
     partition: u16,
     batch: &str,
     owner: &str,
-    r: &Reschedule<'_>,
+    r: &Reschedule,
 ) -> RedisResult<Option<u32>> {
     let attempts: i64 = SCRIPTS
         .reschedule
@@ -285,45 +270,54 @@ pub async fn reschedule(
         .arg(r.delay_ms)
         .arg(u8::from(r.count_attempt))
         .arg(u8::from(r.maybe_sent))
-        .arg(r.error)
+        .arg(r.error.as_str())
         .invoke_async(conn)
         .await?;
     Ok(u32::try_from(attempts).ok())
 }
 
-/// The final state of one delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Outcome {
-    Sent,
-    Skipped,
-    Failed,
-    OutcomeUnknown,
+/// What became of one member of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Accepted by the provider, under this email id.
+    Sent(String),
+    /// Not sent (settle.lua records `outcome_unknown` instead if an attempt may have been).
+    Failed(Reason),
+    /// Nobody can say whether it was sent.
+    Unknown(Reason),
 }
 
-impl Outcome {
-    /// The outcome named `s` (as stored in a delivery's `state`).
-    pub fn parse(s: &str) -> Option<Outcome> {
-        [Outcome::Sent, Outcome::Skipped, Outcome::Failed, Outcome::OutcomeUnknown]
-            .into_iter()
-            .find(|o| o.as_str() == s)
+impl Verdict {
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            Verdict::Sent(_) => Outcome::Sent,
+            Verdict::Failed(_) => Outcome::Failed,
+            Verdict::Unknown(_) => Outcome::OutcomeUnknown,
+        }
     }
 
-    pub fn as_str(self) -> &'static str {
+    /// The reason, for anything but a send.
+    pub fn reason(&self) -> Option<&Reason> {
         match self {
-            Outcome::Sent => "sent",
-            Outcome::Skipped => "skipped",
-            Outcome::Failed => "failed",
-            Outcome::OutcomeUnknown => "outcome_unknown",
+            Verdict::Sent(_) => None,
+            Verdict::Failed(r) | Verdict::Unknown(r) => Some(r),
+        }
+    }
+
+    /// What settle.lua stores beside the state: the provider's id, or the reason.
+    fn detail(&self) -> &str {
+        match self {
+            Verdict::Sent(id) => id,
+            Verdict::Failed(r) | Verdict::Unknown(r) => r.as_str(),
         }
     }
 }
 
-/// A member's settlement: the outcome and its detail (provider id, or error name).
+/// A member's settlement.
 #[derive(Debug, Clone)]
 pub struct Settlement<'a> {
-    pub member: &'a Member,
-    pub outcome: Outcome,
-    pub detail: &'a str,
+    pub member: &'a DeliveryRef,
+    pub verdict: Verdict,
 }
 
 /// Distinct counts keys for `members`, and each member's 1-based index into them.
@@ -386,10 +380,10 @@ pub async fn settle(
         call.key(c);
     }
     for (s, ci) in settlements.iter().zip(index) {
-        call.key(keys.delivery(partition, &s.member.delivery))
-            .arg(&s.member.delivery)
-            .arg(s.outcome.as_str())
-            .arg(s.detail)
+        call.key(keys.delivery(partition, &s.member.id))
+            .arg(&s.member.id)
+            .arg(s.verdict.outcome().as_str())
+            .arg(s.verdict.detail())
             .arg(ci);
     }
     let recorded: Vec<String> = call.invoke_async(conn).await?;
@@ -400,12 +394,10 @@ pub async fn settle(
 #[derive(Debug, Clone)]
 pub struct Decision<'a> {
     pub entry: &'a str,
-    pub delivery: &'a str,
-    pub campaign: &'a str,
-    pub period: &'a str,
+    pub delivery: &'a DeliveryRef,
     /// Skipped or Failed.
     pub outcome: Outcome,
-    pub reason: &'a str,
+    pub reason: Reason,
 }
 
 /// Settles claimed deliveries that will not be sent and acknowledges their entries;
@@ -422,7 +414,11 @@ pub async fn decide(
     if decisions.is_empty() {
         return Ok(Vec::new());
     }
-    let (counts, index) = counts_index(keys, partition, decisions.iter().map(|d| (d.campaign, d.period)));
+    let (counts, index) = counts_index(
+        keys,
+        partition,
+        decisions.iter().map(|d| (d.delivery.campaign.as_str(), d.delivery.period.as_str())),
+    );
     let mut call = SCRIPTS.decide.prepare_invoke();
     call.key(keys.stream(partition))
         .key(keys.dead(partition))
@@ -434,19 +430,18 @@ pub async fn decide(
         call.key(c);
     }
     for (d, ci) in decisions.iter().zip(index) {
-        call.key(keys.delivery(partition, d.delivery))
+        call.key(keys.delivery(partition, &d.delivery.id))
             .arg(d.entry)
-            .arg(d.delivery)
+            .arg(&d.delivery.id)
             .arg(d.outcome.as_str())
-            .arg(d.reason)
+            .arg(d.reason.as_str())
             .arg(ci);
     }
     let decided: Vec<i64> = call.invoke_async(conn).await?;
     Ok(decided.into_iter().map(|d| d == 1).collect())
 }
 
-/// Requeues a failed (or, if allowed, outcome_unknown) delivery; returns
-/// "requeued", "missing", or the state that prevented it.
+/// Requeues a failed (or, if allowed, outcome_unknown) delivery.
 pub async fn requeue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -455,8 +450,8 @@ pub async fn requeue(
     campaign: &str,
     period: &str,
     allow_unknown: bool,
-) -> RedisResult<String> {
-    SCRIPTS
+) -> RedisResult<Requeue> {
+    let result: String = SCRIPTS
         .requeue
         .key(keys.stream(partition))
         .key(keys.delivery(partition, delivery))
@@ -464,7 +459,8 @@ pub async fn requeue(
         .arg(delivery)
         .arg(u8::from(allow_unknown))
         .invoke_async(conn)
-        .await
+        .await?;
+    Ok(Requeue::parse(&result))
 }
 
 /// Pauses sending for `ms` (only ever lengthening a pause); true if set or lengthened.

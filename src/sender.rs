@@ -1,50 +1,44 @@
 //! One batch request's life: seal (seal.lua) → POST with the sealed key and
 //! body → settle (settle.lua) or reschedule (reschedule.lua). Any failure to
 //! record an outcome leaves the batch sealed under a lease that expires, and
-//! whoever takes it over resends the same bytes with the same key.
+//! whoever takes it over resends the same bytes with the same key. The sender
+//! reports what the provider said about pacing back to its caller.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
+use anyhow::Context;
 use bytes::Bytes;
 use chrono::Utc;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
 
-use crate::Ctx;
-use crate::batcher::{Ready, Work};
+use crate::config::Config;
+use crate::ctx::Ctx;
 use crate::id::new_id;
+use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
-use crate::resend::{Action, ItemResult, ProviderError};
+use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::{Next, RetryPolicy};
-use crate::scripts::{self, Member, Outcome, Reschedule, SealMember, SealRequest, Settlement, Settler};
-
-/// A sealed batch in hand: what to send and who is in it.
-#[derive(Debug, Clone)]
-pub struct Sealed {
-    pub partition: u16,
-    pub id: String,
-    pub key: String,
-    pub body: Bytes,
-    pub members: Vec<Member>,
-    /// Attempts that failed before this one.
-    pub failed: u32,
-    /// Whether an earlier attempt may have been processed by the provider.
-    pub maybe_sent: bool,
-}
+use crate::scripts::{self, Reschedule, SealRequest, Settlement, Settler, Verdict};
+use crate::work::{DeliveryRef, Ready, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
 pub struct ProviderHealth {
     base_url: String,
-    down: std::sync::atomic::AtomicBool,
+    down: AtomicBool,
 }
 
 impl ProviderHealth {
     pub fn new(base_url: &str) -> ProviderHealth {
-        ProviderHealth { base_url: base_url.to_string(), down: Default::default() }
+        ProviderHealth { base_url: base_url.to_string(), down: AtomicBool::new(false) }
     }
 
     fn unreachable(&self) {
-        if !self.down.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !self.down.swap(true, Ordering::Relaxed) {
             tracing::error!(
                 base_url = %self.base_url,
                 "Resend is unreachable (connection refused or no route); batches stay sealed and are retried with backoff"
@@ -53,27 +47,113 @@ impl ProviderHealth {
     }
 
     fn reachable(&self) {
-        if self.down.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        if self.down.swap(false, Ordering::Relaxed) {
             tracing::warn!(base_url = %self.base_url, "Resend is reachable again");
         }
     }
 }
 
-/// The sealed batch `work` stands for: fresh emails are sealed now.
-pub(crate) async fn prepare(ctx: &Ctx, work: Work) -> Option<Sealed> {
-    match work {
-        Work::Fresh(p, items) => match seal(ctx, p, items).await {
-            Ok(sealed) => {
-                ctx.failpoints.at("sealed").await;
-                sealed
+/// What the provider said about pacing, for the limiter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PacingNews {
+    pub rate: RateHeaders,
+    /// A 429 `rate_limit_exceeded` asked every request to wait this long.
+    pub pause: Option<Duration>,
+}
+
+/// Sends sealed batches and records what became of them.
+pub struct Sender {
+    client: Client,
+    retry: RetryPolicy,
+    rng: Mutex<StdRng>,
+    health: ProviderHealth,
+}
+
+impl Sender {
+    pub fn new(client: Client, retry: RetryPolicy, rng: StdRng, base_url: &str) -> Sender {
+        Sender { client, retry, rng: Mutex::new(rng), health: ProviderHealth::new(base_url) }
+    }
+
+    /// The sender `config` describes; `seed` fixes the retry jitter (tests).
+    pub fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
+        let r = &config.resend;
+        let key = r.api_key.clone().context("no Resend API key: set RESEND_API_KEY or resend.api_key_file")?;
+        let client = Client::new(&r.base_url, key, Duration::from_secs(r.timeout_seconds))?;
+        let rng = seed.map_or_else(rand::make_rng, StdRng::seed_from_u64);
+        Ok(Sender::new(client, RetryPolicy::from_config(&config.delivery), rng, &r.base_url))
+    }
+
+    /// Sends a sealed batch once (the caller has just taken its slot) and records what happened.
+    pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
+        let answer = self.client.send_batch(&b.key, b.body.clone(), b.members.len()).await;
+        ctx.failpoints.at(Failpoint::Answered).await;
+        match answer {
+            Ok(accepted) => {
+                self.health.reachable();
+                ctx.metrics.provider_request(Ok(()), b.members.len());
+                let verdicts: Vec<Verdict> = accepted
+                    .items
+                    .into_iter()
+                    .map(|item| match item {
+                        ItemResult::Sent(id) => Verdict::Sent(id),
+                        ItemResult::Invalid => Verdict::Failed(Reason::Provider(ErrorName::ValidationError)),
+                    })
+                    .collect();
+                settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts).await;
+                PacingNews { rate: accepted.rate, pause: None }
             }
-            Err(e) => {
-                // Nothing left: the members stay claimed and are reclaimed after their lease.
-                ctx.metrics.redis_error("seal", &e);
-                None
+            Err((e, rate)) => {
+                ctx.metrics.provider_request(Err(&e), b.members.len());
+                let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
+                self.failed(ctx, b, e).await;
+                PacingNews { rate, pause }
             }
-        },
-        Work::Resend(sealed) => Some(sealed),
+        }
+    }
+
+    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
+        if e.name == ErrorName::ConnectionFailed {
+            self.health.unreachable();
+        } else {
+            self.health.reachable();
+        }
+        let next = {
+            let mut rng = self.rng.lock().expect("rng lock");
+            plan(&e, b.failed, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
+        };
+        let error = Reason::Provider(e.name.clone());
+        match next {
+            Plan::Retry { delay, counts } => {
+                let r = Reschedule {
+                    delay_ms: delay.as_millis() as u64,
+                    count_attempt: counts,
+                    maybe_sent: e.maybe_sent,
+                    error,
+                };
+                reschedule(ctx, b.partition, &b.id, &r).await;
+                ctx.metrics.retry_scheduled(&e.name, b.failed + 1, delay);
+            }
+            Plan::PauseUntil(until) => {
+                if let Err(err) = ctx.pause.begin(&ctx.store, until, e.name.as_str()).await {
+                    ctx.metrics.redis_error("pause", &err);
+                }
+                ctx.metrics.set_paused(true);
+                // Due again almost at once, but no instance takes a batch while paused: it
+                // goes out as soon as the pause ends, by expiry or `mailstream resume`. Not an
+                // attempt against the cap: the provider refused before sending.
+                let r = Reschedule {
+                    delay_ms: QUOTA_RECHECK.as_millis() as u64,
+                    count_attempt: false,
+                    maybe_sent: false,
+                    error,
+                };
+                reschedule(ctx, b.partition, &b.id, &r).await;
+            }
+            Plan::Settle(outcome) => {
+                let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
+                settle_all(ctx, b.partition, &b.id, &b.members, verdict).await;
+            }
+        }
     }
 }
 
@@ -82,19 +162,25 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
     format!("{prefix}-{batch}")
 }
 
-async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
+/// Seals `items` of partition `p` into a new batch (those still held by this
+/// instance); `None` when none was, or the seal could not be made durable.
+pub async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
+    match seal_batch(ctx, p, items).await {
+        Ok(sealed) => {
+            ctx.failpoints.at(Failpoint::Sealed).await;
+            sealed
+        }
+        Err(e) => {
+            // Nothing left: the members stay claimed and are reclaimed after their lease.
+            ctx.metrics.redis_error("seal", &e);
+            None
+        }
+    }
+}
+
+async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
     let batch = new_id();
     let key = idempotency_key(&ctx.config.redis.prefix, &batch);
-    let members: Vec<SealMember<'_>> = items
-        .iter()
-        .map(|r| SealMember {
-            entry: &r.entry,
-            delivery: &r.delivery,
-            campaign: &r.campaign,
-            period: &r.period,
-            json: &r.json,
-        })
-        .collect();
     let request = SealRequest {
         partition: p,
         batch: &batch,
@@ -105,7 +191,7 @@ async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sea
         retention_secs: ctx.config.retention().as_secs(),
     };
     let mut conn = ctx.store.conn().await?;
-    let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &members).await?;
+    let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &items).await?;
     if positions.len() < items.len() {
         tracing::info!(
             partition = p,
@@ -135,46 +221,9 @@ async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sea
         body.push_str(&items[i].json);
     }
     body.push(']');
-    let members = positions
-        .iter()
-        .map(|&i| Member {
-            delivery: items[i].delivery.clone(),
-            campaign: items[i].campaign.clone(),
-            period: items[i].period.clone(),
-        })
-        .collect();
+    let mut items: Vec<Option<Ready>> = items.into_iter().map(Some).collect();
+    let members = positions.iter().filter_map(|&i| items[i].take()).map(|r| r.delivery).collect();
     Ok(Some(Sealed { partition: p, id: batch, key, body: Bytes::from(body), members, failed: 0, maybe_sent: false }))
-}
-
-/// Sends a sealed batch once and records what happened.
-pub(crate) async fn attempt(ctx: &Ctx, b: Sealed) {
-    // The request leaves now; if this task started late, the next slot moves back.
-    ctx.limiter.sent(tokio::time::Instant::now());
-    let answer = ctx.client.send_batch(&b.key, b.body.clone(), b.members.len()).await;
-    ctx.failpoints.at("answered").await;
-    match answer {
-        Ok(accepted) => {
-            if let Some(rps) = ctx.limiter.observe(&accepted.rate) {
-                tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered");
-            }
-            ctx.health.reachable();
-            ctx.metrics.provider_request("ok", "none", b.members.len());
-            let outcomes: Vec<(Outcome, String)> = accepted
-                .items
-                .into_iter()
-                .map(|item| match item {
-                    ItemResult::Sent(id) => (Outcome::Sent, id),
-                    ItemResult::Invalid => (Outcome::Failed, crate::consumer::reason::INVALID_EMAIL.to_string()),
-                })
-                .collect();
-            settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, &outcomes).await;
-        }
-        Err((e, rate)) => {
-            ctx.limiter.observe(&rate);
-            ctx.metrics.provider_request(&e.name, e.action.as_str(), b.members.len());
-            failed(ctx, b, e).await;
-        }
-    }
 }
 
 /// How soon a batch refused for quota is due again (taken only once the pause ends).
@@ -220,60 +269,20 @@ pub fn plan(
     }
 }
 
-async fn failed(ctx: &Ctx, b: Sealed, e: ProviderError) {
-    if e.name == crate::resend::error::local::CONNECT {
-        ctx.health.unreachable();
-    } else {
-        ctx.health.reachable();
-    }
-    if let (Some(after), "rate_limit_exceeded") = (e.retry_after, e.name.as_str()) {
-        ctx.limiter.pause_for(after);
-    }
-    let next = {
-        let mut rng = ctx.rng.lock().expect("rng lock");
-        plan(&e, b.failed, b.maybe_sent, &ctx.retry, &mut *rng, Utc::now())
-    };
-    match next {
-        Plan::Retry { delay, counts } => {
-            let r = Reschedule {
-                delay_ms: delay.as_millis() as u64,
-                count_attempt: counts,
-                maybe_sent: e.maybe_sent,
-                error: &e.name,
-            };
-            reschedule(ctx, b.partition, &b.id, &r).await;
-            ctx.metrics.retry_scheduled(&e.name, b.failed + 1, delay);
-        }
-        Plan::PauseUntil(until) => {
-            if let Err(err) = ctx.pause.begin(&ctx.store, until, &e.name).await {
-                ctx.metrics.redis_error("pause", &err);
-            }
-            ctx.metrics.set_paused(true, &e.name);
-            // Due again almost at once, but no instance takes a batch while paused: it
-            // goes out as soon as the pause ends, by expiry or `mailstream resume`. Not an
-            // attempt against the cap: the provider refused before sending.
-            let r = Reschedule {
-                delay_ms: QUOTA_RECHECK.as_millis() as u64,
-                count_attempt: false,
-                maybe_sent: false,
-                error: &e.name,
-            };
-            reschedule(ctx, b.partition, &b.id, &r).await;
-        }
-        Plan::Settle(outcome) => settle_all(ctx, b.partition, &b.id, &b.members, outcome, &e.name).await,
-    }
-}
-
 /// Puts a sealed batch that has not been sent back in Redis, due after `delay`
 /// (its slot moved far away: a long `retry-after`, say), so its lease cannot run
 /// out while it waits and a taker would not think it may have been sent.
-pub(crate) async fn postpone(ctx: &Ctx, partition: u16, batch: &str, delay: Duration) {
-    let r =
-        Reschedule { delay_ms: delay.as_millis() as u64, count_attempt: false, maybe_sent: false, error: "postponed" };
+pub async fn postpone(ctx: &Ctx, partition: u16, batch: &str, delay: Duration) {
+    let r = Reschedule {
+        delay_ms: delay.as_millis() as u64,
+        count_attempt: false,
+        maybe_sent: false,
+        error: Reason::Postponed,
+    };
     reschedule(ctx, partition, batch, &r).await;
 }
 
-async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule<'_>) {
+async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule) {
     let result = async {
         let mut conn = ctx.store.conn().await?;
         anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, partition, batch, &ctx.owner, r).await?)
@@ -285,34 +294,24 @@ async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule<'_>) 
     }
 }
 
-/// Settles every member of a batch this instance holds with one outcome (giving
+/// Settles every member of a batch this instance holds with one verdict (giving
 /// up, or a batch too old to resend).
-pub(crate) async fn settle_all(
-    ctx: &Ctx,
-    partition: u16,
-    batch: &str,
-    members: &[Member],
-    outcome: Outcome,
-    detail: &str,
-) {
-    let outcomes: Vec<(Outcome, String)> = members.iter().map(|_| (outcome, detail.to_string())).collect();
-    settle(ctx, partition, batch, members, Settler::Holder(&ctx.owner), &outcomes).await;
+pub async fn settle_all(ctx: &Ctx, partition: u16, batch: &str, members: &[DeliveryRef], verdict: Verdict) {
+    let verdicts = vec![verdict; members.len()];
+    settle(ctx, partition, batch, members, Settler::Holder(&ctx.owner), verdicts).await;
 }
 
-/// Records each member's outcome (same order as the batch) and counts what was recorded.
+/// Records each member's verdict (same order as the batch) and counts what was recorded.
 async fn settle(
     ctx: &Ctx,
     partition: u16,
     batch: &str,
-    members: &[Member],
+    members: &[DeliveryRef],
     by: Settler<'_>,
-    outcomes: &[(Outcome, String)],
+    verdicts: Vec<Verdict>,
 ) {
-    let settlements: Vec<Settlement<'_>> = members
-        .iter()
-        .zip(outcomes)
-        .map(|(member, (outcome, detail))| Settlement { member, outcome: *outcome, detail })
-        .collect();
+    let settlements: Vec<Settlement<'_>> =
+        members.iter().zip(verdicts).map(|(member, verdict)| Settlement { member, verdict }).collect();
     let result = async {
         let mut conn = ctx.store.conn().await?;
         let retention_ms = ctx.config.retention().as_millis() as u64;
@@ -324,7 +323,7 @@ async fn settle(
                 tracing::debug!(batch = %batch, "batch was already settled, or taken over by another holder");
                 return;
             }
-            ctx.failpoints.at("settled").await;
+            ctx.failpoints.at(Failpoint::Settled).await;
             count_settled(ctx, &settlements, &recorded);
         }
         // The batch stays sealed; after its lease, a taker resends (a replay) and settles.
@@ -335,22 +334,21 @@ async fn settle(
 /// Counts what settle.lua recorded (which may differ from what was asked: a failure
 /// becomes outcome_unknown when an attempt may have been sent).
 fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<Outcome>]) {
-    let mut tally: HashMap<(&str, Outcome, &str), u64> = HashMap::new();
+    let mut tally: HashMap<(&str, Outcome, Option<&Reason>), u64> = HashMap::new();
     for (s, outcome) in settlements.iter().zip(recorded) {
         if let Some(outcome) = *outcome {
-            let reason = if outcome == Outcome::Sent { "" } else { s.detail };
+            let reason = if outcome == Outcome::Sent { None } else { s.verdict.reason() };
             *tally.entry((s.member.campaign.as_str(), outcome, reason)).or_default() += 1;
         }
     }
     for ((campaign, outcome, reason), n) in tally {
-        ctx.metrics.settled(campaign, outcome.as_str(), reason, n);
+        ctx.metrics.settled(campaign, outcome, reason, n);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::resend::error::local;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
@@ -372,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_timeout_is_retried_with_backoff_then_ends_unknown() {
-        let timeout = ProviderError::local(local::TIMEOUT, true);
+        let timeout = ProviderError::local(ErrorName::Timeout, true);
         assert!(
             matches!(decide(&timeout, 0, false), Plan::Retry { counts: true, delay } if delay <= Duration::from_secs(1))
         );
@@ -385,7 +383,7 @@ mod tests {
 
     #[test]
     fn retries_that_never_reached_the_provider_end_failed() {
-        let refused = ProviderError::local(local::CONNECT, false);
+        let refused = ProviderError::local(ErrorName::ConnectionFailed, false);
         assert_eq!(decide(&refused, 2, false), Plan::Settle(Outcome::Failed));
         // ...unless an earlier attempt may have been processed.
         assert_eq!(decide(&refused, 2, true), Plan::Settle(Outcome::OutcomeUnknown));
@@ -412,7 +410,7 @@ mod tests {
             // After an attempt that may have been processed, nobody can say it was not.
             assert_eq!(decide(&e, 1, true), Plan::Settle(Outcome::OutcomeUnknown), "{e}");
         }
-        let garbled = ProviderError::local(local::UNEXPECTED, true);
+        let garbled = ProviderError::local(ErrorName::UnexpectedResponse, true);
         assert_eq!(decide(&garbled, 0, false), Plan::Settle(Outcome::OutcomeUnknown));
     }
 

@@ -32,6 +32,17 @@ impl Trigger {
     }
 }
 
+/// Waits until every task of `tasks` has ended (a panic in one is raised here).
+pub async fn join_all(mut tasks: tokio::task::JoinSet<()>) {
+    while let Some(done) = tasks.join_next().await {
+        if let Err(e) = done
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+}
+
 impl Shutdown {
     /// Whether shutdown has begun.
     pub fn is_triggered(&self) -> bool {

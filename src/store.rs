@@ -43,6 +43,16 @@ impl Store {
         Ok(store)
     }
 
+    /// Connects and makes the checks a daemon starts with: partition count,
+    /// consumer groups, durability.
+    pub async fn open_for_daemon(config: &Config) -> anyhow::Result<Store> {
+        let store = Store::connect(config).await?;
+        store.check_partitions().await?;
+        store.ensure_groups(&config.redis.group).await?;
+        store.check_durability(config.redis.wait_replicas).await?;
+        Ok(store)
+    }
+
     /// A pooled connection.
     pub async fn conn(&self) -> anyhow::Result<Connection> {
         self.pool.get().await.map_err(|e| anyhow::anyhow!("Redis connection: {e}"))
@@ -133,6 +143,14 @@ impl Counts {
     /// Deliveries with a final outcome.
     pub fn settled(&self) -> u64 {
         self.sent + self.failed + self.skipped + self.outcome_unknown
+    }
+
+    /// Failed over decided outcomes, `failed / (sent + failed)`: skipped (not wanted),
+    /// pending (not decided) and outcome_unknown (reported beside it) are outside the
+    /// denominator. `None` while nothing is decided.
+    pub fn failure_rate(&self) -> Option<f64> {
+        let decided = self.sent + self.failed;
+        (decided > 0).then(|| self.failed as f64 / decided as f64)
     }
 }
 

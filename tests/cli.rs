@@ -225,7 +225,7 @@ fn spawn_daemon(config: &std::path::Path, redis_url: &str) -> std::process::Chil
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_mid_run_then_a_restart_sends_each_once() {
     let mut world = common::World::new().await;
-    let (emulator, _stop) = world.emulator(mailstream::resend::emulator::EmulatorConfig::default()).await;
+    let (emulator, _stop) = world.emulator(mailstream::emulator::EmulatorConfig::default()).await;
     let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
     let path = config_file(
         "sigterm.toml",
@@ -268,9 +268,9 @@ async fn sigterm_mid_run_then_a_restart_sends_each_once() {
 async fn a_second_signal_exits_at_once_and_loses_nothing() {
     let mut world = common::World::new().await;
     // Every request hangs 20 s, so a graceful stop would have to wait for them.
-    let faults = mailstream::resend::emulator::Faults { hang: 1.0, hang_ms: 20_000, ..Default::default() };
+    let faults = mailstream::emulator::Faults { hang: 1.0, hang_ms: 20_000, ..Default::default() };
     let (_emulator, _stop) =
-        world.emulator(mailstream::resend::emulator::EmulatorConfig { faults, ..Default::default() }).await;
+        world.emulator(mailstream::emulator::EmulatorConfig { faults, ..Default::default() }).await;
     let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
     let path = config_file(
         "twice.toml",

@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::start_emulator;
-use mailstream::resend::emulator::{EmulatorConfig, Faults};
+use mailstream::emulator::{EmulatorConfig, Faults};
 use serde_json::{Value, json};
 
 fn email(i: usize) -> Value {
@@ -192,6 +192,12 @@ async fn user_agent_and_api_key_are_required() {
     let r = api.http.post(format!("{url}/emails")).json(&email(1)).send().await.unwrap();
     let (status, body) = json_of(r).await;
     assert_eq!((status, body["name"].as_str()), (401, Some("missing_api_key")));
+    // What an SDK sends when no key was configured, and keys that are not Resend keys.
+    for bad in ["None", "sk_live_123", "re_"] {
+        let r = api.http.post(format!("{url}/emails")).bearer_auth(bad).json(&email(1)).send().await.unwrap();
+        let (status, body) = json_of(r).await;
+        assert_eq!((status, body["name"].as_str()), (403, Some("invalid_api_key")), "{bad}");
+    }
 }
 
 #[tokio::test]
@@ -214,7 +220,7 @@ async fn injected_faults_and_quota() {
 
 #[tokio::test]
 async fn a_restart_keeps_the_idempotency_store() {
-    let emulator = mailstream::resend::emulator::Emulator::new(unlimited());
+    let emulator = mailstream::emulator::Emulator::new(unlimited());
     let (url, stop, task) = emulator.spawn_local().await.unwrap();
     let (_, first) = json_of(Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await).await;
     stop.trigger();

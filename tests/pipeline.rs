@@ -8,10 +8,11 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::*;
-use mailstream::audience::{self, Subscriber};
-use mailstream::resend::emulator::EmulatorConfig;
+use mailstream::emulator::EmulatorConfig;
+use mailstream::kick;
 use mailstream::scripts::{self, Claim, NewDelivery};
 use mailstream::sender::idempotency_key;
+use mailstream::subscribers::{self, Subscriber};
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -41,15 +42,15 @@ async fn concurrent_kicks_enqueue_once() {
     let (a, b, c, d) = tokio::join!(
         world.kick(),
         world.kick(),
-        audience::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
-        audience::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
+        kick::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
+        kick::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
     );
     let (c, d) = (c.unwrap(), d.unwrap());
     assert_eq!(a.new + b.new + c.new + d.new, 500);
     assert_eq!(a.duplicates + b.duplicates + c.duplicates + d.duplicates, 3 * 500);
     assert_eq!(world.counts().await.enqueued, 500);
     // A different period is a different delivery.
-    let next = audience::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    let next = kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
     assert_eq!(next.new, 500);
 }
 
@@ -60,7 +61,7 @@ async fn targets_and_eligibility_shape_the_fan_out() {
     subs[0].targets = vec!["t1".into(), "t2".into(), "t3".into()];
     subs[1].entitled = false;
     subs[2].subscribed = false;
-    audience::upsert(&world.store, &subs).await.unwrap();
+    subscribers::upsert(&world.store, &subs).await.unwrap();
     let report = world.kick().await;
     assert_eq!((report.new, report.not_eligible), (4, 2), "three targets plus one plain subscriber");
 }
@@ -122,7 +123,7 @@ async fn entitlement_revoked_between_kick_and_send_is_skipped() {
     // Between the kick and the send: one plan cancelled, one unsubscribe, one account deleted.
     subs[0].entitled = false;
     subs[1].subscribed = false;
-    audience::upsert(&world.store, &subs[..2]).await.unwrap();
+    subscribers::upsert(&world.store, &subs[..2]).await.unwrap();
     let mut conn = world.store.conn().await.unwrap();
     let p = world.store.keys.partition_of(&subs[2].id);
     let _: () =
@@ -181,7 +182,7 @@ async fn an_invalid_address_fails_only_its_own_delivery() {
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let mut subs: Vec<Subscriber> = (0..20).map(subscriber).collect();
     subs[7].email = "someone@example.com".into(); // Resend refuses example.com with 422
-    audience::upsert(&world.store, &subs).await.unwrap();
+    subscribers::upsert(&world.store, &subs).await.unwrap();
     world.kick().await;
     let daemon = world.daemon();
     let counts = world.settled(SETTLE).await;

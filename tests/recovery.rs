@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
+use mailstream::emulator::{EmulatorConfig, Faults};
+use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::redis_server::RedisOptions;
-use mailstream::resend::emulator::{EmulatorConfig, Faults};
-use mailstream::scripts::{
-    self, Claim, Member, NewDelivery, Outcome, Reschedule, SealMember, SealRequest, Settlement, Settler,
-};
+use mailstream::resend::ErrorName;
+use mailstream::scripts::{self, Claim, NewDelivery, Reschedule, SealRequest, Settlement, Settler, Verdict};
+use mailstream::work::{DeliveryRef, Ready};
 use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;
 
@@ -27,7 +28,7 @@ fn quick(c: &mut Config) {
 }
 
 /// Freezes the daemon at `point` the first time it is reached; `reached` is notified.
-fn freeze_at(point: &'static str, reached: Arc<Notify>, release: Option<Arc<Notify>>) -> Failpoints {
+fn freeze_at(point: Failpoint, reached: Arc<Notify>, release: Option<Arc<Notify>>) -> Failpoints {
     let fired = Arc::new(AtomicBool::new(false));
     Failpoints::new(move |name| -> Hold {
         if name != point || fired.swap(true, Ordering::SeqCst) {
@@ -46,7 +47,7 @@ fn freeze_at(point: &'static str, reached: Arc<Notify>, release: Option<Arc<Noti
 
 /// Runs a daemon that crashes at `point` (its tasks are aborted, as by kill -9),
 /// then a fresh one; every delivery must be sent exactly once.
-async fn crash_and_recover(point: &'static str) -> mailstream::resend::emulator::Stats {
+async fn crash_and_recover(point: Failpoint) -> mailstream::emulator::Stats {
     let mut world = World::with(RedisOptions::default(), quick).await;
     let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
     world.subscribers(250).await;
@@ -62,10 +63,10 @@ async fn crash_and_recover(point: &'static str) -> mailstream::resend::emulator:
     let survivor = world.daemon();
     let counts = world.settled(SETTLE).await;
     survivor.stop().await;
-    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (250, 0, 0), "at {point}");
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (250, 0, 0), "at {point:?}");
     let stats = emulator.stats();
-    assert_eq!(stats.emails_accepted, 250, "one real send per delivery, crash at {point}");
-    assert_eq!(stats.duplicate_sends, 0, "crash at {point}");
+    assert_eq!(stats.emails_accepted, 250, "one real send per delivery, crash at {point:?}");
+    assert_eq!(stats.duplicate_sends, 0, "crash at {point:?}");
     let sends = emulator.sends_matching(PERIOD);
     assert_eq!(sends.len(), 250);
     assert!(sends.values().all(|&n| n == 1));
@@ -74,18 +75,18 @@ async fn crash_and_recover(point: &'static str) -> mailstream::resend::emulator:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_after_claim_before_seal() {
-    crash_and_recover("claimed").await;
+    crash_and_recover(Failpoint::Claimed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_between_seal_and_send() {
-    let stats = crash_and_recover("sealed").await;
+    let stats = crash_and_recover(Failpoint::Sealed).await;
     assert_eq!(stats.replays, 0, "the sealed batch never left, so its resend is its first send");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crash_between_send_and_settle() {
-    let stats = crash_and_recover("answered").await;
+    let stats = crash_and_recover(Failpoint::Answered).await;
     assert!(stats.replays >= 1, "the taker resent the sealed bytes with the sealed key, and got a replay");
 }
 
@@ -93,11 +94,11 @@ async fn crash_between_send_and_settle() {
 async fn crash_after_settle() {
     // There is no "settled but not acknowledged" window: seal acknowledged the stream
     // entries, and settle deleted the batch in the same step that recorded its outcome.
-    crash_and_recover("settled").await;
+    crash_and_recover(Failpoint::Settled).await;
 }
 
 /// Claims and seals one batch of `n` deliveries in partition 0 as `owner`.
-async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<Member>) {
+async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<DeliveryRef>) {
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
     let items: Vec<NewDelivery> =
@@ -113,10 +114,10 @@ async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<Memb
             )
         })
         .collect();
-    let members: Vec<SealMember<'_>> = items
+    let members: Vec<Ready> = items
         .iter()
-        .zip(&json)
-        .map(|(d, j)| SealMember { entry: "0-1", delivery: &d.id, campaign: CAMPAIGN, period: PERIOD, json: j })
+        .zip(json)
+        .map(|(d, json)| Ready { entry: "0-1".into(), delivery: delivery_ref(&d.id), json })
         .collect();
     let req = SealRequest {
         partition: 0,
@@ -129,11 +130,16 @@ async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<Memb
     };
     let sealed = scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
-    let members = items
-        .iter()
-        .map(|d| Member { delivery: d.id.clone(), campaign: CAMPAIGN.into(), period: PERIOD.into() })
-        .collect();
+    let members = items.iter().map(|d| delivery_ref(&d.id)).collect();
     ("B1".into(), members)
+}
+
+fn delivery_ref(id: &str) -> DeliveryRef {
+    DeliveryRef { id: id.into(), campaign: CAMPAIGN.into(), period: PERIOD.into() }
+}
+
+fn settlements(members: &[DeliveryRef], verdict: Verdict) -> Vec<Settlement<'_>> {
+    members.iter().map(|m| Settlement { member: m, verdict: verdict.clone() }).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,21 +153,20 @@ async fn a_slow_holder_cannot_overwrite_the_new_holders_result() {
     // The new holder takes the batch over, resends, and settles the provider's answer.
     let taken = scripts::take(&mut conn, keys, 0, &batch, "new", 60_000, 3_600_000).await.unwrap();
     assert!(matches!(&taken, scripts::Take::Take { key, maybe_sent: true, .. } if key == "mailstream-B1"), "{taken:?}");
-    let sent: Vec<Settlement<'_>> =
-        members.iter().map(|m| Settlement { member: m, outcome: Outcome::Sent, detail: "re_new" }).collect();
+    let sent = settlements(&members, Verdict::Sent("re_new".into()));
     let recorded = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3_600_000).await.unwrap();
     assert_eq!(recorded, vec![Some(Outcome::Sent); 3]);
 
     // The slow holder wakes up with a different story: neither its retry nor its
     // verdict changes anything.
-    let retry = Reschedule { delay_ms: 10, count_attempt: true, maybe_sent: true, error: "timeout" };
+    let timeout = Reason::Provider(ErrorName::Timeout);
+    let retry = Reschedule { delay_ms: 10, count_attempt: true, maybe_sent: true, error: timeout.clone() };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "slow", &retry).await.unwrap(), None);
-    let failed: Vec<Settlement<'_>> =
-        members.iter().map(|m| Settlement { member: m, outcome: Outcome::Failed, detail: "timeout" }).collect();
+    let failed = settlements(&members, Verdict::Failed(timeout));
     let by = Settler::Holder("slow");
     assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 3]);
     for m in &members {
-        let d = delivery(&world.store, &m.delivery).await;
+        let d = delivery(&world.store, &m.id).await;
         assert_eq!((d["state"].as_str(), d["provider_id"].as_str()), ("sent", "re_new"));
     }
     let counts = world.counts().await;
@@ -180,13 +185,15 @@ async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
         scripts::take(&mut conn, keys, 0, &batch, "new", 1, 3_600_000).await.unwrap(),
         scripts::Take::Take { .. }
     ));
-    let timeout = Reschedule { delay_ms: 60_000, count_attempt: true, maybe_sent: true, error: "timeout" };
+    let timeout = Reschedule {
+        delay_ms: 60_000,
+        count_attempt: true,
+        maybe_sent: true,
+        error: Reason::Provider(ErrorName::Timeout),
+    };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "new", &timeout).await.unwrap(), Some(1));
     // The old holder, which only ever saw connection refusals, gives up: refused.
-    let failed: Vec<Settlement<'_>> = members
-        .iter()
-        .map(|m| Settlement { member: m, outcome: Outcome::Failed, detail: "connection_failed" })
-        .collect();
+    let failed = settlements(&members, Verdict::Failed(Reason::Provider(ErrorName::ConnectionFailed)));
     let by = Settler::Holder("slow");
     assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 2]);
     // The holder gives up the same way: recorded as outcome_unknown, not failed, so no
@@ -209,7 +216,7 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let again = scripts::claim(&mut conn, keys, 0, &["d1"], "new", 60_000).await.unwrap();
     assert!(matches!(&again[0], Claim::Claimed(c) if c.attempts == 2));
-    let member = SealMember { entry: "0-1", delivery: "d1", campaign: CAMPAIGN, period: PERIOD, json: "{}" };
+    let member = Ready { entry: "0-1".into(), delivery: delivery_ref("d1"), json: "{}".into() };
     let req = |batch, owner| SealRequest {
         partition: 0,
         batch,
@@ -257,7 +264,7 @@ async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
     assert!(unknown.iter().all(|u| u.error == "idempotency_window_passed" && u.state_now == "outcome_unknown"));
     // The operator checked in Resend: not delivered. Requeueing needs saying so.
     let refused = mailstream::dead_letters::retry(&world.store, &[unknown[0].delivery.clone()], false).await.unwrap();
-    assert_eq!(refused[0].1, "outcome_unknown");
+    assert_eq!(refused[0].1, Requeue::Refused(DeliveryState::Done(Outcome::OutcomeUnknown)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -323,7 +330,7 @@ async fn a_fatal_answer_is_one_attempt_and_a_dead_letter() {
     // After fixing the key, the operator requeues them and they go out.
     let ids: Vec<String> = dead.iter().map(|d| d.delivery.clone()).collect();
     let results = mailstream::dead_letters::retry(&world.store, &ids, false).await.unwrap();
-    assert!(results.iter().all(|(_, r)| r == "requeued"));
+    assert!(results.iter().all(|(_, r)| *r == Requeue::Requeued));
     world.config.resend.api_key = Some(mailstream::config::Secret::new("re_the_right_one"));
     let daemon = world.daemon();
     let store = world.store.clone();

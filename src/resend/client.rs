@@ -9,7 +9,7 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde::Deserialize;
 
-use super::error::{ProviderError, local};
+use super::error::{ErrorName, ProviderError};
 use crate::config::Secret;
 
 /// The User-Agent every request carries (Resend answers 403 without one).
@@ -85,7 +85,7 @@ impl Client {
         if (200..300).contains(&status) {
             match parse_batch_success(&bytes, count) {
                 Some(items) => Ok(BatchAccepted { items, rate }),
-                None => Err((ProviderError::local(local::UNEXPECTED, true), rate)),
+                None => Err((ProviderError::local(ErrorName::UnexpectedResponse, true), rate)),
             }
         } else {
             let body: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
@@ -111,11 +111,11 @@ pub fn install_crypto_provider() {
 
 fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {
-        ProviderError::local(local::TIMEOUT, true)
+        ProviderError::local(ErrorName::Timeout, true)
     } else if e.is_connect() {
-        ProviderError::local(local::CONNECT, false)
+        ProviderError::local(ErrorName::ConnectionFailed, false)
     } else {
-        ProviderError::local(local::TRANSPORT, true)
+        ProviderError::local(ErrorName::ConnectionError, true)
     }
 }
 

@@ -28,52 +28,179 @@ impl Action {
     }
 }
 
-/// Names mailstream gives to failures that never reached a Resend answer.
-pub mod local {
+/// Every error name Resend documents, the names mailstream gives to failures
+/// that never reached an answer, `http_<status>` for an answer without a usable
+/// name, and whatever else Resend may add (kept as text, labelled `other`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum ErrorName {
+    InvalidIdempotencyKey,
+    ValidationError,
+    MissingApiKey,
+    RestrictedApiKey,
+    InvalidApiKey,
+    NotFound,
+    MethodNotAllowed,
+    InvalidIdempotentRequest,
+    ConcurrentIdempotentRequests,
+    InvalidAttachment,
+    InvalidFromAddress,
+    InvalidAccess,
+    InvalidParameter,
+    InvalidRegion,
+    MissingRequiredField,
+    RateLimitExceeded,
+    DailyQuotaExceeded,
+    MonthlyQuotaExceeded,
+    SecurityError,
+    ApplicationError,
+    InternalServerError,
     /// The request did not complete within `resend.timeout_seconds`.
-    pub const TIMEOUT: &str = "timeout";
+    Timeout,
     /// No connection could be made: nothing was sent.
-    pub const CONNECT: &str = "connection_failed";
+    ConnectionFailed,
     /// The connection broke after the request may have been written.
-    pub const TRANSPORT: &str = "connection_error";
+    ConnectionError,
     /// A 2xx answer that could not be matched to the request.
-    pub const UNEXPECTED: &str = "unexpected_response";
+    UnexpectedResponse,
+    /// An answer with this status and no usable name.
+    Http(u16),
+    /// A name Resend did not document when this was written.
+    Other(String),
 }
 
-/// Decides the action for an error `name` (if the body had one) and `status`.
-pub fn classify(name: Option<&str>, status: Option<u16>, message: &str) -> Action {
+impl ErrorName {
+    const KNOWN: [ErrorName; 25] = [
+        ErrorName::InvalidIdempotencyKey,
+        ErrorName::ValidationError,
+        ErrorName::MissingApiKey,
+        ErrorName::RestrictedApiKey,
+        ErrorName::InvalidApiKey,
+        ErrorName::NotFound,
+        ErrorName::MethodNotAllowed,
+        ErrorName::InvalidIdempotentRequest,
+        ErrorName::ConcurrentIdempotentRequests,
+        ErrorName::InvalidAttachment,
+        ErrorName::InvalidFromAddress,
+        ErrorName::InvalidAccess,
+        ErrorName::InvalidParameter,
+        ErrorName::InvalidRegion,
+        ErrorName::MissingRequiredField,
+        ErrorName::RateLimitExceeded,
+        ErrorName::DailyQuotaExceeded,
+        ErrorName::MonthlyQuotaExceeded,
+        ErrorName::SecurityError,
+        ErrorName::ApplicationError,
+        ErrorName::InternalServerError,
+        ErrorName::Timeout,
+        ErrorName::ConnectionFailed,
+        ErrorName::ConnectionError,
+        ErrorName::UnexpectedResponse,
+    ];
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            ErrorName::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ErrorName::ValidationError => "validation_error",
+            ErrorName::MissingApiKey => "missing_api_key",
+            ErrorName::RestrictedApiKey => "restricted_api_key",
+            ErrorName::InvalidApiKey => "invalid_api_key",
+            ErrorName::NotFound => "not_found",
+            ErrorName::MethodNotAllowed => "method_not_allowed",
+            ErrorName::InvalidIdempotentRequest => "invalid_idempotent_request",
+            ErrorName::ConcurrentIdempotentRequests => "concurrent_idempotent_requests",
+            ErrorName::InvalidAttachment => "invalid_attachment",
+            ErrorName::InvalidFromAddress => "invalid_from_address",
+            ErrorName::InvalidAccess => "invalid_access",
+            ErrorName::InvalidParameter => "invalid_parameter",
+            ErrorName::InvalidRegion => "invalid_region",
+            ErrorName::MissingRequiredField => "missing_required_field",
+            ErrorName::RateLimitExceeded => "rate_limit_exceeded",
+            ErrorName::DailyQuotaExceeded => "daily_quota_exceeded",
+            ErrorName::MonthlyQuotaExceeded => "monthly_quota_exceeded",
+            ErrorName::SecurityError => "security_error",
+            ErrorName::ApplicationError => "application_error",
+            ErrorName::InternalServerError => "internal_server_error",
+            ErrorName::Timeout => "timeout",
+            ErrorName::ConnectionFailed => "connection_failed",
+            ErrorName::ConnectionError => "connection_error",
+            ErrorName::UnexpectedResponse => "unexpected_response",
+            ErrorName::Http(status) => HTTP_NAMES.get(usize::from(*status)).map_or("http_other", |s| s.as_str()),
+            ErrorName::Other(name) => name,
+        }
+    }
+
+    /// A bounded metric label: an undocumented name is `other`.
+    pub fn label(&self) -> &str {
+        match self {
+            ErrorName::Other(_) => "other",
+            known => known.as_str(),
+        }
+    }
+
+    /// The name `s` (as Resend wrote it, or as stored in Redis).
+    pub fn parse(s: &str) -> ErrorName {
+        if let Some(known) = ErrorName::KNOWN.into_iter().find(|n| n.as_str() == s) {
+            return known;
+        }
+        match s.strip_prefix("http_").and_then(|n| n.parse::<u16>().ok()) {
+            Some(status) if (100..600).contains(&status) => ErrorName::Http(status),
+            _ => ErrorName::Other(s.to_string()),
+        }
+    }
+
+    /// The name of an error answer: its body's name if it is short and plain, else `http_<status>`.
+    pub fn from_answer(name: Option<&str>, status: u16) -> ErrorName {
+        match name {
+            Some(n) if !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
+                ErrorName::parse(n)
+            }
+            _ => ErrorName::Http(status),
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `http_100` … `http_599`, built once so `as_str` can lend them.
+static HTTP_NAMES: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| (0..600).map(|s| format!("http_{s}")).collect());
+
+/// Decides the action for an error `name` and `status` (the message only tells
+/// whether a `validation_error` is about the sender).
+pub fn classify(name: &ErrorName, status: Option<u16>, message: &str) -> Action {
+    use ErrorName as N;
     match name {
-        Some(
-            "rate_limit_exceeded"
-            | "application_error"
-            | "internal_server_error"
-            | "concurrent_idempotent_requests"
-            | local::TIMEOUT
-            | local::CONNECT
-            | local::TRANSPORT,
-        ) => Action::Retryable,
-        Some("daily_quota_exceeded" | "monthly_quota_exceeded") => Action::QuotaExhausted,
-        Some("invalid_from_address") => Action::SenderRejected,
-        Some("validation_error") if status == Some(403) || is_about_sender(message) => Action::SenderRejected,
-        Some(
-            "validation_error"
-            | "invalid_idempotency_key"
-            | "invalid_idempotent_request"
-            | "missing_api_key"
-            | "restricted_api_key"
-            | "invalid_api_key"
-            | "not_found"
-            | "method_not_allowed"
-            | "invalid_attachment"
-            | "invalid_access"
-            | "invalid_parameter"
-            | "invalid_region"
-            | "missing_required_field"
-            | "security_error"
-            | local::UNEXPECTED,
-        ) => Action::Fatal,
+        N::RateLimitExceeded
+        | N::ApplicationError
+        | N::InternalServerError
+        | N::ConcurrentIdempotentRequests
+        | N::Timeout
+        | N::ConnectionFailed
+        | N::ConnectionError => Action::Retryable,
+        N::DailyQuotaExceeded | N::MonthlyQuotaExceeded => Action::QuotaExhausted,
+        N::InvalidFromAddress => Action::SenderRejected,
+        N::ValidationError if status == Some(403) || is_about_sender(message) => Action::SenderRejected,
+        N::ValidationError
+        | N::InvalidIdempotencyKey
+        | N::InvalidIdempotentRequest
+        | N::MissingApiKey
+        | N::RestrictedApiKey
+        | N::InvalidApiKey
+        | N::NotFound
+        | N::MethodNotAllowed
+        | N::InvalidAttachment
+        | N::InvalidAccess
+        | N::InvalidParameter
+        | N::InvalidRegion
+        | N::MissingRequiredField
+        | N::SecurityError
+        | N::UnexpectedResponse => Action::Fatal,
         // Unknown or missing names: only the status can tell.
-        _ => match status {
+        N::Http(_) | N::Other(_) => match status {
             Some(429) | Some(500..=599) => Action::Retryable,
             _ => Action::Fatal,
         },
@@ -91,55 +218,44 @@ fn is_about_sender(message: &str) -> bool {
 #[error("{name} ({}, status {status:?})", action.as_str())]
 pub struct ProviderError {
     pub action: Action,
-    /// Resend's error name, or one of [`local`]'s. Bounded: safe as a metric label.
-    pub name: String,
+    /// Resend's error name, or one of mailstream's for failures without an answer.
+    pub name: ErrorName,
     pub status: Option<u16>,
     /// From `retry-after` (or `ratelimit-reset` on a 429).
     pub retry_after: Option<Duration>,
-    /// Whether the provider may have processed the request (so a resend must reuse the key).
+    /// Whether the provider may have processed the request (so a resend must reuse the key):
+    /// a 5xx may come after the email left; any other answer is about this request.
     pub maybe_sent: bool,
 }
 
 impl ProviderError {
     /// An error answered by Resend with a JSON body (or without one).
     pub fn from_response(status: u16, name: Option<&str>, message: &str, retry_after: Option<Duration>) -> Self {
-        let action = classify(name, Some(status), message);
+        let name = ErrorName::from_answer(name, status);
         ProviderError {
-            action,
-            name: bounded_name(name, status),
+            action: classify(&name, Some(status), message),
+            maybe_sent: status >= 500 || name == ErrorName::ConcurrentIdempotentRequests,
+            name,
             status: Some(status),
             retry_after,
-            // A 5xx may come after the email left; anything else is an answer about this request.
-            maybe_sent: status >= 500 || name == Some("concurrent_idempotent_requests"),
         }
     }
 
     /// A failure with no answer from Resend.
-    pub fn local(name: &'static str, maybe_sent: bool) -> Self {
-        ProviderError {
-            action: classify(Some(name), None, ""),
-            name: name.to_string(),
-            status: None,
-            retry_after: None,
-            maybe_sent,
-        }
-    }
-}
-
-/// Error names become metric labels and log fields: keep them short and plain, or
-/// fall back to `http_<status>`.
-fn bounded_name(name: Option<&str>, status: u16) -> String {
-    match name {
-        Some(n) if !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
-            n.to_string()
-        }
-        _ => format!("http_{status}"),
+    pub fn local(name: ErrorName, maybe_sent: bool) -> Self {
+        ProviderError { action: classify(&name, None, ""), name, status: None, retry_after: None, maybe_sent }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Classifies as an answer would: a name if there is one, else only the status.
+    fn class(name: Option<&str>, status: Option<u16>, message: &str) -> Action {
+        let name = name.map_or(ErrorName::Http(status.unwrap_or(0)), ErrorName::parse);
+        classify(&name, status, message)
+    }
 
     /// Every (status, name) of RESEND.md's table, and what it must become.
     #[test]
@@ -171,52 +287,63 @@ mod tests {
             (500, "internal_server_error", Action::Retryable),
         ];
         for &(status, name, want) in table {
-            assert_eq!(classify(Some(name), Some(status), "x"), want, "{status} {name}");
+            assert_eq!(class(Some(name), Some(status), "x"), want, "{status} {name}");
         }
     }
 
     #[test]
     fn name_wins_over_status() {
         // A known fatal name under a 5xx stays fatal; a retryable name under 400 stays retryable.
-        assert_eq!(classify(Some("invalid_api_key"), Some(503), ""), Action::Fatal);
-        assert_eq!(classify(Some("rate_limit_exceeded"), Some(400), ""), Action::Retryable);
+        assert_eq!(class(Some("invalid_api_key"), Some(503), ""), Action::Fatal);
+        assert_eq!(class(Some("rate_limit_exceeded"), Some(400), ""), Action::Retryable);
     }
 
     #[test]
     fn validation_error_about_the_sender() {
         let msg = "The `from` field must be a valid email address";
-        assert_eq!(classify(Some("validation_error"), Some(422), msg), Action::SenderRejected);
+        assert_eq!(class(Some("validation_error"), Some(422), msg), Action::SenderRejected);
         let msg = "The acme.example domain is not verified.";
-        assert_eq!(classify(Some("validation_error"), Some(422), msg), Action::SenderRejected);
+        assert_eq!(class(Some("validation_error"), Some(422), msg), Action::SenderRejected);
         let msg = "The `to` field is missing.";
-        assert_eq!(classify(Some("validation_error"), Some(422), msg), Action::Fatal);
+        assert_eq!(class(Some("validation_error"), Some(422), msg), Action::Fatal);
     }
 
     #[test]
     fn unknown_names_fall_back_to_status() {
-        assert_eq!(classify(Some("brand_new_error"), Some(429), ""), Action::Retryable);
-        assert_eq!(classify(Some("brand_new_error"), Some(502), ""), Action::Retryable);
-        assert_eq!(classify(Some("brand_new_error"), Some(418), ""), Action::Fatal);
-        assert_eq!(classify(Some("brand_new_error"), None, ""), Action::Fatal);
-        assert_eq!(classify(None, Some(503), ""), Action::Retryable);
-        assert_eq!(classify(None, Some(400), ""), Action::Fatal);
-        assert_eq!(classify(None, None, ""), Action::Fatal);
+        assert_eq!(class(Some("brand_new_error"), Some(429), ""), Action::Retryable);
+        assert_eq!(class(Some("brand_new_error"), Some(502), ""), Action::Retryable);
+        assert_eq!(class(Some("brand_new_error"), Some(418), ""), Action::Fatal);
+        assert_eq!(class(Some("brand_new_error"), None, ""), Action::Fatal);
+        assert_eq!(class(None, Some(503), ""), Action::Retryable);
+        assert_eq!(class(None, Some(400), ""), Action::Fatal);
+        assert_eq!(class(None, None, ""), Action::Fatal);
     }
 
     #[test]
     fn local_failures_are_retryable() {
-        for name in [local::TIMEOUT, local::CONNECT, local::TRANSPORT] {
+        for name in [ErrorName::Timeout, ErrorName::ConnectionFailed, ErrorName::ConnectionError] {
             assert_eq!(ProviderError::local(name, true).action, Action::Retryable);
         }
-        assert_eq!(ProviderError::local(local::UNEXPECTED, true).action, Action::Fatal);
+        assert_eq!(ProviderError::local(ErrorName::UnexpectedResponse, true).action, Action::Fatal);
     }
 
     #[test]
     fn names_stay_bounded() {
         let e = ProviderError::from_response(502, Some("<html>Bad Gateway</html>"), "", None);
-        assert_eq!(e.name, "http_502");
+        assert_eq!(e.name, ErrorName::Http(502));
+        assert_eq!(e.name.as_str(), "http_502");
         assert!(e.maybe_sent);
         let e = ProviderError::from_response(422, Some("validation_error"), "", None);
         assert!(!e.maybe_sent);
+    }
+
+    #[test]
+    fn names_round_trip_and_unknown_ones_are_labelled_other() {
+        for name in ErrorName::KNOWN {
+            assert_eq!(ErrorName::parse(name.as_str()), name);
+        }
+        assert_eq!(ErrorName::parse("http_503"), ErrorName::Http(503));
+        let new = ErrorName::parse("brand_new_error");
+        assert_eq!((new.as_str(), new.label()), ("brand_new_error", "other"));
     }
 }

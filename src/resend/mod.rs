@@ -1,9 +1,8 @@
-//! Talking to Resend: the client, the classification of its errors, and the
-//! local emulator that stands in for it in the demo, the tests and benchmarks.
+//! Talking to Resend: the client and the classification of its errors. (The
+//! local stand-in for Resend is the `emulator` module.)
 
 pub mod client;
-pub mod emulator;
 pub mod error;
 
 pub use client::{BatchAccepted, Client, ItemResult, RateHeaders};
-pub use error::{Action, ProviderError};
+pub use error::{Action, ErrorName, ProviderError};

@@ -7,13 +7,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use mailstream::audience::{self, Subscriber};
 use mailstream::config::{Config, Secret};
+use mailstream::emulator::{Emulator, EmulatorConfig};
+use mailstream::kick;
 use mailstream::metrics::Metrics;
 use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::resend::emulator::{Emulator, EmulatorConfig};
 use mailstream::shutdown::{self, Trigger};
 use mailstream::store::{Counts, Store};
+use mailstream::subscribers::{self, Subscriber};
 use mailstream::{Listeners, RunOptions};
 use tokio::task::JoinHandle;
 
@@ -65,12 +66,12 @@ impl World {
     /// Writes `n` subscribers `user-000000..` with resend.dev addresses, one target each.
     pub async fn subscribers(&self, n: usize) -> Vec<Subscriber> {
         let subs: Vec<Subscriber> = (0..n).map(subscriber).collect();
-        audience::upsert(&self.store, &subs).await.expect("upsert");
+        subscribers::upsert(&self.store, &subs).await.expect("upsert");
         subs
     }
 
-    pub async fn kick(&self) -> audience::KickReport {
-        audience::kick_registry(&self.store, &self.config, CAMPAIGN, PERIOD).await.expect("kick")
+    pub async fn kick(&self) -> kick::KickReport {
+        kick::kick_registry(&self.store, &self.config, CAMPAIGN, PERIOD).await.expect("kick")
     }
 
     pub async fn counts(&self) -> Counts {

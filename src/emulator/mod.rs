@@ -1,0 +1,386 @@
+//! A local Resend: `POST /emails` and `POST /emails/batch` with Resend's shapes
+//! and rules, injectable faults, and counters that tests and benchmarks read
+//! from `GET /_emulator/stats`. Nothing here reaches the network. Each concern
+//! has a room: the rate window, the idempotency store, faults, validation.
+
+pub mod faults;
+pub mod idempotency;
+pub mod rate;
+pub mod validate;
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use self::faults::FaultState;
+pub use self::faults::{Faults, Storm};
+use self::idempotency::{IdempotencyStore, Lookup};
+use self::rate::{RateInfo, SlidingWindow};
+use self::validate::ApiError;
+use crate::http::{self, HttpRequest, HttpResponse};
+use crate::id::new_uuid;
+
+/// How the emulator behaves.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmulatorConfig {
+    /// Team-wide requests per sliding second; more are answered 429. `None`: no limit.
+    pub requests_per_second: Option<u32>,
+    /// When set, only this API key is accepted; otherwise any key that looks like
+    /// a Resend key (`re_…`). Others get 403 `invalid_api_key`.
+    pub api_key: Option<String>,
+    /// Seed for fault injection, so a faulty run can be replayed.
+    pub seed: u64,
+    pub faults: Faults,
+}
+
+impl Default for EmulatorConfig {
+    fn default() -> Self {
+        EmulatorConfig { requests_per_second: Some(10), api_key: None, seed: 1, faults: Faults::default() }
+    }
+}
+
+/// The counters `GET /_emulator/stats` returns.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Stats {
+    /// Every request to a sending endpoint, answered or not.
+    pub requests: u64,
+    /// Emails accepted for sending (replays excluded): the real sends.
+    pub emails_accepted: u64,
+    /// Real sends of a (recipient, subject) that had already been sent once.
+    pub duplicate_sends: u64,
+    /// Distinct (recipient, subject) pairs sent.
+    pub distinct_sends: u64,
+    /// Requests answered 429 `rate_limit_exceeded`.
+    pub rate_limited: u64,
+    /// The most requests seen in any sliding second.
+    pub max_requests_in_1s: u64,
+    /// Keyed requests answered from the idempotency store.
+    pub replays: u64,
+    /// 409 `invalid_idempotent_request` answers (same key, different body).
+    pub idempotency_mismatches: u64,
+    /// 409 `concurrent_idempotent_requests` answers.
+    pub concurrent_conflicts: u64,
+    /// Answers refused by permissive validation, counted per email.
+    pub invalid_emails: u64,
+    /// Injected faults, by kind.
+    pub injected_server_errors: u64,
+    pub injected_hangs: u64,
+    pub quota_refusals: u64,
+}
+
+/// One request as the emulator saw it (kept for tests and benchmarks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seen {
+    pub idempotency_key: Option<String>,
+    /// Emails in the body (0 when it was not a JSON array or object).
+    pub emails: usize,
+    pub status: u16,
+}
+
+/// Requests remembered by [`Emulator::seen`]; older ones are forgotten.
+const SEEN_LIMIT: usize = 100_000;
+
+struct Inner {
+    stats: Stats,
+    seen: VecDeque<Seen>,
+    window: SlidingWindow,
+    idempotency: IdempotencyStore,
+    faults: FaultState,
+    /// Real sends per (recipient, subject).
+    sends: HashMap<(String, String), u32>,
+    rng: StdRng,
+}
+
+/// A Resend emulator. Clone it to share state (a restart keeps the idempotency store).
+#[derive(Clone)]
+pub struct Emulator {
+    config: Arc<EmulatorConfig>,
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Emulator {
+    pub fn new(config: EmulatorConfig) -> Emulator {
+        Emulator {
+            inner: Arc::new(Mutex::new(Inner {
+                stats: Stats::default(),
+                seen: VecDeque::new(),
+                window: SlidingWindow::default(),
+                idempotency: IdempotencyStore::default(),
+                faults: FaultState::new(Instant::now()),
+                sends: HashMap::new(),
+                rng: StdRng::seed_from_u64(config.seed),
+            })),
+            config: Arc::new(config),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().expect("emulator lock")
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> Stats {
+        let inner = self.lock();
+        Stats { max_requests_in_1s: inner.window.max_in_1s, ..inner.stats.clone() }
+    }
+
+    /// Starts a new quota window now (the provider's daily quota renewed).
+    pub fn renew_quota(&self) {
+        self.lock().faults.renew(Instant::now());
+    }
+
+    /// The requests seen so far to the sending endpoints, oldest first.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.lock().seen.iter().cloned().collect()
+    }
+
+    /// Real sends of each recipient for subjects containing `needle` (a period, say).
+    pub fn sends_matching(&self, needle: &str) -> HashMap<String, u32> {
+        let inner = self.lock();
+        let mut out = HashMap::new();
+        for ((to, subject), n) in &inner.sends {
+            if subject.contains(needle) {
+                *out.entry(to.clone()).or_insert(0) += n;
+            }
+        }
+        out
+    }
+
+    /// Serves on a fresh loopback port in the background (the demo, tests and
+    /// benchmarks); returns the base URL, the trigger that stops it, and the task.
+    pub async fn spawn_local(
+        &self,
+    ) -> std::io::Result<(String, crate::shutdown::Trigger, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let (stop, down) = crate::shutdown::channel();
+        Ok((url, stop, tokio::spawn(self.clone().serve(listener, down))))
+    }
+
+    /// Serves until `shutdown`.
+    pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: crate::shutdown::Shutdown) {
+        let handler = move |req| {
+            let emulator = self.clone();
+            async move { emulator.handle(req).await }
+        };
+        http::serve(listener, handler, shutdown, Duration::from_secs(1)).await
+    }
+
+    /// Answers one request (the routes).
+    pub async fn handle(&self, req: HttpRequest) -> HttpResponse {
+        let path = req.uri().path().to_string();
+        match (req.method(), path.as_str()) {
+            (&Method::GET, "/_emulator/stats") => {
+                http::json(StatusCode::OK, &serde_json::to_value(self.stats()).expect("stats serialize"))
+            }
+            (&Method::POST, "/emails") => self.send(req, false).await,
+            (&Method::POST, "/emails/batch") => self.send(req, true).await,
+            (_, "/emails" | "/emails/batch") => {
+                ApiError::new(405, "method_not_allowed", "Method not allowed").response(None)
+            }
+            _ => ApiError::new(404, "not_found", "The requested endpoint does not exist.").response(None),
+        }
+    }
+
+    async fn send(&self, req: HttpRequest, batch: bool) -> HttpResponse {
+        let (result, rate, hang) = self.process(&req, batch);
+        self.remember(&req, &result);
+        let mut response = match result {
+            Ok(body) => http::json(StatusCode::OK, &body),
+            Err(e) => e.response(rate.retry_after),
+        };
+        rate.write(response.headers_mut());
+        if let Some(hang) = hang {
+            // The email left; the answer arrives after the client gave up.
+            tokio::time::sleep(hang).await;
+        }
+        response
+    }
+
+    /// Everything but the (async) hang, under the lock.
+    fn process(&self, req: &HttpRequest, batch: bool) -> (Result<Value, ApiError>, RateInfo, Option<Duration>) {
+        // The rate limit counts requests when their head arrives, as a provider's edge would.
+        let now = req.extensions().get::<http::Arrived>().map_or_else(Instant::now, |a| a.0);
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        inner.stats.requests += 1;
+        let mut rate = inner.window.arrive(now, self.config.requests_per_second);
+
+        if let Err(e) = validate::check_headers(req, self.config.api_key.as_deref()) {
+            return (Err(e), rate, None);
+        }
+        let faults = &self.config.faults;
+        let storm = inner.faults.in_storm(now, inner.stats.requests, faults);
+        if rate.limited || storm.is_some() {
+            inner.stats.rate_limited += 1;
+            if let Some(left) = storm {
+                rate.retry_after = Some(left.as_millis().div_ceil(1000).max(1) as u64);
+            }
+            let message = "Too many requests. You can only make a limited number of requests per second.";
+            return (Err(ApiError::new(429, "rate_limit_exceeded", message)), rate, None);
+        }
+        let key = match req.headers().get("idempotency-key").map(|v| v.to_str().map(str::to_string)) {
+            None => None,
+            Some(Ok(k)) if (1..=256).contains(&k.len()) => Some(k),
+            Some(_) => {
+                let e = ApiError::new(400, "invalid_idempotency_key", "The key must be between 1-256 chars.");
+                return (Err(e), rate, None);
+            }
+        };
+        let body = req.body().clone();
+        if let Some(key) = &key {
+            match inner.idempotency.lookup(key, &body, now) {
+                Lookup::Fresh => {}
+                Lookup::InFlight => {
+                    inner.stats.concurrent_conflicts += 1;
+                    return (Err(ApiError::concurrent()), rate, None);
+                }
+                Lookup::Replay(response) => {
+                    inner.stats.replays += 1;
+                    let value = serde_json::from_slice(&response).expect("stored JSON");
+                    return (Ok(value), rate, None);
+                }
+                Lookup::Mismatch => {
+                    inner.stats.idempotency_mismatches += 1;
+                    let message = "Same idempotency key used with a different request payload.";
+                    return (Err(ApiError::new(409, "invalid_idempotent_request", message)), rate, None);
+                }
+            }
+        }
+
+        if key.is_some() && inner.rng.random_bool(faults.concurrent.clamp(0.0, 1.0)) {
+            inner.stats.concurrent_conflicts += 1;
+            return (Err(ApiError::concurrent()), rate, None);
+        }
+        if inner.rng.random_bool(faults.server_error.clamp(0.0, 1.0)) {
+            inner.stats.injected_server_errors += 1;
+            let e = if inner.rng.random_bool(0.5) {
+                ApiError::new(500, "internal_server_error", "An unexpected error occurred.")
+            } else {
+                ApiError::new(503, "service_unavailable", "Service temporarily unavailable.")
+            };
+            return (Err(e), rate, None);
+        }
+
+        let result = inner.accept(&body, batch, req, faults, now);
+        let hang = match &result {
+            Ok(_) if inner.rng.random_bool(faults.hang.clamp(0.0, 1.0)) => {
+                inner.stats.injected_hangs += 1;
+                Some(Duration::from_millis(faults.hang_ms))
+            }
+            _ => None,
+        };
+        if let (Some(key), Ok(value)) = (key, &result) {
+            let ready_at = now + hang.unwrap_or_default();
+            inner.idempotency.store(key, body, Bytes::from(value.to_string()), now, ready_at);
+        }
+        (result, rate, hang)
+    }
+
+    fn remember(&self, req: &HttpRequest, result: &Result<Value, ApiError>) {
+        let emails = match serde_json::from_slice::<Value>(req.body()) {
+            Ok(Value::Array(items)) => items.len(),
+            Ok(Value::Object(_)) => 1,
+            _ => 0,
+        };
+        let seen = Seen {
+            idempotency_key: req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string),
+            emails,
+            status: result.as_ref().map_or_else(|e| e.status.as_u16(), |_| 200),
+        };
+        let mut inner = self.lock();
+        if inner.seen.len() == SEEN_LIMIT {
+            inner.seen.pop_front();
+        }
+        inner.seen.push_back(seen);
+    }
+}
+
+impl Inner {
+    /// Validates and "sends" a request's emails.
+    fn accept(
+        &mut self,
+        body: &[u8],
+        batch: bool,
+        req: &HttpRequest,
+        faults: &Faults,
+        now: Instant,
+    ) -> Result<Value, ApiError> {
+        let value: Value = serde_json::from_slice(body)
+            .map_err(|_| ApiError::new(400, "validation_error", "Request body is not valid JSON."))?;
+        let emails: Vec<Value> = if batch {
+            match value {
+                Value::Array(items) => items,
+                _ => return Err(ApiError::new(422, "validation_error", "The batch must be a JSON array of emails.")),
+            }
+        } else {
+            vec![value]
+        };
+        if batch && emails.len() > 100 {
+            return Err(ApiError::new(422, "validation_error", "Too many emails: a batch holds at most 100."));
+        }
+        if batch && emails.is_empty() {
+            return Err(ApiError::new(422, "validation_error", "The batch is empty."));
+        }
+        let permissive = batch
+            && req
+                .headers()
+                .get("x-batch-validation")
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"permissive"));
+
+        let checked: Vec<_> = emails.iter().map(|e| validate::email(e, batch, faults)).collect();
+        if !permissive && let Some(Err(first)) = checked.iter().find(|c| c.is_err()) {
+            return Err(ApiError::new(first.status.as_u16(), first.name, first.message.clone()));
+        }
+        let valid = checked.iter().filter(|c| c.is_ok()).count() as u64;
+        if !self.faults.take_quota(valid, now, faults) {
+            self.stats.quota_refusals += 1;
+            let message = "You have reached your daily email sending quota.";
+            return Err(ApiError::new(429, "daily_quota_exceeded", message));
+        }
+
+        let mut data = Vec::new();
+        let mut errors = Vec::new();
+        for (index, c) in checked.into_iter().enumerate() {
+            match c {
+                Ok(recipients) => {
+                    for to in recipients.to {
+                        self.record_send(to, recipients.subject.clone());
+                    }
+                    self.stats.emails_accepted += 1;
+                    data.push(json!({ "id": new_uuid() }));
+                }
+                Err(e) => {
+                    self.stats.invalid_emails += 1;
+                    errors.push(json!({ "index": index, "message": e.message }));
+                }
+            }
+        }
+        if !batch {
+            return Ok(data.pop().expect("one email"));
+        }
+        let mut out = json!({ "data": data });
+        if permissive && !errors.is_empty() {
+            out["errors"] = Value::Array(errors);
+        }
+        Ok(out)
+    }
+
+    fn record_send(&mut self, to: String, subject: String) {
+        let n = self.sends.entry((to, subject)).or_insert(0);
+        *n += 1;
+        if *n == 1 {
+            self.stats.distinct_sends += 1;
+        } else {
+            self.stats.duplicate_sends += 1;
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The states a delivery passes through, the outcomes it ends in, the reasons
+//! given and the failpoints, as enums. Strings exist only at the Redis boundary
+//! (`as_str` / `parse`), so metric labels are bounded by construction and a typo
+//! is a compile error; what an older or newer version wrote reads as `Unknown`.
+
+use std::fmt;
+
+use crate::resend::error::ErrorName;
+
+/// Where a delivery is in its life (`state` in its record).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum DeliveryState {
+    /// Enqueued, waiting for a consumer.
+    Pending,
+    /// Claimed under a lease, being resolved and rendered.
+    Processing,
+    /// In a sealed batch: the request body and key are stored.
+    Sealed,
+    /// Final.
+    Done(Outcome),
+    /// Written by another version; shown as it is, never acted on.
+    Unknown(String),
+}
+
+impl DeliveryState {
+    pub fn as_str(&self) -> &str {
+        match self {
+            DeliveryState::Pending => "pending",
+            DeliveryState::Processing => "processing",
+            DeliveryState::Sealed => "sealed",
+            DeliveryState::Done(outcome) => outcome.as_str(),
+            DeliveryState::Unknown(s) => s,
+        }
+    }
+
+    /// The state named `s` (never fails: an unknown name is kept as `Unknown`).
+    pub fn parse(s: &str) -> DeliveryState {
+        match s {
+            "pending" => DeliveryState::Pending,
+            "processing" => DeliveryState::Processing,
+            "sealed" => DeliveryState::Sealed,
+            other => {
+                Outcome::parse(other).map_or_else(|| DeliveryState::Unknown(other.to_string()), DeliveryState::Done)
+            }
+        }
+    }
+}
+
+impl fmt::Display for DeliveryState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The final state of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Sent,
+    Skipped,
+    Failed,
+    OutcomeUnknown,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [Outcome::Sent, Outcome::Skipped, Outcome::Failed, Outcome::OutcomeUnknown];
+
+    /// The outcome named `s` (as stored in a delivery's `state`).
+    pub fn parse(s: &str) -> Option<Outcome> {
+        Outcome::ALL.into_iter().find(|o| o.as_str() == s)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Sent => "sent",
+            Outcome::Skipped => "skipped",
+            Outcome::Failed => "failed",
+            Outcome::OutcomeUnknown => "outcome_unknown",
+        }
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a delivery was not sent, or why its outcome is what it is: a reason of
+/// mailstream's own, or the provider's error name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// No subscriber record (deleted since the kick).
+    UnknownSubscriber,
+    NotEntitled,
+    Unsubscribed,
+    /// The address is on the suppression list (bounced, complained).
+    Suppressed,
+    /// The campaign is no longer in the config.
+    UnknownCampaign,
+    RenderError,
+    /// Claimed too often without being sealed (a poison delivery).
+    TooManyAttempts,
+    /// The subscriber's `data` is not JSON.
+    InvalidSubscriberData,
+    /// Retried until the delivery deadline without the provider accepting it.
+    Expired,
+    /// A maybe-sent batch outlived the provider's idempotency window.
+    IdempotencyWindowPassed,
+    /// The record was gone where one was expected (a lost write, an eviction).
+    RecordLost,
+    /// A batch put back unsent (its slot moved far away).
+    Postponed,
+    /// The provider refused it, by this name.
+    Provider(ErrorName),
+}
+
+impl Reason {
+    const LOCAL: [Reason; 12] = [
+        Reason::UnknownSubscriber,
+        Reason::NotEntitled,
+        Reason::Unsubscribed,
+        Reason::Suppressed,
+        Reason::UnknownCampaign,
+        Reason::RenderError,
+        Reason::TooManyAttempts,
+        Reason::InvalidSubscriberData,
+        Reason::Expired,
+        Reason::IdempotencyWindowPassed,
+        Reason::RecordLost,
+        Reason::Postponed,
+    ];
+
+    /// The name stored in Redis and shown to operators.
+    pub fn as_str(&self) -> &str {
+        match self {
+            Reason::UnknownSubscriber => "unknown_subscriber",
+            Reason::NotEntitled => "not_entitled",
+            Reason::Unsubscribed => "unsubscribed",
+            Reason::Suppressed => "suppressed",
+            Reason::UnknownCampaign => "unknown_campaign",
+            Reason::RenderError => "render_error",
+            Reason::TooManyAttempts => "too_many_attempts",
+            Reason::InvalidSubscriberData => "invalid_subscriber_data",
+            Reason::Expired => "expired",
+            Reason::IdempotencyWindowPassed => "idempotency_window_passed",
+            Reason::RecordLost => "record_lost",
+            Reason::Postponed => "postponed",
+            Reason::Provider(name) => name.as_str(),
+        }
+    }
+
+    /// A bounded metric label (an unknown provider name becomes `other`).
+    pub fn label(&self) -> &str {
+        match self {
+            Reason::Provider(name) => name.label(),
+            other => other.as_str(),
+        }
+    }
+
+    /// The reason named `s`: one of ours, else a provider error name.
+    pub fn parse(s: &str) -> Reason {
+        Reason::LOCAL.into_iter().find(|r| r.as_str() == s).unwrap_or_else(|| Reason::Provider(ErrorName::parse(s)))
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What `dead-letters retry` did with one delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Requeue {
+    Requeued,
+    /// No such delivery (never existed, or expired).
+    Missing,
+    /// Not requeued: its state does not allow it (sent, pending, outcome_unknown without leave).
+    Refused(DeliveryState),
+}
+
+impl Requeue {
+    pub fn parse(s: &str) -> Requeue {
+        match s {
+            "requeued" => Requeue::Requeued,
+            "missing" => Requeue::Missing,
+            state => Requeue::Refused(DeliveryState::parse(state)),
+        }
+    }
+}
+
+impl fmt::Display for Requeue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Requeue::Requeued => f.write_str("requeued"),
+            Requeue::Missing => f.write_str("missing"),
+            Requeue::Refused(state) => write!(f, "not requeued: it is {state}"),
+        }
+    }
+}
+
+/// Points in a batch's life where a crash matters; tests freeze the daemon there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Failpoint {
+    /// Deliveries claimed (and rendered), not yet sealed.
+    Claimed,
+    /// A batch sealed, its request not yet sent.
+    Sealed,
+    /// The provider answered; nothing recorded yet.
+    Answered,
+    /// The answer recorded.
+    Settled,
+    /// One pass of the reclaimer's loop (the loop the watchdog follows).
+    ReclaimTick,
+}
+
+impl Failpoint {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Failpoint::Claimed => "claimed",
+            Failpoint::Sealed => "sealed",
+            Failpoint::Answered => "answered",
+            Failpoint::Settled => "settled",
+            Failpoint::ReclaimTick => "reclaim_tick",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_unknown_ones_are_kept() {
+        for s in ["pending", "processing", "sealed", "sent", "skipped", "failed", "outcome_unknown"] {
+            assert_eq!(DeliveryState::parse(s).as_str(), s);
+            assert!(!matches!(DeliveryState::parse(s), DeliveryState::Unknown(_)));
+        }
+        assert_eq!(DeliveryState::parse("teleported"), DeliveryState::Unknown("teleported".into()));
+    }
+
+    #[test]
+    fn reasons_round_trip_and_labels_stay_bounded() {
+        for r in Reason::LOCAL {
+            assert_eq!(Reason::parse(r.as_str()), r);
+        }
+        assert_eq!(Reason::parse("validation_error"), Reason::Provider(ErrorName::ValidationError));
+        let odd = Reason::parse("some_new_provider_error");
+        assert_eq!(odd.as_str(), "some_new_provider_error");
+        assert_eq!(odd.label(), "other");
+    }
+
+    #[test]
+    fn requeue_results_parse() {
+        assert_eq!(Requeue::parse("requeued"), Requeue::Requeued);
+        assert_eq!(Requeue::parse("missing"), Requeue::Missing);
+        assert_eq!(Requeue::parse("sent"), Requeue::Refused(DeliveryState::Done(Outcome::Sent)));
+    }
+}

@@ -1,0 +1,245 @@
+//! The subscriber registry: the application's subscribers in Redis (written by
+//! `mailstream subscribe` and `kick --audience`, readable with redis-cli), the
+//! record's layout in one place, and [`resolve`], the one send-time reading of
+//! a record into "send to this address" or "skip, because".
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::config::is_name;
+use crate::outcome::Reason;
+use crate::store::Store;
+
+/// Target id given to a subscriber who names none.
+pub const DEFAULT_TARGET: &str = "default";
+
+/// A subscriber as `subscribe` and `kick --audience -` take it (one NDJSON line).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Subscriber {
+    pub id: String,
+    pub email: String,
+    /// What the subscriber gets one delivery per period about (a team, a project).
+    #[serde(default)]
+    pub targets: Vec<String>,
+    /// Has the plan that includes this mail (checked again when sending).
+    #[serde(default = "yes")]
+    pub entitled: bool,
+    /// Has not unsubscribed (checked again when sending).
+    #[serde(default = "yes")]
+    pub subscribed: bool,
+    /// Free-form values for the template (`subscriber.data`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Subscriber {
+    /// Checks ids and address; the message names the field, never the address.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if !is_name(&self.id) {
+            bail!("subscriber id must be 1-128 of letters, digits, '_', '-', '.' (got {:?})", self.id);
+        }
+        let ok_email = self.email.len() <= 320
+            && self.email.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
+            && !self.email.contains(|c: char| c.is_whitespace() || c == '<' || c == '>' || c == ',');
+        if !ok_email {
+            bail!("subscriber {}: email is not a plain address", self.id);
+        }
+        if let Some(t) = self.targets.iter().find(|t| !is_name(t)) {
+            bail!("subscriber {}: target id must be 1-128 of letters, digits, '_', '-', '.' (got {t:?})", self.id);
+        }
+        Ok(())
+    }
+
+    /// A made-up subscriber for the demo, tests and benchmarks: `user-000042` at
+    /// `delivered+user-000042@resend.dev` (Resend's always-delivered test address).
+    pub fn synthetic(i: u64) -> Subscriber {
+        Subscriber {
+            id: format!("user-{i:06}"),
+            email: format!("delivered+user-{i:06}@resend.dev"),
+            targets: vec![format!("team-{}", i % 97)],
+            entitled: true,
+            subscribed: true,
+            data: None,
+        }
+    }
+
+    /// The targets, or the default one when none is named.
+    pub fn targets_or_default(&self) -> Vec<String> {
+        if self.targets.is_empty() { vec![DEFAULT_TARGET.to_string()] } else { self.targets.clone() }
+    }
+}
+
+/// Writes (upserts) subscribers into the registry, pipelined.
+pub async fn upsert(store: &Store, subscribers: &[Subscriber]) -> anyhow::Result<()> {
+    for s in subscribers {
+        s.validate()?;
+    }
+    let mut conn = store.conn().await?;
+    for chunk in subscribers.chunks(1000) {
+        let mut pipe = redis::pipe();
+        for s in chunk {
+            let p = store.keys.partition_of(&s.id);
+            let key = store.keys.subscriber(p, &s.id);
+            pipe.hset_multiple(
+                &key,
+                &[
+                    (field::EMAIL, s.email.clone()),
+                    (field::TARGETS, s.targets_or_default().join(",")),
+                    (field::ENTITLED, flag(s.entitled).to_string()),
+                    (field::SUBSCRIBED, flag(s.subscribed).to_string()),
+                ],
+            )
+            .ignore();
+            match &s.data {
+                Some(data) => pipe.hset(&key, field::DATA, serde_json::to_string(data)?).ignore(),
+                None => pipe.hdel(&key, field::DATA).ignore(),
+            };
+            pipe.sadd(store.keys.subscribers(p), &s.id).ignore();
+        }
+        let _: () = pipe.query_async(&mut conn).await.context("writing subscribers")?;
+    }
+    Ok(())
+}
+
+/// The fields of a subscriber record (`{prefix}:{p}:subscriber:<id>`, a hash).
+pub mod field {
+    pub const EMAIL: &str = "email";
+    /// Comma-separated target ids.
+    pub const TARGETS: &str = "targets";
+    /// "1" or "0".
+    pub const ENTITLED: &str = "entitled";
+    /// "1" or "0".
+    pub const SUBSCRIBED: &str = "subscribed";
+    /// A JSON object for the template.
+    pub const DATA: &str = "data";
+}
+
+/// How a yes/no field is stored.
+fn flag(on: bool) -> &'static str {
+    if on { "1" } else { "0" }
+}
+
+/// Whether a stored yes/no field says yes (anything but "1" is no).
+pub fn is_set(value: Option<&str>) -> bool {
+    value == Some("1")
+}
+
+/// The stored targets of a record (comma-separated), or the default one.
+pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
+    stored.unwrap_or(DEFAULT_TARGET).split(',').filter(|t| !t.is_empty())
+}
+
+/// The fields [`resolve`] reads, in the order of [`Row`].
+pub const RESOLVE_FIELDS: [&str; 4] = [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::DATA];
+
+/// A record as `HMGET key` + [`RESOLVE_FIELDS`] returns it.
+pub type Row = (Option<String>, Option<String>, Option<String>, Option<String>);
+
+/// What a subscriber record says about sending to it now.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolved {
+    /// Send to this address, with this data for the template.
+    Send { email: String, data: serde_json::Value },
+    /// Not wanted any more.
+    Skip(Reason),
+    /// Cannot be sent correctly (a digest without its data would be a wrong email, not a lesser one).
+    Fail(Reason),
+}
+
+/// Reads a subscriber record at send time: it exists, is entitled, is subscribed,
+/// and its data is JSON.
+pub fn resolve(row: Row) -> Resolved {
+    let (email, entitled, subscribed, data) = row;
+    let Some(email) = email else { return Resolved::Skip(Reason::UnknownSubscriber) };
+    if !is_set(entitled.as_deref()) {
+        return Resolved::Skip(Reason::NotEntitled);
+    }
+    if !is_set(subscribed.as_deref()) {
+        return Resolved::Skip(Reason::Unsubscribed);
+    }
+    match data.map(|d| serde_json::from_str::<serde_json::Value>(&d)) {
+        None => Resolved::Send { email, data: serde_json::Value::Null },
+        Some(Ok(data)) => Resolved::Send { email, data },
+        Some(Err(_)) => Resolved::Fail(Reason::InvalidSubscriberData),
+    }
+}
+
+/// Parses NDJSON subscriber records; errors name the line, never its content.
+pub fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let s: Subscriber = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("line {}: not a subscriber record ({})", n + 1, e.classify_name()))?;
+        s.validate().with_context(|| format!("line {}", n + 1))?;
+        out.push(s);
+    }
+    Ok(out)
+}
+
+/// serde_json errors quote input; this names only the kind of problem.
+trait ClassifyName {
+    fn classify_name(&self) -> &'static str;
+}
+
+impl ClassifyName for serde_json::Error {
+    fn classify_name(&self) -> &'static str {
+        match self.classify() {
+            serde_json::error::Category::Io => "unreadable",
+            serde_json::error::Category::Syntax => "invalid JSON",
+            serde_json::error::Category::Data => "missing, unknown or mistyped field",
+            serde_json::error::Category::Eof => "truncated JSON",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ndjson_records_parse_with_defaults() {
+        let text = "{\"id\":\"u1\",\"email\":\"a@b.example\"}\n\n{\"id\":\"u2\",\"email\":\"c@d.example\",\"targets\":[\"t1\",\"t2\"],\"entitled\":false}\n";
+        let subs = parse_ndjson(text).unwrap();
+        assert_eq!(subs.len(), 2);
+        assert!(subs[0].entitled && subs[0].subscribed);
+        assert_eq!(subs[0].targets_or_default(), vec![DEFAULT_TARGET]);
+        assert!(!subs[1].entitled);
+    }
+
+    #[test]
+    fn resolve_reads_the_record_at_send_time() {
+        let row = |email: Option<&str>, entitled: &str, subscribed: &str, data: Option<&str>| -> Row {
+            (email.map(Into::into), Some(entitled.into()), Some(subscribed.into()), data.map(Into::into))
+        };
+        assert_eq!(resolve((None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));
+        assert_eq!(resolve(row(Some("a@b.example"), "0", "1", None)), Resolved::Skip(Reason::NotEntitled));
+        assert_eq!(resolve(row(Some("a@b.example"), "1", "0", None)), Resolved::Skip(Reason::Unsubscribed));
+        assert_eq!(
+            resolve(row(Some("a@b.example"), "1", "1", Some("{oops"))),
+            Resolved::Fail(Reason::InvalidSubscriberData)
+        );
+        let Resolved::Send { email, data } = resolve(row(Some("a@b.example"), "1", "1", Some("{\"n\":1}"))) else {
+            panic!("sendable")
+        };
+        assert_eq!((email.as_str(), data["n"].as_i64()), ("a@b.example", Some(1)));
+    }
+
+    #[test]
+    fn bad_lines_are_named_without_their_content() {
+        let err = parse_ndjson("{\"id\":\"u1\",\"email\":\"secret@person.example\",\"oops\":1}").unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("line 1") && !msg.contains("secret@person"), "{msg}");
+        let err = parse_ndjson("{\"id\":\"u 1\",\"email\":\"a@b.example\"}").unwrap_err();
+        assert!(format!("{err:#}").contains("subscriber id"));
+        let err = parse_ndjson("{\"id\":\"u1\",\"email\":\"not-an-address\"}").unwrap_err();
+        assert!(format!("{err:#}").contains("email is not a plain address"));
+    }
+}
