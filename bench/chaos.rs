@@ -1,4 +1,5 @@
-//! `bench/chaos [--deliveries N] [--kills K] [--redis-restarts R] [--rps R] [--seed S] [--json]`:
+//! `bench/chaos [--deliveries N] [--kills K] [--redis-restarts R] [--rps R] [--seed S]
+//! [--outage-seconds S] [--pause-with-unsubscribes P] [--json]`:
 //! the chaos run (see chaos_run.rs). Exits non-zero when a delivery was sent
 //! twice, never settled, or recorded as sent without a real send.
 
@@ -16,6 +17,8 @@ fn main() -> ExitCode {
         redis_restarts: 1,
         rps: 10,
         seed: 42,
+        outage_seconds: 0,
+        pause_with_unsubscribes: 0.0,
         binary: env!("CARGO_BIN_EXE_mailstream").into(),
         verbose: true,
     };
@@ -31,6 +34,14 @@ fn main() -> ExitCode {
             "--redis-restarts" => opts.redis_restarts = value("--redis-restarts") as u32,
             "--rps" => opts.rps = value("--rps") as u32,
             "--seed" => opts.seed = value("--seed"),
+            "--outage-seconds" => opts.outage_seconds = value("--outage-seconds"),
+            "--pause-with-unsubscribes" => {
+                opts.pause_with_unsubscribes = args
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .filter(|p: &f64| (0.0..=1.0).contains(p))
+                    .unwrap_or_else(|| panic!("--pause-with-unsubscribes needs a fraction in 0..=1"))
+            }
             "--json" => json = true,
             "--bench" => {} // added by `cargo bench`
             other => {
@@ -69,8 +80,14 @@ fn main() -> ExitCode {
         report.concurrent_conflicts
     );
     println!(
-        "chaos: {} kill -9, {} redis restarts, {:.1} s",
-        report.kills, report.redis_restarts, report.elapsed_seconds
+        "chaos: {} kill -9, {} redis restarts, {} s outage, {} unsubscribed during a quota pause ({} sent after), {:.1} s in all, {:.1} s from the last kill to the last settlement",
+        report.kills,
+        report.redis_restarts,
+        report.outage_seconds,
+        report.unsubscribed_during_pause,
+        report.sent_after_unsubscribe,
+        report.elapsed_seconds,
+        report.seconds_from_last_kill_to_settled
     );
     let problems = report.problems();
     for p in &problems {

@@ -1,10 +1,12 @@
 //! The chaos run shared by `bench/chaos` and its short version in the tests:
 //! N deliveries against the emulator with 5xx, hangs and a 429 storm, while
-//! `kill -9` hits the daemon process K times (restarting it each time) and Redis
-//! (append-only) is killed and restarted once. Then it counts, from Redis and
-//! from the emulator, what was sent, failed, unknown, never settled, and sent twice.
+//! `kill -9` hits the daemon process K times (restarting it each time), Redis
+//! (append-only) is killed and restarted, Resend becomes unreachable for a
+//! while (an outage), and a quota pause during which a fraction of subscribers
+//! unsubscribe. Then it counts, from Redis and from the emulator, what was
+//! sent, failed, unknown, never settled, sent twice, or sent after an unsubscribe.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -13,9 +15,12 @@ use anyhow::Context;
 use mailstream::config::{Config, EXAMPLE, Secret};
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::kick;
+use mailstream::pause::Pause;
 use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::shutdown::Trigger;
 use mailstream::store::Store;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::work::DeliveryRef;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -27,6 +32,11 @@ pub struct ChaosOptions {
     pub redis_restarts: u32,
     pub rps: u32,
     pub seed: u64,
+    /// Resend unreachable (connection refused) for this long, once a fifth is sent.
+    pub outage_seconds: u64,
+    /// A quota pause once half is sent, during which this fraction of all subscribers
+    /// unsubscribe (0: no pause).
+    pub pause_with_unsubscribes: f64,
     /// The `mailstream` binary to run as the daemon.
     pub binary: PathBuf,
     /// Print progress lines.
@@ -42,6 +52,7 @@ pub struct ChaosReport {
     pub outcome_unknown: u64,
     pub unknown_reasons: BTreeMap<String, u64>,
     pub skipped: u64,
+    pub skipped_reasons: BTreeMap<String, u64>,
     pub never_settled: u64,
     /// Real (non-replayed) sends the emulator accepted.
     pub real_sends: u64,
@@ -51,11 +62,18 @@ pub struct ChaosReport {
     pub sent_without_a_real_send: u64,
     pub kills: u32,
     pub redis_restarts: u32,
+    pub outage_seconds: u64,
+    pub unsubscribed_during_pause: u64,
+    /// Real sends to a subscriber after their unsubscribe was written.
+    pub sent_after_unsubscribe: u64,
     pub elapsed_seconds: f64,
+    /// From the last kill -9 to the last delivery settled.
+    pub seconds_from_last_kill_to_settled: f64,
     pub provider_requests: u64,
     pub injected_server_errors: u64,
     pub injected_hangs: u64,
     pub rate_limited: u64,
+    pub quota_refusals: u64,
     pub replays: u64,
     pub concurrent_conflicts: u64,
 }
@@ -76,6 +94,9 @@ impl ChaosReport {
         if self.sent > self.real_sends {
             p.push(format!("{} recorded as sent but only {} real sends", self.sent, self.real_sends));
         }
+        if self.sent_after_unsubscribe > 0 {
+            p.push(format!("{} real sends after an unsubscribe", self.sent_after_unsubscribe));
+        }
         p
     }
 }
@@ -93,11 +114,10 @@ fn config_text(redis_url: &str, emulator_url: &str, rps: u32) -> String {
         ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator_url}\"")),
         ("requests_per_second = 10".into(), format!("requests_per_second = {rps}")),
         ("timeout_seconds = 30".into(), "timeout_seconds = 2".into()),
-        ("lease_seconds = 60".into(), "lease_seconds = 7".into()),
-        ("max_attempts = 8".into(), "max_attempts = 30".into()),
+        ("lease_seconds = 15".into(), "lease_seconds = 6".into()),
         ("retry_base_ms = 1000".into(), "retry_base_ms = 200".into()),
         ("retry_max_ms = 300000".into(), "retry_max_ms = 3000".into()),
-        ("metrics_listen = \"127.0.0.1:9464\"".into(), "# metrics_listen: none".into()),
+        ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
     ] {
         assert!(text.contains(&from), "config.toml lost {from}");
         text = text.replacen(&from, &to, 1);
@@ -119,12 +139,61 @@ fn spawn_daemon(binary: &Path, config: &Path, log: &Path) -> anyhow::Result<Chil
         .with_context(|| format!("starting {}", binary.display()))
 }
 
+/// The emulator, which can be taken off the network and brought back on the same port.
+struct Provider {
+    emulator: Emulator,
+    addr: std::net::SocketAddr,
+    running: Option<(Trigger, tokio::task::JoinHandle<()>)>,
+}
+
+impl Provider {
+    async fn stop(&mut self) {
+        if let Some((stop, task)) = self.running.take() {
+            stop.trigger();
+            let _ = task.await;
+        }
+    }
+
+    async fn start(&mut self) -> anyhow::Result<()> {
+        // The port was just released; another process may hold it a moment (TIME_WAIT is fine).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.emulator.spawn_at(self.addr).await {
+                Ok((_, stop, task)) => {
+                    self.running = Some((stop, task));
+                    return Ok(());
+                }
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => return Err(e).context("restarting the emulator on its port"),
+            }
+        }
+    }
+}
+
+/// Where the scripted troubles stand.
+#[derive(Default)]
+struct Script {
+    kills: u32,
+    next_kill: Option<Instant>,
+    last_kill: Option<Instant>,
+    redis_restarts: u32,
+    outage: Option<Instant>,
+    outage_done: bool,
+    pause_seen: Option<Instant>,
+    pause_done: bool,
+    unsubscribed: HashMap<String, Instant>,
+}
+
 /// Runs the chaos scenario and reports; the caller judges with [`ChaosReport::problems`].
 pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut redis = RedisServer::start(RedisOptions { appendonly: true }).await?;
 
     // The emulator lives here, outside the daemon, so it outlives every kill.
+    let quota = (opts.pause_with_unsubscribes > 0.0).then_some(opts.deliveries / 2);
     let emulator = Emulator::new(EmulatorConfig {
         requests_per_second: Some(opts.rps),
         seed: opts.seed,
@@ -132,12 +201,15 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
             server_error: 0.05,
             hang: 0.02,
             hang_ms: 3000,
-            storms: vec![Storm { after_requests: 30, duration_ms: 3000 }],
+            storms: vec![Storm { after_requests: 30, duration_ms: 3000, retry_after_seconds: None }],
+            quota_after_emails: quota,
             ..Default::default()
         },
         ..Default::default()
     });
     let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
+    let addr = emulator_url.trim_start_matches("http://").parse()?;
+    let mut provider = Provider { emulator: emulator.clone(), addr, running: Some((stop_emulator, emulator_task)) };
 
     let dir = std::env::temp_dir().join(format!("mailstream-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -148,128 +220,173 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut config = Config::load(&config_path)?;
     config.resend.api_key = Some(Secret::new("re_chaos"));
 
-    let store = Store::connect(&config).await?;
+    let store = Store::open(&config).await?;
     let subscribers: Vec<Subscriber> = (0..opts.deliveries).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subscribers).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest campaign")?.clone();
-    let period = kick::period_for(&campaign, None)?;
-    let kick = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
-    say(opts, &format!("chaos: {} deliveries enqueued for {period}; logs in {}", kick.new, log_path.display()));
+    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let kicked = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+    say(opts, &format!("chaos: {} deliveries enqueued for {period}; logs in {}", kicked.new, log_path.display()));
 
     let started = Instant::now();
+    let at = || started.elapsed().as_secs_f64();
     let mut daemon = spawn_daemon(&opts.binary, &config_path, &log_path)?;
-    let mut kills = 0;
-    let mut redis_restarts = 0;
-    let restart_redis_after = (opts.kills / 2).max(1);
-    while kills < opts.kills {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(700..2500))).await;
-        let counts = store.counts(&campaign.name, &period).await.unwrap_or_default();
-        daemon.kill().context("kill -9 the daemon")?;
-        let _ = daemon.wait();
-        kills += 1;
-        say(
-            opts,
-            &format!(
-                "  [{:5.1}s] kill -9 #{kills} (sent {}/{})",
-                started.elapsed().as_secs_f64(),
-                counts.sent,
-                counts.enqueued
-            ),
-        );
-        if redis_restarts < opts.redis_restarts && kills == restart_redis_after {
-            // Restart Redis while the daemon is up, so it must reconnect and reload scripts.
-            daemon = spawn_daemon(&opts.binary, &config_path, &log_path)?;
-            tokio::time::sleep(Duration::from_millis(rng.random_range(300..1200))).await;
-            redis.restart().await?;
-            redis_restarts += 1;
-            say(opts, &format!("  [{:5.1}s] redis restarted (append-only)", started.elapsed().as_secs_f64()));
-            continue;
-        }
-        daemon = spawn_daemon(&opts.binary, &config_path, &log_path)?;
-    }
-
-    // Let the last instance finish everything (leases of the killed ones expire first).
-    let deadline = Instant::now() + Duration::from_secs(600 + opts.deliveries / 50);
-    let mut last = Instant::now();
+    let mut script = Script { next_kill: Some(Instant::now() + Duration::from_millis(700)), ..Default::default() };
+    let deadline = Instant::now() + Duration::from_secs(600 + opts.outage_seconds + opts.deliveries / 50);
+    let mut last_print = Instant::now();
     let counts = loop {
         let c = store.counts(&campaign.name, &period).await.unwrap_or_default();
-        if c.settled() >= c.enqueued || Instant::now() > deadline {
+        let troubles_over = script.kills >= opts.kills
+            && (opts.outage_seconds == 0 || script.outage_done)
+            && (quota.is_none() || script.pause_done);
+        if (troubles_over && c.settled() >= c.enqueued) || Instant::now() > deadline {
             break c;
         }
-        if last.elapsed() >= Duration::from_secs(5) {
-            last = Instant::now();
-            say(
-                opts,
-                &format!(
-                    "  [{:5.1}s] sent {}/{}, settled {}",
-                    started.elapsed().as_secs_f64(),
-                    c.sent,
-                    c.enqueued,
-                    c.settled()
-                ),
-            );
+        // kill -9, at random moments, until K are done; Redis restarted midway.
+        if script.kills < opts.kills && script.next_kill.is_some_and(|t| Instant::now() >= t) {
+            daemon.kill().context("kill -9 the daemon")?;
+            let _ = daemon.wait();
+            script.kills += 1;
+            script.last_kill = Some(Instant::now());
+            say(opts, &format!("  [{:5.1}s] kill -9 #{} (sent {}/{})", at(), script.kills, c.sent, c.enqueued));
+            daemon = spawn_daemon(&opts.binary, &config_path, &log_path)?;
+            if script.redis_restarts < opts.redis_restarts && script.kills == (opts.kills / 2).max(1) {
+                // While the new daemon starts: it must reconnect and reload scripts.
+                tokio::time::sleep(Duration::from_millis(rng.random_range(300..1200))).await;
+                redis.restart().await?;
+                script.redis_restarts += 1;
+                say(opts, &format!("  [{:5.1}s] redis restarted (append-only)", at()));
+            }
+            script.next_kill = Some(Instant::now() + Duration::from_millis(rng.random_range(700..2500)));
+        }
+        // The outage: Resend unreachable (connection refused) once a fifth is sent.
+        if opts.outage_seconds > 0 && !script.outage_done {
+            match script.outage {
+                None if c.sent * 5 >= c.enqueued => {
+                    provider.stop().await;
+                    script.outage = Some(Instant::now());
+                    say(opts, &format!("  [{:5.1}s] Resend unreachable for {} s", at(), opts.outage_seconds));
+                }
+                Some(since) if since.elapsed() >= Duration::from_secs(opts.outage_seconds) => {
+                    provider.start().await?;
+                    script.outage_done = true;
+                    say(opts, &format!("  [{:5.1}s] Resend reachable again", at()));
+                }
+                _ => {}
+            }
+        }
+        // The quota pause: once it is on, a fraction of all subscribers unsubscribe;
+        // a few seconds later the quota renews and an operator resumes.
+        if quota.is_some() && !script.pause_done {
+            match script.pause_seen {
+                None if is_paused(&store).await => {
+                    script.pause_seen = Some(Instant::now());
+                    let n = (opts.deliveries as f64 * opts.pause_with_unsubscribes).round() as usize;
+                    let mut leaving: Vec<Subscriber> = Vec::new();
+                    for s in &subscribers {
+                        if leaving.len() < n && rng.random_bool(opts.pause_with_unsubscribes.clamp(0.0, 1.0)) {
+                            leaving.push(Subscriber { subscribed: false, ..s.clone() });
+                        }
+                    }
+                    subscribers::upsert(&store, &leaving).await?;
+                    let written = Instant::now();
+                    script.unsubscribed.extend(leaving.iter().map(|s| (s.email.clone(), written)));
+                    say(opts, &format!("  [{:5.1}s] quota pause: {} subscribers unsubscribed", at(), leaving.len()));
+                }
+                Some(since) if since.elapsed() >= Duration::from_secs(3) => {
+                    emulator.renew_quota();
+                    Pause::resume(&store).await?;
+                    script.pause_done = true;
+                    say(opts, &format!("  [{:5.1}s] quota renewed, sending resumed", at()));
+                }
+                _ => {}
+            }
+        }
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            last_print = Instant::now();
+            say(opts, &format!("  [{:5.1}s] sent {}/{}, settled {}", at(), c.sent, c.enqueued, c.settled()));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let settled_at = Instant::now();
     let elapsed = started.elapsed().as_secs_f64();
     send_term(&mut daemon);
-    stop_emulator.trigger();
-    let _ = emulator_task.await;
+    provider.stop().await;
 
     // Reasons, from the delivery records themselves.
-    let mut failed_reasons = BTreeMap::new();
-    let mut unknown_reasons = BTreeMap::new();
+    let mut reasons: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let mut sent_recipients = Vec::new();
     let mut conn = store.conn().await?;
     for p in 0..store.keys.partitions() {
-        let keys = store.scan(&format!("{}*", store.keys.delivery(p, ""))).await?;
+        let keys = store.scan(&store.keys.deliveries_pattern(p)).await?;
         for chunk in keys.chunks(1000) {
             let mut pipe = redis::pipe();
             for key in chunk {
-                pipe.cmd("HMGET").arg(key).arg(&["state", "error", "subscriber"]);
+                pipe.cmd("HMGET").arg(key).arg(&["state", "error", "reason"]);
             }
             let rows: Vec<(Option<String>, Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
-            for (state, error, subscriber) in rows {
-                let error = error.unwrap_or_else(|| "?".into());
+            for (key, (state, error, reason)) in chunk.iter().zip(rows) {
+                let why = error.or(reason).unwrap_or_else(|| "?".into());
+                let d = key.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id));
                 match state.as_deref() {
-                    Some("failed") => *failed_reasons.entry(error).or_insert(0) += 1,
-                    Some("outcome_unknown") => *unknown_reasons.entry(error).or_insert(0) += 1,
-                    Some("sent") => {
-                        sent_recipients.push(format!("delivered+{}@resend.dev", subscriber.unwrap_or_default()))
+                    Some("sent") => sent_recipients
+                        .push(format!("delivered+{}@resend.dev", d.map(|d| d.subscriber).unwrap_or_default())),
+                    Some(state @ ("failed" | "outcome_unknown" | "skipped")) => {
+                        *reasons.entry(state.to_string()).or_default().entry(why).or_insert(0) += 1
                     }
                     _ => {}
                 }
             }
         }
     }
-    let sends = emulator.sends_matching(&period);
-    let real_sends: u64 = sends.values().map(|&n| u64::from(n)).sum();
-    let duplicate_real_sends: u64 = sends.values().map(|&n| u64::from(n.saturating_sub(1))).sum();
+    let sends = emulator.send_times_matching(&period);
+    let real_sends: u64 = sends.values().map(|at| at.len() as u64).sum();
+    let duplicate_real_sends: u64 = sends.values().map(|at| at.len().saturating_sub(1) as u64).sum();
     let sent_without_a_real_send = sent_recipients.iter().filter(|r| !sends.contains_key(*r)).count() as u64;
+    let sent_after_unsubscribe = script
+        .unsubscribed
+        .iter()
+        .map(|(email, when)| sends.get(email).map_or(0, |at| at.iter().filter(|t| *t > when).count() as u64))
+        .sum();
     let stats = emulator.stats();
     let _ = std::fs::remove_file(&config_path);
+    let mut take = |state: &str| reasons.remove(state).unwrap_or_default();
     Ok(ChaosReport {
         deliveries: counts.enqueued,
         sent: counts.sent,
         failed: counts.failed,
-        failed_reasons,
+        failed_reasons: take("failed"),
         outcome_unknown: counts.outcome_unknown,
-        unknown_reasons,
+        unknown_reasons: take("outcome_unknown"),
         skipped: counts.skipped,
+        skipped_reasons: take("skipped"),
         never_settled: counts.enqueued.saturating_sub(counts.settled()),
         real_sends,
         duplicate_real_sends,
         sent_without_a_real_send,
-        kills,
-        redis_restarts,
+        kills: script.kills,
+        redis_restarts: script.redis_restarts,
+        outage_seconds: if script.outage_done { opts.outage_seconds } else { 0 },
+        unsubscribed_during_pause: script.unsubscribed.len() as u64,
+        sent_after_unsubscribe,
         elapsed_seconds: elapsed,
+        seconds_from_last_kill_to_settled: script
+            .last_kill
+            .map_or(0.0, |k| settled_at.saturating_duration_since(k).as_secs_f64()),
         provider_requests: stats.requests,
         injected_server_errors: stats.injected_server_errors,
         injected_hangs: stats.injected_hangs,
         rate_limited: stats.rate_limited,
+        quota_refusals: stats.quota_refusals,
         replays: stats.replays,
         concurrent_conflicts: stats.concurrent_conflicts,
     })
+}
+
+/// Whether any partition holds the shared quota pause.
+async fn is_paused(store: &Store) -> bool {
+    let pause = Pause::default();
+    pause.refresh(store).await.is_ok() && pause.is_paused()
 }
 
 fn send_term(child: &mut Child) {

@@ -4,23 +4,23 @@
 --
 -- KEYS: delivery keys. ARGV[1] owner, ARGV[2] lease milliseconds.
 -- Returns per delivery one of:
---   {'claimed', campaign, period, subscriber, target, attempts}   -- ours now
---   {'held'}       another holder's lease is live: do nothing
---   {'gone'}       the record expired or never existed
---   {state}        already sealed into a batch, or decided (sent, skipped, failed, outcome_unknown)
+--   {'claimed', claims}   ours now; claims counts this claim too
+--   {'held'}              another holder's lease is live: do nothing
+--   {'gone'}              no record (a lost write): the caller records it as lost
+--   {state}               already sealed into a batch, or settled
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local out = {}
 for i, key in ipairs(KEYS) do
-  local d = redis.call('HMGET', key, 'state', 'lease_until', 'campaign', 'period', 'subscriber', 'target')
+  local d = redis.call('HMGET', key, 'state', 'lease_until')
   local state = d[1]
   if not state then
     out[i] = {'gone'}
-  elseif state == 'pending' or (state == 'processing' and tonumber(d[2]) <= now) then
-    local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+  elseif state == 'pending' or (state == 'processing' and tonumber(d[2] or 0) <= now) then
+    local claims = redis.call('HINCRBY', key, 'claims', 1)
     redis.call('HSET', key, 'state', 'processing', 'lease_owner', owner, 'lease_until', now + lease)
-    out[i] = {'claimed', d[3], d[4], d[5], d[6], tostring(attempts)}
+    out[i] = {'claimed', tostring(claims)}
   elseif state == 'processing' then
     out[i] = {'held'}
   else

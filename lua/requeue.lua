@@ -1,6 +1,7 @@
 -- requeue.lua: an operator sends a failed delivery again (`dead-letters retry`): it becomes
--- pending with its attempts reset and gets a new stream entry. Only a failed delivery is
--- requeued, or an outcome_unknown one when the operator has checked it was not delivered.
+-- pending with its claims reset, loses its expiry (nothing expires while unsettled) and gets
+-- a new stream entry. Only a failed delivery is requeued, or an outcome_unknown one when the
+-- operator has checked it was not delivered.
 --
 -- KEYS[1] stream, KEYS[2] delivery, KEYS[3] counts hash of its campaign period
 -- ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown
@@ -10,8 +11,10 @@ if not state then
   return 'missing'
 end
 if state == 'failed' or (state == 'outcome_unknown' and ARGV[2] == '1') then
-  redis.call('HSET', KEYS[2], 'state', 'pending', 'attempts', 0)
-  redis.call('HDEL', KEYS[2], 'error', 'reason', 'batch', 'provider_id', 'settled_ms', 'lease_owner', 'lease_until')
+  redis.call('HSET', KEYS[2], 'state', 'pending', 'claims', 0)
+  redis.call('HDEL', KEYS[2], 'error', 'reason', 'batch', 'provider_id', 'settled_ms', 'sends', 'lease_owner',
+    'lease_until')
+  redis.call('PERSIST', KEYS[2])
   redis.call('HINCRBY', KEYS[3], state, -1)
   redis.call('XADD', KEYS[1], '*', 'delivery', ARGV[1])
   return 'requeued'

@@ -1,11 +1,12 @@
--- reschedule.lua: the batch's request failed in a way worth retrying; keep it sealed (same
--- body, same key) and make it due again after a delay. Only the current holder may do this,
--- so a holder whose lease was taken over cannot push back the new holder's work.
+-- reschedule.lua: the batch's request failed in a way worth retrying, or the batch is put
+-- back unsent; keep it sealed (same body, same key) and make it due again after a delay.
+-- Only the current holder may do this, so a holder whose lease was taken over cannot push
+-- back the new holder's work.
 --
 -- KEYS[1] batch, KEYS[2] batches zset
--- ARGV[1] batch id, ARGV[2] owner, ARGV[3] delay ms, ARGV[4] 1 to count a failed attempt,
--- ARGV[5] 1 if the request may have been processed, ARGV[6] error name
--- Returns the failed attempts so far, or -1 when this owner no longer holds the batch.
+-- ARGV[1] batch id, ARGV[2] owner, ARGV[3] delay ms, ARGV[4] 1 if this was a failed request
+-- (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name
+-- Returns the failed requests so far, or -1 when this owner no longer holds the batch.
 local bid, owner = ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -13,11 +14,11 @@ local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent')
 if b[1] ~= owner then
   return -1
 end
-local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', tonumber(ARGV[4]))
+local tries = redis.call('HINCRBY', KEYS[1], 'tries', tonumber(ARGV[4]))
 local maybe_sent = b[2]
 if ARGV[5] == '1' then
   maybe_sent = '1'
 end
 redis.call('HSET', KEYS[1], 'state', 'retry', 'maybe_sent', maybe_sent, 'last_error', ARGV[6])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), bid)
-return attempts
+return tries

@@ -1,14 +1,14 @@
 -- take.lua: take over a sealed batch that needs attention: its retry is due, or its holder's
--- lease expired mid-send. The taker resends the sealed bytes with the sealed key, so the
--- provider replays instead of sending twice. A batch that may have been sent and was sealed
--- longer ago than the provider's idempotency window is not resent: it is marked expired and
--- its members must be settled as outcome_unknown.
+-- lease expired. The taker resends the sealed bytes with the sealed key, so the provider
+-- replays instead of sending twice. If the holder died while the request may have been on
+-- the wire (state 'sending'), the batch is marked maybe-sent; one that may have been sent and
+-- was sealed longer ago than the provider's idempotency window is not resent: it is marked
+-- expired and its members must be settled as outcome_unknown. (The last gate checks again.)
 --
 -- KEYS[1] batch, KEYS[2] batches zset
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
--- Returns {'take', key, body, members, tallies, attempts, maybe_sent}, {'expired', members, tallies},
--- {'lost'} when the batch record expired unsettled (its members' records expired before it,
--- as they were written first), or {'skip'} when it is not due or no longer exists.
+-- Returns {'take', key, body, members, tries, maybe_sent}, {'expired', members},
+-- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -17,22 +17,21 @@ local score = redis.call('ZSCORE', KEYS[2], bid)
 if not score or tonumber(score) > now then
   return {'skip'}
 end
-local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'tallies', 'sealed_ms',
-  'attempts', 'state', 'maybe_sent')
+local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent')
 if not b[1] then
   redis.call('ZREM', KEYS[2], bid)
   return {'lost'}
 end
-local maybe_sent = b[8]
-if b[7] ~= 'retry' then
+local maybe_sent = b[7]
+if b[6] == 'sending' then
   -- The holder's lease ran out while the request may have been on the wire.
   maybe_sent = '1'
 end
 redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
 redis.call('ZADD', KEYS[2], now + lease, bid)
-if maybe_sent == '1' and now - tonumber(b[5]) > window then
+if maybe_sent == '1' and now - tonumber(b[4]) > window then
   redis.call('HSET', KEYS[1], 'state', 'expired')
-  return {'expired', b[3], b[4]}
+  return {'expired', b[3]}
 end
 redis.call('HSET', KEYS[1], 'state', 'sealed')
-return {'take', b[1], b[2], b[3], b[4], b[6], maybe_sent}
+return {'take', b[1], b[2], b[3], b[5], maybe_sent}

@@ -4,27 +4,41 @@
 //! so under backlog every slot carries a full batch. Batches due for a resend
 //! go first. Bounded queues push back on the readers. Pacing is dispatch's.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::work::{Ready, Sealed, Work};
+use crate::work::{DeliveryRef, Ready, Sealed, Work};
 
-/// Queues between the readers and the request slots.
+/// Queues between the readers and the request slots, and the batches in hand.
 pub struct Batcher {
     batch_size: usize,
     queues: Mutex<Queues>,
     changed: Notify,
     /// Free places per partition queue; readers wait here when sending falls behind.
     space: Vec<Semaphore>,
+    /// Set at shutdown: nothing more is queued (pushers get their items back).
+    closed: AtomicBool,
+    /// Sealed batches this instance is sending or waiting to send, by id: their leases
+    /// are renewed, and the reclaimer leaves them alone.
+    in_hand: Mutex<HashMap<String, u16>>,
 }
 
 struct Queues {
     /// Per partition: emails with the time they were queued.
     fresh: Vec<VecDeque<(Instant, Ready)>>,
     resend: VecDeque<Sealed>,
+}
+
+/// Everything that was queued, handed back at a stop or a pause.
+pub struct Drained {
+    /// Claimed emails, per partition.
+    pub fresh: Vec<(u16, Vec<Ready>)>,
+    /// Sealed batches that were waiting to be resent.
+    pub resend: Vec<Sealed>,
 }
 
 impl Batcher {
@@ -44,22 +58,46 @@ impl Batcher {
             }),
             changed: Notify::new(),
             space: (0..partitions).map(|_| Semaphore::new(capacity)).collect(),
+            closed: AtomicBool::new(false),
+            in_hand: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Queues emails of partition `p`, waiting for room.
-    pub async fn push(&self, p: u16, items: Vec<Ready>) {
+    /// Queues emails of partition `p`, waiting for room; gives them back once closed.
+    pub async fn push(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
         if items.is_empty() {
-            return;
+            return Ok(());
         }
-        let permits = self.space[usize::from(p)]
-            .acquire_many(items.len() as u32)
-            .await
-            .expect("batcher semaphores are never closed");
-        permits.forget();
+        match self.space[usize::from(p)].acquire_many(items.len() as u32).await {
+            Ok(permits) => permits.forget(),
+            Err(_) => return Err(items),
+        }
+        self.enqueue(p, items)
+    }
+
+    /// Queues emails of partition `p` if there is room now; gives them back if not.
+    pub fn try_push(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+        if items.is_empty() {
+            return Ok(());
+        }
+        match self.space[usize::from(p)].try_acquire_many(items.len() as u32) {
+            Ok(permits) => permits.forget(),
+            Err(_) => return Err(items),
+        }
+        self.enqueue(p, items)
+    }
+
+    fn enqueue(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+        let mut q = self.queues.lock().expect("batcher lock");
+        // Checked under the lock `drain` takes, so nothing lands after the last drain.
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(items);
+        }
         let now = Instant::now();
-        self.queues.lock().expect("batcher lock").fresh[usize::from(p)].extend(items.into_iter().map(|r| (now, r)));
+        q.fresh[usize::from(p)].extend(items.into_iter().map(|r| (now, r)));
+        drop(q);
         self.changed.notify_one();
+        Ok(())
     }
 
     /// Queues a sealed batch for resending.
@@ -68,10 +106,39 @@ impl Batcher {
         self.changed.notify_one();
     }
 
+    /// Stops queueing: waiting and later pushes get their items back.
+    pub fn close(&self) {
+        let _q = self.queues.lock().expect("batcher lock");
+        self.closed.store(true, Ordering::SeqCst);
+        for s in &self.space {
+            s.close();
+        }
+    }
+
+    /// Takes everything queued (to hand it back to Redis).
+    pub fn drain(&self) -> Drained {
+        let mut q = self.queues.lock().expect("batcher lock");
+        let mut fresh = Vec::new();
+        for (p, queue) in q.fresh.iter_mut().enumerate() {
+            if !queue.is_empty() {
+                let items: Vec<Ready> = queue.drain(..).map(|(_, r)| r).collect();
+                self.space[p].add_permits(items.len());
+                fresh.push((p as u16, items));
+            }
+        }
+        Drained { fresh, resend: q.resend.drain(..).collect() }
+    }
+
     /// Emails and batches waiting.
     pub fn queued(&self) -> (usize, usize) {
         let q = self.queues.lock().expect("batcher lock");
         (q.fresh.iter().map(VecDeque::len).sum(), q.resend.len())
+    }
+
+    /// The deliveries waiting in partition `p`'s queue (claimed by this instance).
+    pub fn claimed(&self, p: u16) -> Vec<DeliveryRef> {
+        let q = self.queues.lock().expect("batcher lock");
+        q.fresh[usize::from(p)].iter().map(|(_, r)| r.delivery.clone()).collect()
     }
 
     /// Free places in partition `p`'s queue.
@@ -79,9 +146,26 @@ impl Batcher {
         self.space[usize::from(p)].available_permits()
     }
 
-    /// Whether a batch (or its resend) is already queued here.
-    pub fn has_resend(&self, batch: &str) -> bool {
-        self.queues.lock().expect("batcher lock").resend.iter().any(|s| s.id == batch)
+    /// Marks a sealed batch as in hand (being sent, or waiting for its slot).
+    pub fn hold(&self, batch: &str, p: u16) {
+        self.in_hand.lock().expect("batcher lock").insert(batch.to_string(), p);
+    }
+
+    /// The batch is no longer in hand (settled, rescheduled, given up).
+    pub fn unhold(&self, batch: &str) {
+        self.in_hand.lock().expect("batcher lock").remove(batch);
+    }
+
+    /// The batches of partition `p` in hand.
+    pub fn in_hand(&self, p: u16) -> Vec<String> {
+        let held = self.in_hand.lock().expect("batcher lock");
+        held.iter().filter(|(_, q)| **q == p).map(|(b, _)| b.clone()).collect()
+    }
+
+    /// Whether this instance already has the batch: queued for a resend, or in hand.
+    pub fn has(&self, batch: &str) -> bool {
+        self.in_hand.lock().expect("batcher lock").contains_key(batch)
+            || self.queues.lock().expect("batcher lock").resend.iter().any(|s| s.id == batch)
     }
 
     /// Waits until there is something to send.
@@ -137,7 +221,7 @@ mod tests {
         (0..n)
             .map(|i| Ready {
                 entry: format!("0-{i}"),
-                delivery: DeliveryRef { id: format!("d{i}"), campaign: "c".into(), period: "p".into() },
+                delivery: DeliveryRef::new("c", "p", &format!("s{i}"), "t"),
                 json: "{}".into(),
             })
             .collect()
@@ -154,9 +238,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn full_batches_first_oldest_first_never_over_the_batch_size() {
         let b = Batcher::new(3, 100, 300);
-        b.push(0, ready(30)).await;
+        b.push(0, ready(30)).await.unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
-        b.push(2, ready(250)).await;
+        b.push(2, ready(250)).await.unwrap();
         // Partition 2 has full batches; then partition 0's 30 have waited longest.
         assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
         assert!(b.take().is_none());
@@ -166,7 +250,7 @@ mod tests {
     async fn a_partition_that_refills_at_once_does_not_take_every_slot() {
         let b = Batcher::new(3, 100, 200);
         for p in 0..3 {
-            b.push(p, ready(200)).await;
+            b.push(p, ready(200)).await.unwrap();
             tokio::time::advance(Duration::from_millis(1)).await;
         }
         let mut served = Vec::new();
@@ -174,7 +258,7 @@ mod tests {
             let Some(Work::Fresh(p, items)) = b.take() else { panic!("work") };
             served.push(p);
             // Its reader refills the queue before the next slot.
-            b.push(p, ready(items.len())).await;
+            b.push(p, ready(items.len())).await.unwrap();
             tokio::time::advance(Duration::from_millis(1)).await;
         }
         // Oldest first: each partition's 200 (two slots' worth) go before the refills.
@@ -184,7 +268,7 @@ mod tests {
     #[tokio::test]
     async fn a_full_queue_holds_its_reader_back() {
         let b = Arc::new(Batcher::new(1, 100, 150));
-        b.push(0, ready(100)).await;
+        b.push(0, ready(100)).await.unwrap();
         let pushing = {
             let b = b.clone();
             tokio::spawn(async move { b.push(0, ready(100)).await })
@@ -192,7 +276,25 @@ mod tests {
         tokio::task::yield_now().await;
         assert!(!pushing.is_finished(), "no room for 100 more");
         assert!(matches!(b.take(), Some(Work::Fresh(0, items)) if items.len() == 100));
-        pushing.await.unwrap();
+        pushing.await.unwrap().unwrap();
         assert_eq!(b.queued(), (100, 0));
+    }
+
+    #[tokio::test]
+    async fn a_closed_batcher_gives_items_back_and_drains() {
+        let b = Arc::new(Batcher::new(2, 100, 100));
+        b.push(1, ready(100)).await.unwrap();
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.push(1, ready(10)).await })
+        };
+        tokio::task::yield_now().await;
+        b.close();
+        assert_eq!(waiting.await.unwrap().unwrap_err().len(), 10, "a waiting pusher gets its items back");
+        assert_eq!(b.try_push(0, ready(5)).unwrap_err().len(), 5);
+        let drained = b.drain();
+        assert_eq!(drained.fresh.len(), 1);
+        assert_eq!((drained.fresh[0].0, drained.fresh[0].1.len()), (1, 100));
+        assert_eq!(b.queued(), (0, 0));
     }
 }

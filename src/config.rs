@@ -58,6 +58,19 @@ pub struct RedisConfig {
     /// Replicas that must acknowledge a sealed batch (WAIT) before its request
     /// leaves; 0 relies on the primary's own persistence (appendfsync always).
     pub wait_replicas: u32,
+    /// `strict`: refuse to run on a Redis that may lose an acknowledged write
+    /// (no `appendfsync always`, too few replicas for `wait_replicas`); `relaxed`:
+    /// run anyway, with a warning and the `mailstream_durability_relaxed` gauge.
+    pub durability: Durability,
+}
+
+/// How sure mailstream must be that Redis keeps what it acknowledged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Durability {
+    #[default]
+    Strict,
+    Relaxed,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -86,7 +99,9 @@ pub struct ResendConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DeliveryConfig {
-    /// How long a claimed delivery or a sealed batch belongs to its holder.
+    /// How long a claimed delivery or a sealed batch belongs to its holder without a
+    /// heartbeat; a live holder renews it every third of it, so it can be short and a
+    /// killed instance's work resumes within about a lease.
     pub lease_seconds: u64,
     /// How long delivery records and dedup keys live; must outlive the longest period.
     pub retention_days: u64,
@@ -94,14 +109,21 @@ pub struct DeliveryConfig {
     pub read_count: usize,
     /// How long one XREADGROUP blocks waiting for entries.
     pub block_ms: u64,
-    /// Send attempts for one batch, and claims of one delivery, before it is failed.
-    pub max_attempts: u32,
+    /// Claims of one delivery without it being sealed (a delivery that crashes
+    /// whoever renders it) before it is failed, `too_many_attempts`.
+    pub max_claims: u32,
     /// First retry delay; doubled per attempt, with jitter.
     pub retry_base_ms: u64,
     /// Longest retry delay.
     pub retry_max_ms: u64,
     /// A sealed batch older than this is never resent blind (Resend keeps keys 24 h).
     pub resend_window_hours: u64,
+    /// A batch no request of which can have been processed (connection refused, 429,
+    /// quota) is retried until this long after it was first sealed, then `failed`, `expired`.
+    pub deadline_hours: u64,
+    /// A batch that may have been sent is retried (same key, same body) until this long
+    /// after it was sealed, then `outcome_unknown`; well inside the resend window.
+    pub maybe_sent_deadline_hours: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -140,6 +162,7 @@ impl Default for RedisConfig {
             pool_size: 32,
             response_timeout_ms: 10_000,
             wait_replicas: 0,
+            durability: Durability::Strict,
         }
     }
 }
@@ -163,14 +186,16 @@ impl Default for ResendConfig {
 impl Default for DeliveryConfig {
     fn default() -> Self {
         DeliveryConfig {
-            lease_seconds: 60,
+            lease_seconds: 15,
             retention_days: 35,
             read_count: 100,
             block_ms: 1000,
-            max_attempts: 8,
+            max_claims: 10,
             retry_base_ms: 1000,
             retry_max_ms: 300_000,
             resend_window_hours: 23,
+            deadline_hours: 48,
+            maybe_sent_deadline_hours: 6,
         }
     }
 }
@@ -184,8 +209,9 @@ impl Default for HttpConfig {
 /// A config problem, naming the key it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    // Not `source`: the message already says it, and a source would print it twice.
+    #[error("cannot read {path}: {cause}")]
+    Read { path: PathBuf, cause: std::io::Error },
     #[error("{0}")]
     Parse(String),
     #[error("invalid config:\n  {}", .0.join("\n  "))]
@@ -195,8 +221,7 @@ pub enum ConfigError {
 impl Config {
     /// Reads, parses, applies environment overrides and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text =
-            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.to_owned(), cause })?;
         let mut config = Config::parse(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
         config.apply_env(|name| std::env::var(name).ok())?;
         config.validate()?;
@@ -223,8 +248,7 @@ impl Config {
         if let Some(key) = env(ENV_API_KEY).filter(|v| !v.is_empty()) {
             self.resend.api_key = Some(Secret::new(key));
         } else if let Some(path) = &self.resend.api_key_file {
-            let key =
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            let key = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.clone(), cause })?;
             self.resend.api_key = Some(Secret::new(key.trim()));
         }
         Ok(())
@@ -300,13 +324,13 @@ impl Config {
 
         let d = &self.delivery;
         check(
-            d.lease_seconds >= s.timeout_seconds + 5,
+            (3..=600).contains(&d.lease_seconds),
             format!(
-                "delivery.lease_seconds: must be at least resend.timeout_seconds + 5 ({}), or a lease can expire during a request (got {})",
-                s.timeout_seconds + 5,
+                "delivery.lease_seconds: must be 3..=600; live holders renew every third of it (got {})",
                 d.lease_seconds
             ),
         );
+
         check(
             (1..=3650).contains(&d.retention_days),
             format!("delivery.retention_days: must be 1..=3650 (got {})", d.retention_days),
@@ -317,8 +341,8 @@ impl Config {
         );
         check((1..=60_000).contains(&d.block_ms), format!("delivery.block_ms: must be 1..=60000 (got {})", d.block_ms));
         check(
-            (1..=100).contains(&d.max_attempts),
-            format!("delivery.max_attempts: must be 1..=100 (got {})", d.max_attempts),
+            (1..=100).contains(&d.max_claims),
+            format!("delivery.max_claims: must be 1..=100 (got {})", d.max_claims),
         );
         check(
             d.retry_base_ms >= 1 && d.retry_base_ms <= d.retry_max_ms,
@@ -332,6 +356,21 @@ impl Config {
             format!(
                 "delivery.resend_window_hours: must be 1..=23, under Resend's 24 h idempotency window (got {})",
                 d.resend_window_hours
+            ),
+        );
+        check(
+            d.maybe_sent_deadline_hours >= 1 && d.maybe_sent_deadline_hours < d.resend_window_hours,
+            format!(
+                "delivery.maybe_sent_deadline_hours: must be at least 1 and below delivery.resend_window_hours ({}), \
+                 so a maybe-sent batch is never resent after the provider forgot its key (got {})",
+                d.resend_window_hours, d.maybe_sent_deadline_hours
+            ),
+        );
+        check(
+            (1..=24 * 30).contains(&d.deadline_hours) && d.deadline_hours * 3600 < d.retention_days * 86_400,
+            format!(
+                "delivery.deadline_hours: must be 1..=720 and shorter than delivery.retention_days (got {})",
+                d.deadline_hours
             ),
         );
 
@@ -378,6 +417,11 @@ impl Config {
 
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.delivery.lease_seconds)
+    }
+
+    /// How often a live holder renews its leases (and rereads the shared pause).
+    pub fn heartbeat(&self) -> Duration {
+        (self.lease() / 3).min(Duration::from_secs(1))
     }
 
     pub fn retention(&self) -> Duration {
@@ -460,8 +504,7 @@ mod tests {
     fn the_shipped_template_renders() {
         let config = Config::example();
         let renderer = crate::render::Renderer::new(&config.templates).unwrap();
-        let d =
-            crate::work::DeliveryRef { id: "01JD".into(), campaign: "weekly_digest".into(), period: "2026-W48".into() };
+        let d = crate::work::DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
         let data = serde_json::json!({ "name": "Ann" });
         let input = crate::render::RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data };
         let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();

@@ -12,7 +12,8 @@ use crate::batcher::Batcher;
 use crate::ctx::Ctx;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::render::{RenderInput, Renderer};
-use crate::scripts::{self, Claim, Claimed, Decision};
+use crate::scripts::{self, Claim, Decision};
+use crate::sender;
 use crate::store::ensure_group;
 use crate::subscribers::{self, Resolved};
 use crate::work::{DeliveryRef, Ready};
@@ -77,7 +78,10 @@ impl Consumer {
                 let ready = self.process_entries(p, &mut conn, entries).await?;
                 // The connection goes back to the pool before waiting for room in the queue.
                 drop(conn);
-                self.hand_over(p, ready).await;
+                if let Err(refused) = self.batcher.push(p, ready).await {
+                    // Stopping: what was claimed goes back to Redis for the next instance.
+                    sender::hand_back(ctx, p, &refused).await;
+                }
                 anyhow::Ok(())
             }
             .await;
@@ -107,25 +111,34 @@ impl Consumer {
         let ctx = &self.ctx;
         let keys = &ctx.store.keys;
         let group = &ctx.config.redis.group;
-        let (wellformed, malformed): (Vec<_>, Vec<_>) = entries.into_iter().partition(|(_, d)| d.is_some());
-        let wellformed: Vec<(String, String)> =
-            wellformed.into_iter().map(|(e, d)| (e, d.unwrap_or_default())).collect();
-
-        let ids: Vec<&str> = wellformed.iter().map(|(_, d)| d.as_str()).collect();
+        let mut wellformed: Vec<(String, String, DeliveryRef)> = Vec::new();
+        let mut malformed: Vec<String> = Vec::new();
+        for (entry, id) in entries {
+            match id.as_deref().and_then(DeliveryRef::parse) {
+                Some(d) => wellformed.push((entry, id.unwrap_or_default(), d)),
+                None => malformed.push(entry),
+            }
+        }
+        let ids: Vec<&str> = wellformed.iter().map(|(_, id, _)| id.as_str()).collect();
         let claims = scripts::claim(conn, keys, p, &ids, &ctx.owner, ctx.config.lease().as_millis() as u64).await?;
 
-        // Entries whose delivery is gone, sealed or decided are acknowledged: their
-        // work is done or owned elsewhere. Entries held under a live lease stay.
-        let mut ack: Vec<&str> = malformed.iter().map(|(e, _)| e.as_str()).collect();
-        let mut claimed: Vec<(&str, DeliveryRef, Claimed)> = Vec::new();
-        for ((entry, id), claim) in wellformed.iter().zip(claims) {
+        // Entries whose delivery is sealed or settled are acknowledged: their work is
+        // done or owned elsewhere. Entries held under a live lease stay. An entry whose
+        // record is missing is a lost write: recorded as failed, never acked silently.
+        let mut ack: Vec<&str> = malformed.iter().map(String::as_str).collect();
+        let mut claimed: Vec<(&str, &DeliveryRef, u32)> = Vec::new();
+        let mut decisions: Vec<Decision<'_>> = Vec::new();
+        for ((entry, _, delivery), claim) in wellformed.iter().zip(claims) {
             match claim {
-                Claim::Claimed(c) => {
-                    let d = DeliveryRef { id: id.clone(), campaign: c.campaign.clone(), period: c.period.clone() };
-                    claimed.push((entry, d, c));
-                }
+                Claim::Claimed { claims } => claimed.push((entry, delivery, claims)),
                 Claim::Held => {}
-                Claim::Gone | Claim::Done(_) => ack.push(entry),
+                Claim::Done(_) => ack.push(entry),
+                Claim::Gone => {
+                    tracing::error!(delivery = %delivery.id(), "a stream entry names a delivery whose record is gone");
+                    ctx.metrics.lost_batch(1);
+                    let reason = Reason::RecordLost;
+                    decisions.push(Decision { entry, delivery, outcome: Outcome::Failed, reason, lost: true });
+                }
             }
         }
         if !malformed.is_empty() {
@@ -138,22 +151,17 @@ impl Consumer {
         if !ack.is_empty() {
             let _: () = redis::cmd("XACK").arg(keys.stream(p)).arg(group).arg(&ack).query_async(conn).await?;
         }
-        if claimed.is_empty() {
-            return Ok(Vec::new());
-        }
-
         // Resolve at send time: one pipelined read of every subscriber record.
         let mut pipe = redis::pipe();
-        for (_, _, c) in &claimed {
-            pipe.cmd("HMGET").arg(keys.subscriber(p, &c.subscriber)).arg(&subscribers::RESOLVE_FIELDS);
+        for (_, d, _) in &claimed {
+            pipe.cmd("HMGET").arg(keys.subscriber(p, &d.subscriber)).arg(&subscribers::RESOLVE_FIELDS);
         }
-        let rows: Vec<subscribers::Row> = pipe.query_async(conn).await?;
+        let rows: Vec<subscribers::Row> = if claimed.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
 
         let mut ready = Vec::new();
-        let mut decisions: Vec<Decision<'_>> = Vec::new();
-        for ((entry, delivery, c), row) in claimed.iter().zip(rows) {
-            let decide = |outcome, reason| Decision { entry, delivery, outcome, reason };
-            if c.attempts > ctx.config.delivery.max_attempts {
+        for ((entry, delivery, claims), row) in claimed.iter().zip(rows) {
+            let decide = |outcome, reason| Decision { entry, delivery, outcome, reason, lost: false };
+            if *claims > ctx.config.delivery.max_claims {
                 decisions.push(decide(Outcome::Failed, Reason::TooManyAttempts));
                 continue;
             }
@@ -168,24 +176,25 @@ impl Consumer {
                     continue;
                 }
             };
-            let Some(campaign) = ctx.config.campaign(&c.campaign) else {
+            let Some(campaign) = ctx.config.campaign(&delivery.campaign) else {
                 decisions.push(decide(Outcome::Failed, Reason::UnknownCampaign));
                 continue;
             };
-            let input = RenderInput { delivery, target: &c.target, subscriber_id: &c.subscriber, data: &data };
+            let input =
+                RenderInput { delivery, target: &delivery.target, subscriber_id: &delivery.subscriber, data: &data };
             let from = campaign.from.as_deref().unwrap_or(&ctx.config.resend.from);
             match self.renderer.render(&campaign.template, from, &email, &input) {
-                Ok(json) => ready.push(Ready { entry: entry.to_string(), delivery: delivery.clone(), json }),
+                Ok(json) => ready.push(Ready { entry: entry.to_string(), delivery: (*delivery).clone(), json }),
                 Err(e) => {
-                    tracing::warn!(campaign = %c.campaign, error = %e.kind(), "template failed to render");
+                    tracing::warn!(campaign = %delivery.campaign, error = %e.kind(), "template failed to render");
                     decisions.push(decide(Outcome::Failed, Reason::RenderError));
                 }
             }
         }
 
         if !decisions.is_empty() {
-            let retention_ms = ctx.config.retention().as_millis() as u64;
-            let decided = scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention_ms).await?;
+            let retention = ctx.config.retention().as_secs();
+            let decided = scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention).await?;
             for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
                 ctx.metrics.settled(&d.delivery.campaign, d.outcome, Some(&d.reason), 1);
             }
@@ -194,13 +203,11 @@ impl Consumer {
         Ok(ready)
     }
 
-    /// Queues claimed emails for the batcher, waiting for room.
-    pub async fn hand_over(&self, p: u16, ready: Vec<Ready>) {
-        let mut shutdown = self.ctx.shutdown.clone();
-        tokio::select! {
-            // The dispatcher has stopped taking: what is claimed stays leased, for the next instance.
-            _ = shutdown.wait() => {}
-            _ = self.batcher.push(p, ready) => {}
+    /// Queues claimed emails for the batcher if there is room now, else hands them
+    /// back to Redis (the reclaimer never waits on the queues).
+    pub async fn hand_over_now(&self, p: u16, ready: Vec<Ready>) {
+        if let Err(refused) = self.batcher.try_push(p, ready) {
+            sender::hand_back(&self.ctx, p, &refused).await;
         }
     }
 }

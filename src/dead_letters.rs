@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::outcome::Requeue;
 use crate::scripts;
 use crate::store::Store;
+use crate::work::DeliveryRef;
 
 /// One listed entry (ids and names only: no addresses).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -53,6 +54,7 @@ pub async fn list(store: &Store, kind: Kind, limit: usize) -> anyhow::Result<Vec
             let id: String = e.get("delivery").unwrap_or_default();
             pipe.hget(store.keys.delivery(p, &id), "state");
         }
+        // (a dead letter's delivery id names its record in the same partition)
         let states: Vec<Option<String>> =
             if reply.ids.is_empty() { Vec::new() } else { pipe.query_async(&mut conn).await? };
         for (e, state) in reply.ids.iter().zip(states) {
@@ -71,26 +73,18 @@ pub async fn list(store: &Store, kind: Kind, limit: usize) -> anyhow::Result<Vec
     Ok(out.split_off(skip))
 }
 
-/// Requeues deliveries by id; returns what became of each.
+/// Requeues deliveries by id (`campaign:period:subscriber:target`); returns what
+/// became of each (an id that names no delivery is `Missing`).
 pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow::Result<Vec<(String, Requeue)>> {
     let mut conn = store.conn().await?;
     let mut out = Vec::new();
     for id in ids {
-        let mut found = None;
-        for p in 0..store.keys.partitions() {
-            let (campaign, period): (Option<String>, Option<String>) = redis::cmd("HMGET")
-                .arg(store.keys.delivery(p, id))
-                .arg(&["campaign", "period"])
-                .query_async(&mut conn)
-                .await?;
-            if let (Some(c), Some(per)) = (campaign, period) {
-                found = Some((p, c, per));
-                break;
-            }
-        }
-        let result = match found {
-            Some((p, campaign, period)) => {
-                scripts::requeue(&mut conn, &store.keys, p, id, &campaign, &period, allow_unknown).await?
+        let result = match DeliveryRef::parse(id) {
+            Some(d) => {
+                let p = store.keys.partition_of(&d.subscriber);
+                scripts::requeue(&mut conn, &store.keys, p, &d, allow_unknown)
+                    .await
+                    .with_context(|| format!("requeue of {id}"))?
             }
             None => Requeue::Missing,
         };

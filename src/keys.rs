@@ -1,7 +1,12 @@
 //! The Redis key layout, in one place. Every key of a delivery (its stream,
-//! record, dedup key, batch, counters, subscriber) carries the hash tag of its
-//! partition, `{N}`, so each Lua script touches one hash slot and the same
-//! scripts run on Redis Cluster. The README documents each family.
+//! record, batch, counters, subscriber, the partition's pause) carries the hash
+//! tag of its partition, `{N}`, so each Lua script touches one hash slot and the
+//! same scripts run on Redis Cluster. A delivery's record is named by its natural
+//! dedup key, so the dedup check and the record are one key. The README
+//! documents each family.
+
+/// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key).
+pub const LAYOUT: u32 = 2;
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
@@ -45,14 +50,15 @@ impl Keys {
         self.tagged(p, "stream")
     }
 
-    /// Hash: one delivery's state (no addresses: ids, state, attempts, outcome).
+    /// Hash: one delivery (`campaign:period:subscriber:target`): its state, claims,
+    /// lease, batch and outcome; no addresses. Its existence is the dedup check.
     pub fn delivery(&self, p: u16, id: &str) -> String {
-        self.tagged(p, &format!("delivery:{id}"))
+        self.tagged(p, &format!("d:{id}"))
     }
 
-    /// String holding the delivery id of (campaign, subscriber, target, period).
-    pub fn dedup(&self, p: u16, campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
-        self.tagged(p, &format!("dedup:{campaign}:{period}:{subscriber}:{target}"))
+    /// The pattern matching every delivery record of partition `p` (for SCAN).
+    pub fn deliveries_pattern(&self, p: u16) -> String {
+        self.tagged(p, "d:*")
     }
 
     /// Hash: counters of one campaign period in this partition (enqueued, sent, ...).
@@ -96,9 +102,10 @@ impl Keys {
         format!("{}:meta", self.prefix)
     }
 
-    /// String with a TTL: sending is paused (quota exhausted) until it expires.
-    pub fn paused(&self) -> String {
-        format!("{}:paused", self.prefix)
+    /// String with a TTL, one per partition (so the last gate reads it in its own
+    /// slot): sending is paused (quota exhausted) until it expires.
+    pub fn paused(&self, p: u16) -> String {
+        self.tagged(p, "paused")
     }
 }
 
@@ -109,11 +116,11 @@ mod tests {
     #[test]
     fn layout_is_readable_and_tagged() {
         let keys = Keys::new("mailstream", 8);
-        assert_eq!(keys.delivery(7, "01JD"), "mailstream:{7}:delivery:01JD");
         assert_eq!(
-            keys.dedup(3, "weekly_digest", "2026-W48", "u42", "team-1"),
-            "mailstream:{3}:dedup:weekly_digest:2026-W48:u42:team-1"
+            keys.delivery(3, "weekly_digest:2026-W48:u42:team-1"),
+            "mailstream:{3}:d:weekly_digest:2026-W48:u42:team-1"
         );
+        assert_eq!(keys.paused(2), "mailstream:{2}:paused");
         assert_eq!(keys.stream(0), "mailstream:{0}:stream");
     }
 

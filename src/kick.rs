@@ -5,14 +5,14 @@
 use std::collections::HashSet;
 
 use anyhow::{Context, bail};
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::{CampaignConfig, Config};
-use crate::id::new_id;
-use crate::scripts::{self, NewDelivery};
+use crate::scripts;
 use crate::store::Store;
 use crate::subscribers::{self, Subscriber, field};
+use crate::work::DeliveryRef;
 
 /// Deliveries per enqueue.lua call: large enough to amortize the round trip,
 /// small enough that one call never blocks Redis for long.
@@ -31,17 +31,60 @@ pub struct KickReport {
     pub not_eligible: u64,
 }
 
-/// The period a kick is for: `--period` if given (checked), else the current one.
-pub fn period_for(campaign: &CampaignConfig, explicit: Option<&str>) -> anyhow::Result<String> {
-    match explicit {
-        Some(p) if campaign.period.is_valid(p) => Ok(p.to_string()),
-        Some(p) => bail!(
-            "--period {p:?} is not a {} period (expected e.g. {})",
-            campaign.period.name(),
-            campaign.period.period_at(Utc::now(), campaign.tz())
-        ),
-        None => Ok(campaign.period.period_at(Utc::now(), campaign.tz())),
+/// Which periods a kick may enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PeriodRule {
+    /// The current period, the previous or the next one.
+    #[default]
+    NearNow,
+    /// Any period still within the retention (`--allow-any-period`).
+    AnyWithinRetention,
+}
+
+/// The period a kick is for, judged at `now` (Redis's clock, so two kickers on either
+/// side of a period boundary agree): `explicit` if given and allowed, else the current
+/// one. A period that started longer than `retention` ago is refused outright: its
+/// deliveries' records may have expired, so kicking it again could send twice.
+pub fn choose_period(
+    campaign: &CampaignConfig,
+    explicit: Option<&str>,
+    rule: PeriodRule,
+    now: DateTime<Utc>,
+    retention: std::time::Duration,
+) -> anyhow::Result<String> {
+    let (kind, tz) = (campaign.period, campaign.tz());
+    let current = kind.period_at(now, tz);
+    let Some(p) = explicit else { return Ok(current) };
+    let Some(start) = kind.start(p, tz) else {
+        bail!("--period {p:?} is not a {} period (expected e.g. {current})", kind.name());
+    };
+    let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+    if start + retention <= now {
+        bail!(
+            "period {p} started more than delivery.retention_days ago: its deliveries' records may have \
+             expired, so kicking it again could send twice; refused"
+        );
     }
+    let near = [kind.previous(&current, tz), Some(current.clone()), kind.next(&current, tz)];
+    if rule == PeriodRule::NearNow && !near.iter().flatten().any(|n| n == p) {
+        bail!(
+            "--period {p} is not the current period ({current}), the one before or the one after; \
+             pass --allow-any-period to kick it anyway"
+        );
+    }
+    Ok(p.to_string())
+}
+
+/// [`choose_period`] on Redis's clock.
+pub async fn period_for(
+    store: &Store,
+    config: &Config,
+    campaign: &CampaignConfig,
+    explicit: Option<&str>,
+    rule: PeriodRule,
+) -> anyhow::Result<String> {
+    let now = store.time().await?;
+    choose_period(campaign, explicit, rule, now, config.retention())
 }
 
 /// Fans `campaign` out over the whole registry for `period`.
@@ -73,7 +116,7 @@ async fn kick_partition(
     let mut report = KickReport::default();
     let mut seen = HashSet::new();
     let mut cursor: u64 = 0;
-    let mut pending: Vec<NewDelivery> = Vec::new();
+    let mut pending: Vec<DeliveryRef> = Vec::new();
     loop {
         let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
             .arg(store.keys.subscribers(p))
@@ -95,50 +138,47 @@ async fn kick_partition(
         }
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&[
-                field::TARGETS,
-                field::ENTITLED,
-                field::SUBSCRIBED,
-            ]);
+            let fields = [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED];
+            pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&fields);
         }
-        let rows: Vec<(Option<String>, Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
-        for (id, (targets, entitled, subscribed)) in ids.iter().zip(rows) {
+        type Row = (Option<String>, Option<String>, Option<String>, Option<String>);
+        let rows: Vec<Row> = pipe.query_async(&mut conn).await?;
+        for (id, (targets, entitled, subscribed, suppressed)) in ids.iter().zip(rows) {
             // Eligibility is checked here to keep non-paying users out of the streams,
             // and checked again at send time, which is what guarantees it.
-            if !(subscribers::is_set(entitled.as_deref()) && subscribers::is_set(subscribed.as_deref())) {
+            let eligible = subscribers::is_set(entitled.as_deref())
+                && subscribers::is_set(subscribed.as_deref())
+                && suppressed.is_none();
+            if !eligible {
                 report.not_eligible += 1;
                 continue;
             }
             for target in subscribers::targets(targets.as_deref()) {
-                pending.push(NewDelivery { id: new_id(), subscriber: id.clone(), target: target.to_string() });
+                pending.push(DeliveryRef::new(campaign, period, id, target));
             }
         }
         while pending.len() >= ENQUEUE_CHUNK {
             let rest = pending.split_off(ENQUEUE_CHUNK);
-            enqueue_chunk(&mut conn, store, p, campaign, period, &pending, retention, &mut report).await?;
+            enqueue_chunk(&mut conn, store, p, &pending, retention, &mut report).await?;
             pending = rest;
         }
         if cursor == 0 {
             break;
         }
     }
-    enqueue_chunk(&mut conn, store, p, campaign, period, &pending, retention, &mut report).await?;
+    enqueue_chunk(&mut conn, store, p, &pending, retention, &mut report).await?;
     Ok(report)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn enqueue_chunk(
     conn: &mut deadpool_redis::Connection,
     store: &Store,
     p: u16,
-    campaign: &str,
-    period: &str,
-    items: &[NewDelivery],
+    items: &[DeliveryRef],
     retention: u64,
     report: &mut KickReport,
 ) -> anyhow::Result<()> {
-    let added =
-        scripts::enqueue(conn, &store.keys, p, campaign, period, items, retention).await.context("enqueue.lua")?;
+    let added = scripts::enqueue(conn, &store.keys, p, items, retention).await.context("enqueue.lua")?;
     let new = added.iter().filter(|&&a| a).count() as u64;
     report.new += new;
     report.duplicates += added.len() as u64 - new;
@@ -154,7 +194,7 @@ pub async fn kick_list(
     subscribers: &[Subscriber],
 ) -> anyhow::Result<KickReport> {
     subscribers::upsert(store, subscribers).await?;
-    let mut by_partition: Vec<Vec<NewDelivery>> = vec![Vec::new(); usize::from(store.keys.partitions())];
+    let mut by_partition: Vec<Vec<DeliveryRef>> = vec![Vec::new(); usize::from(store.keys.partitions())];
     let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
     for s in subscribers {
         if !(s.entitled && s.subscribed) {
@@ -163,15 +203,62 @@ pub async fn kick_list(
         }
         let p = store.keys.partition_of(&s.id);
         for target in s.targets_or_default() {
-            by_partition[usize::from(p)].push(NewDelivery { id: new_id(), subscriber: s.id.clone(), target });
+            by_partition[usize::from(p)].push(DeliveryRef::new(campaign, period, &s.id, &target));
         }
     }
     let mut conn = store.conn().await?;
     let retention = config.retention().as_secs();
     for (p, items) in by_partition.iter().enumerate() {
         for chunk in items.chunks(ENQUEUE_CHUNK) {
-            enqueue_chunk(&mut conn, store, p as u16, campaign, period, chunk, retention, &mut report).await?;
+            enqueue_chunk(&mut conn, store, p as u16, chunk, retention, &mut report).await?;
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign() -> CampaignConfig {
+        crate::config::Config::example().campaigns[0].clone()
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    const RETENTION: std::time::Duration = std::time::Duration::from_secs(35 * 86_400);
+
+    #[test]
+    fn the_period_follows_the_clock_it_is_given() {
+        // Two kickers reading one clock on either side of Monday 00:00 JST agree on
+        // whichever side that clock is: the clock is Redis's, shared by both.
+        let c = campaign();
+        let before = at("2026-11-29T14:59:59Z");
+        let after = at("2026-11-29T15:00:00Z");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, before, RETENTION).unwrap(), "2026-W48");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, after, RETENTION).unwrap(), "2026-W49");
+    }
+
+    #[test]
+    fn explicit_periods_are_limited_to_near_now_unless_asked() {
+        let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
+        for ok in ["2026-W48", "2026-W49", "2026-W50"] {
+            assert_eq!(choose_period(&c, Some(ok), PeriodRule::NearNow, now, RETENTION).unwrap(), ok);
+        }
+        let far = choose_period(&c, Some("2026-W46"), PeriodRule::NearNow, now, RETENTION).unwrap_err();
+        assert!(far.to_string().contains("--allow-any-period"), "{far}");
+        assert!(choose_period(&c, Some("2026-W46"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
+        assert!(choose_period(&c, Some("2027-W10"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
+    }
+
+    #[test]
+    fn a_period_older_than_the_retention_is_refused_outright() {
+        let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
+        let old = choose_period(&c, Some("2026-W40"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
+        assert!(old.to_string().contains("refused"), "{old}");
+        let bad = choose_period(&c, Some("2025-W53"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
+        assert!(bad.to_string().contains("is not a week period"), "{bad}");
+    }
 }

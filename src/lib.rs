@@ -49,7 +49,11 @@ pub struct Listeners {
 impl Listeners {
     /// Binds what the config asks for.
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        Ok(Listeners { metrics: http::bind(config.http.metrics_listen, "http.metrics_listen").await? })
+        let metrics = http::bind(config.http.metrics_listen, "http.metrics_listen").await?;
+        if let Some(addr) = metrics.as_ref().and_then(|l| l.local_addr().ok()) {
+            tracing::info!(%addr, "metrics listening");
+        }
+        Ok(Listeners { metrics })
     }
 }
 
@@ -76,7 +80,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> an
 /// [`run`] with options.
 pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
     config.validate()?;
-    let store = store::Store::open_for_daemon(&config).await?;
+    let (store, relaxed) = store::Store::open_for_daemon(&config).await?;
     let renderer = render::Renderer::new(&config.templates).context("compiling templates")?;
     let sender = sender::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(batcher::Batcher::from_config(&config));
@@ -89,6 +93,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         store,
         config,
     });
+    ctx.metrics.set_durability_relaxed(relaxed);
     let (c, owner) = (&ctx.config, &ctx.owner);
     tracing::info!(%owner, partitions = c.redis.partitions, rps = c.resend.requests_per_second, "mailstream running");
 

@@ -26,33 +26,21 @@ use mailstream::subscribers::{self, Subscriber};
     about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams."
 )]
 struct Cli {
+    /// Config file (see the shipped config.toml); accepted before or after the command.
+    #[arg(long, short, global = true, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
     #[command(subcommand)]
     command: Command,
-}
-
-#[derive(clap::Args)]
-struct ConfigArg {
-    /// Config file (see the shipped config.toml).
-    #[arg(long, short, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
-    config: PathBuf,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: read, batch, send, settle, recover; stop on SIGTERM or SIGINT.
-    Run {
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    Run,
     /// Validate a config file and exit.
-    CheckConfig {
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    CheckConfig,
     /// Add or update subscribers in the registry.
     Subscribe {
-        #[command(flatten)]
-        config: ConfigArg,
         /// Subscriber id (an id, not an address).
         #[arg(long, required_unless_present = "ndjson")]
         id: Option<String>,
@@ -71,8 +59,6 @@ enum Command {
     },
     /// Enqueue a campaign period for every eligible subscriber (at most once each).
     Kick {
-        #[command(flatten)]
-        config: ConfigArg,
         #[arg(long)]
         campaign: String,
         /// Period such as 2026-W48; default: the current one in the campaign's time zone.
@@ -81,19 +67,20 @@ enum Command {
         /// `-`: fan out over NDJSON subscriber records on stdin (upserted first) instead of the registry.
         #[arg(long)]
         audience: Option<String>,
+        /// Allow a `--period` other than the current, previous or next one (still within the retention).
+        #[arg(long)]
+        allow_any_period: bool,
+        /// Accept an empty `--audience` (otherwise an error: an empty export usually means a failed one).
+        #[arg(long)]
+        allow_empty: bool,
     },
     /// Look at and requeue deliveries that failed (or whose outcome is unknown).
     DeadLetters {
-        #[command(flatten)]
-        config: ConfigArg,
         #[command(subcommand)]
         action: DeadLetterAction,
     },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
-    Resume {
-        #[command(flatten)]
-        config: ConfigArg,
-    },
+    Resume,
     /// Run the Resend emulator.
     Emulator {
         #[arg(long, default_value = "127.0.0.1:3030")]
@@ -147,7 +134,7 @@ enum DeadLetterAction {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
-        Command::Run { .. } | Command::Emulator { .. } => "info",
+        Command::Run | Command::Emulator { .. } => "info",
         _ => "warn",
     };
     init_logging(default_level);
@@ -158,7 +145,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    match runtime.block_on(dispatch(cli.config, cli.command)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -182,18 +169,18 @@ fn init_logging(default_level: &str) {
         .init();
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
+    let load = || Config::load(&path);
     match command {
-        Command::Run { config } => {
-            let config = Config::load(&config.config)?;
+        Command::Run => {
+            let config = load()?;
             let listeners = mailstream::Listeners::bind(&config).await?;
             let shutdown = signals()?;
             mailstream::run(config, listeners, shutdown).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::CheckConfig { config } => {
-            let path = config.config;
-            let config = Config::load(&path)?;
+        Command::CheckConfig => {
+            let config = load()?;
             println!(
                 "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
                 path.display(),
@@ -204,8 +191,8 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Subscribe { config, id, email, targets, entitled, subscribed, ndjson } => {
-            let config = Config::load(&config.config)?;
+        Command::Subscribe { id, email, targets, entitled, subscribed, ndjson } => {
+            let config = load()?;
             let list = match ndjson {
                 Some(source) => subscribers::parse_ndjson(&read_source(&source)?)?,
                 None => vec![Subscriber {
@@ -217,25 +204,34 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
                     data: None,
                 }],
             };
-            let store = Store::connect(&config).await?;
-            store.check_partitions().await?;
+            let store = Store::open(&config).await?;
             subscribers::upsert(&store, &list).await?;
             println!("{} subscribers written", list.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kick { config, campaign, period, audience: source } => {
-            let config = Config::load(&config.config)?;
+        Command::Kick { campaign, period, audience: source, allow_any_period, allow_empty } => {
+            let config = load()?;
             let c = config
                 .campaign(&campaign)
                 .with_context(|| format!("no [[campaign]] named {campaign:?} in the config"))?;
-            let period = kick::period_for(c, period.as_deref())?;
-            let store = Store::connect(&config).await?;
-            store.check_partitions().await?;
-            let report = match source {
+            let list = match source {
                 Some(source) => {
                     let list = subscribers::parse_ndjson(&read_source(&source)?)?;
-                    kick::kick_list(&store, &config, &campaign, &period, &list).await?
+                    if list.is_empty() && !allow_empty {
+                        anyhow::bail!(
+                            "the audience on {source} is empty (a failed export?); nothing was enqueued. \
+                             Pass --allow-empty if an empty audience is expected"
+                        );
+                    }
+                    Some(list)
                 }
+                None => None,
+            };
+            let store = Store::open(&config).await?;
+            let rule = if allow_any_period { kick::PeriodRule::AnyWithinRetention } else { kick::PeriodRule::NearNow };
+            let period = kick::period_for(&store, &config, c, period.as_deref(), rule).await?;
+            let report = match list {
+                Some(list) => kick::kick_list(&store, &config, &campaign, &period, &list).await?,
                 None => kick::kick_registry(&store, &config, &campaign, &period).await?,
             };
             println!(
@@ -244,9 +240,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::DeadLetters { config, action } => {
-            let config = Config::load(&config.config)?;
-            let store = Store::connect(&config).await?;
+        Command::DeadLetters { action } => {
+            let config = load()?;
+            let store = Store::open(&config).await?;
             match action {
                 DeadLetterAction::List { unknown, limit, json } => {
                     let kind = if unknown { dead_letters::Kind::OutcomeUnknown } else { dead_letters::Kind::Failed };
@@ -284,9 +280,9 @@ async fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Resume { config } => {
-            let config = Config::load(&config.config)?;
-            let store = Store::connect(&config).await?;
+        Command::Resume => {
+            let config = load()?;
+            let store = Store::open(&config).await?;
             let was = mailstream::pause::Pause::resume(&store).await?;
             println!("{}", if was { "sending resumed" } else { "sending was not paused" });
             Ok(ExitCode::SUCCESS)

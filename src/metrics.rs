@@ -12,6 +12,16 @@ use crate::http::{self, HttpRequest, HttpResponse};
 use crate::outcome::{Outcome, Reason};
 use crate::resend::{ErrorName, ProviderError};
 
+/// An error's text for a log line, without the values redis-rs quotes when a reply
+/// does not parse ("… (value was …)"): such a value may be a subscriber's data.
+pub fn redacted(error: &anyhow::Error) -> String {
+    let text = format!("{error:#}");
+    match text.find("value was") {
+        Some(at) => format!("{}value withheld)", &text[..at]),
+        None => text,
+    }
+}
+
 /// Every metric mailstream exports.
 pub struct Metrics {
     registry: Registry,
@@ -24,6 +34,8 @@ pub struct Metrics {
     paused: IntGauge,
     backlog: IntGaugeVec,
     redis_errors: IntCounterVec,
+    records_lost: prometheus::IntCounter,
+    durability_relaxed: IntGauge,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -59,7 +71,21 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(backlog.clone())).expect("unique metric");
+        let records_lost = prometheus::IntCounter::new(
+            "mailstream_records_lost_total",
+            "Deliveries whose record or batch record was missing where one was expected (a lost write)",
+        )
+        .expect("valid metric");
+        r.register(Box::new(records_lost.clone())).expect("unique metric");
+        let durability_relaxed = IntGauge::new(
+            "mailstream_durability_relaxed",
+            "1 when running with redis.durability = relaxed on a Redis that may lose acknowledged writes",
+        )
+        .expect("valid metric");
+        r.register(Box::new(durability_relaxed.clone())).expect("unique metric");
         Metrics {
+            records_lost,
+            durability_relaxed,
             enqueued: counter(
                 &r,
                 "mailstream_enqueued_total",
@@ -170,9 +196,19 @@ impl Metrics {
         self.backlog.with_label_values(&[p.as_str(), "unacked"]).set(unacked as i64);
     }
 
+    /// `n` deliveries were found without the record (or batch record) they should have.
+    pub fn lost_batch(&self, n: u64) {
+        self.records_lost.inc_by(n);
+    }
+
+    /// Running on a Redis that may lose acknowledged writes, by the operator's choice.
+    pub fn set_durability_relaxed(&self, relaxed: bool) {
+        self.durability_relaxed.set(i64::from(relaxed));
+    }
+
     /// A Redis call failed; `op` names the step (a fixed name, never data).
     pub fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
-        tracing::warn!(op, error = %error, "redis call failed");
+        tracing::warn!(op, error = %redacted(error), "redis call failed");
         self.redis_errors.with_label_values(&[op]).inc();
     }
 
@@ -190,5 +226,20 @@ impl Metrics {
         } else {
             http::text(hyper::StatusCode::NOT_FOUND, "not found\n")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_errors_do_not_carry_the_value_into_logs() {
+        let e =
+            anyhow::anyhow!("Incompatible type - \"Invalid UTF-8\" (value was bulk-string('ann@person.example\\xff'))");
+        let line = redacted(&e);
+        assert!(!line.contains("ann@person"), "{line}");
+        assert!(line.contains("Invalid UTF-8") && line.contains("withheld"), "{line}");
+        assert_eq!(redacted(&anyhow::anyhow!("broken pipe")), "broken pipe");
     }
 }

@@ -108,14 +108,17 @@ pub enum Reason {
     IdempotencyWindowPassed,
     /// The record was gone where one was expected (a lost write, an eviction).
     RecordLost,
-    /// A batch put back unsent (its slot moved far away).
+    /// A batch put back unsent (its slot moved far away, a pause, a stop).
     Postponed,
+    /// In a batch that may have been sent, beside a member no longer wanted: the batch
+    /// was not resent, so nobody can say whether this one was delivered.
+    Withheld,
     /// The provider refused it, by this name.
     Provider(ErrorName),
 }
 
 impl Reason {
-    const LOCAL: [Reason; 12] = [
+    const LOCAL: [Reason; 13] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -128,6 +131,7 @@ impl Reason {
         Reason::IdempotencyWindowPassed,
         Reason::RecordLost,
         Reason::Postponed,
+        Reason::Withheld,
     ];
 
     /// The name stored in Redis and shown to operators.
@@ -145,6 +149,7 @@ impl Reason {
             Reason::IdempotencyWindowPassed => "idempotency_window_passed",
             Reason::RecordLost => "record_lost",
             Reason::Postponed => "postponed",
+            Reason::Withheld => "withheld",
             Reason::Provider(name) => name.as_str(),
         }
     }

@@ -1,7 +1,8 @@
 //! Pausing all sending when the provider's daily or monthly quota is used up.
-//! The pause lives in Redis (a key with an expiry at the next quota window), so
-//! every instance pauses; it ends on its own, or at `mailstream resume`.
-//! Nothing is dropped: batches wait, sealed, and deliveries wait in the streams.
+//! The pause lives in Redis, one key per partition with an expiry at the next
+//! quota window (so the last gate reads it in its own hash slot), and every
+//! instance pauses; it ends on its own, or at `mailstream resume`. Nothing is
+//! dropped: batches wait, sealed, and deliveries wait in the streams.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -40,20 +41,29 @@ impl Pause {
             }
         }
         let mut conn = store.conn().await?;
-        crate::scripts::pause(&mut conn, &store.keys, reason, ms).await?;
+        for p in 0..store.keys.partitions() {
+            crate::scripts::pause(&mut conn, &store.keys, p, reason, ms).await?;
+        }
         Ok(())
     }
 
-    /// Reads the shared pause (each instance does this every few seconds).
+    /// Reads the shared pause (each instance does this every heartbeat).
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
         let mut conn = store.conn().await?;
-        let ttl: i64 = conn.pttl(store.keys.paused()).await?;
+        let mut pipe = redis::pipe();
+        for p in 0..store.keys.partitions() {
+            pipe.pttl(store.keys.paused(p));
+        }
+        let ttls: Vec<i64> = pipe.query_async(&mut conn).await?;
         // -1: paused by hand without an expiry, until `mailstream resume`.
-        let left = match ttl {
-            -1 => Some(Duration::from_secs(3600)),
-            ms if ms > 0 => Some(Duration::from_millis(ms as u64)),
-            _ => None,
-        };
+        let left = ttls
+            .into_iter()
+            .filter_map(|ttl| match ttl {
+                -1 => Some(Duration::from_secs(3600)),
+                ms if ms > 0 => Some(Duration::from_millis(ms as u64)),
+                _ => None,
+            })
+            .max();
         *self.until.lock().expect("pause lock") = left.map(|d| SystemTime::now() + d);
         Ok(())
     }
@@ -61,7 +71,8 @@ impl Pause {
     /// Ends the pause everywhere (`mailstream resume`); returns whether one was on.
     pub async fn resume(store: &Store) -> anyhow::Result<bool> {
         let mut conn = store.conn().await?;
-        let removed: u32 = conn.del(store.keys.paused()).await?;
+        let keys: Vec<String> = (0..store.keys.partitions()).map(|p| store.keys.paused(p)).collect();
+        let removed: u32 = conn.del(keys).await?;
         Ok(removed > 0)
     }
 }

@@ -2,7 +2,7 @@
 //! campaign's time zone. A period is part of every dedup key, so "once per
 //! week" means once per ISO week as the campaign's audience lives it.
 
-use chrono::{DateTime, Datelike, TimeZone, Utc};
+use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -51,8 +51,51 @@ impl PeriodKind {
         }
     }
 
-    /// Whether `s` is well-formed for this kind (`--period` from an operator).
+    /// The local date a period `s` starts on; `None` unless `s` is a real period
+    /// of this kind (so `2026-W53` is one and `2025-W53` is not).
+    pub fn first_day(self, s: &str) -> Option<NaiveDate> {
+        if !self.is_well_formed(s) {
+            return None;
+        }
+        match self {
+            PeriodKind::Week => {
+                let (y, w) = s.split_once("-W")?;
+                NaiveDate::from_isoywd_opt(y.parse().ok()?, w.parse().ok()?, chrono::Weekday::Mon)
+            }
+            PeriodKind::Day => NaiveDate::parse_from_str(s, "%Y-%m-%d").ok(),
+            PeriodKind::Month => NaiveDate::parse_from_str(&format!("{s}-01"), "%Y-%m-%d").ok(),
+        }
+    }
+
+    /// When period `s` starts, as seen in `tz` (its first local midnight).
+    pub fn start(self, s: &str, tz: Tz) -> Option<DateTime<Utc>> {
+        let day = self.first_day(s)?;
+        midnight(day, tz)
+    }
+
+    /// The period after `s`.
+    pub fn next(self, s: &str, tz: Tz) -> Option<String> {
+        let day = self.first_day(s)?;
+        let after = match self {
+            PeriodKind::Week => day + chrono::Days::new(7),
+            PeriodKind::Day => day + chrono::Days::new(1),
+            PeriodKind::Month => day + chrono::Months::new(1),
+        };
+        Some(self.period_at(midnight(after, tz)?, tz))
+    }
+
+    /// The period before `s`.
+    pub fn previous(self, s: &str, tz: Tz) -> Option<String> {
+        let start = self.start(s, tz)?;
+        Some(self.period_at(start - chrono::Duration::seconds(1), tz))
+    }
+
+    /// Whether `s` is a real period of this kind (`--period` from an operator).
     pub fn is_valid(self, s: &str) -> bool {
+        self.first_day(s).is_some()
+    }
+
+    fn is_well_formed(self, s: &str) -> bool {
         let digits = |part: &str, n: usize| part.len() == n && part.bytes().all(|b| b.is_ascii_digit());
         let parts: Vec<&str> = s.split('-').collect();
         match (self, parts.as_slice()) {
@@ -70,6 +113,14 @@ impl PeriodKind {
             _ => false,
         }
     }
+}
+
+/// The first instant of local day `day` in `tz` (a DST gap at midnight moves it later).
+fn midnight(day: NaiveDate, tz: Tz) -> Option<DateTime<Utc>> {
+    let local = day.and_hms_opt(0, 0, 0)?;
+    (0..4)
+        .find_map(|h| tz.from_local_datetime(&(local + chrono::Duration::hours(h))).earliest())
+        .map(|t| t.with_timezone(&Utc))
 }
 
 #[cfg(test)]
@@ -119,5 +170,21 @@ mod tests {
         assert!(!PeriodKind::Day.is_valid("2026-02-30"));
         assert!(PeriodKind::Month.is_valid("2026-12"));
         assert!(!PeriodKind::Month.is_valid("2026-13"));
+        // 2026 has 53 ISO weeks, 2025 has 52.
+        assert!(PeriodKind::Week.is_valid("2026-W53"));
+        assert!(!PeriodKind::Week.is_valid("2025-W53"));
+    }
+
+    #[test]
+    fn periods_start_at_local_midnight_and_step() {
+        let week = PeriodKind::Week;
+        assert_eq!(week.start("2026-W49", Tokyo).unwrap(), utc("2026-11-29T15:00:00Z"));
+        assert_eq!(week.next("2026-W53", Tokyo).as_deref(), Some("2027-W01"));
+        assert_eq!(week.previous("2027-W01", Tokyo).as_deref(), Some("2026-W53"));
+        assert_eq!(PeriodKind::Month.next("2026-12", Tokyo).as_deref(), Some("2027-01"));
+        assert_eq!(PeriodKind::Day.previous("2026-03-01", Tokyo).as_deref(), Some("2026-02-28"));
+        // A zone whose DST starts at midnight (America/Santiago, 2026-09-06).
+        let santiago = chrono_tz::America::Santiago;
+        assert!(PeriodKind::Day.start("2026-09-06", santiago).is_some());
     }
 }

@@ -1,8 +1,9 @@
 //! The reclaimer, run by every instance at once (each step is a Lua script or an
 //! XAUTOCLAIM, so racing instances cannot both win): takes over stream entries
 //! whose holder's lease expired, resends sealed batches that are due (a retry,
-//! or a holder that died mid-send), refreshes the shared pause, reports the
-//! backlog, and trims streams below the oldest entry still needed.
+//! or a holder that died mid-send), settles what a lost write left behind,
+//! reports the backlog, and trims streams below the oldest entry still needed.
+//! It never waits on the queues: what has no room goes back to Redis.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use redis::streams::StreamAutoClaimReply;
 use crate::batcher::Batcher;
 use crate::consumer::{Consumer, Entry, entry_of};
 use crate::ctx::Ctx;
-use crate::outcome::{Failpoint, Outcome, Reason};
+use crate::outcome::{Failpoint, Reason};
 use crate::scripts::{self, Take, Verdict};
 use crate::sender;
 use crate::work::Sealed;
@@ -42,10 +43,6 @@ impl Reclaimer {
         let mut pass = 0u32;
         loop {
             ctx.failpoints.at(Failpoint::ReclaimTick).await;
-            if let Err(e) = ctx.pause.refresh(&ctx.store).await {
-                ctx.metrics.redis_error("pause", &e);
-            }
-            ctx.metrics.set_paused(ctx.pause.is_paused());
             if !ctx.pause.is_paused() {
                 for p in 0..ctx.store.keys.partitions() {
                     if shutdown.is_triggered() {
@@ -93,21 +90,14 @@ impl Reclaimer {
         let lease_ms = ctx.config.lease().as_millis() as u64;
         let window_ms = ctx.config.delivery.resend_window_hours * 3_600_000;
         for batch in due {
-            if self.batcher.has_resend(&batch) {
+            if self.batcher.has(&batch) {
                 continue;
             }
             match scripts::take(&mut conn, keys, p, &batch, &ctx.owner, lease_ms, window_ms).await? {
-                Take::Take { key, body, members, attempts, maybe_sent } => {
-                    tracing::debug!(batch = %batch, attempts, "resending sealed batch");
-                    self.batcher.push_resend(Sealed {
-                        partition: p,
-                        id: batch,
-                        key,
-                        body: Bytes::from(body),
-                        members,
-                        failed: attempts,
-                        maybe_sent,
-                    });
+                Take::Take { key, body, members, tries, maybe_sent } => {
+                    tracing::debug!(batch = %batch, tries, "resending sealed batch");
+                    let body = Bytes::from(body);
+                    self.batcher.push_resend(Sealed { partition: p, id: batch, key, body, members, tries, maybe_sent });
                 }
                 Take::Expired { members } => {
                     tracing::error!(
@@ -120,12 +110,8 @@ impl Reclaimer {
                     sender::settle_all(ctx, p, &batch, &members, verdict).await;
                 }
                 Take::Lost => {
-                    tracing::error!(
-                        batch = %batch,
-                        "a sealed batch's record expired before it was settled (a pause longer than the retention?); \
-                         its deliveries' records had expired already"
-                    );
-                    ctx.metrics.settled("unknown", Outcome::OutcomeUnknown, Some(&Reason::RecordLost), 1);
+                    tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
+                    self.settle_lost_batch(p, &batch).await?;
                 }
                 Take::Skip => {}
             }
@@ -141,7 +127,7 @@ impl Reclaimer {
         let keys = &ctx.store.keys;
         let count = ctx.config.delivery.read_count;
         let mut cursor = "0-0".to_string();
-        while !ctx.shutdown.is_triggered() && self.batcher.room(p) >= count {
+        while !ctx.shutdown.is_triggered() && self.batcher.room(p) > 0 {
             let mut conn = ctx.store.conn().await?;
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(keys.stream(p))
@@ -150,7 +136,7 @@ impl Reclaimer {
                 .arg(ctx.config.lease().as_millis() as u64)
                 .arg(&cursor)
                 .arg("COUNT")
-                .arg(count)
+                .arg(count.min(self.batcher.room(p)))
                 .query_async(&mut conn)
                 .await?;
             // Redis 7 drops entries deleted from the stream out of the pending list itself
@@ -168,12 +154,41 @@ impl Reclaimer {
             }
             let ready = self.consumer.process_entries(p, &mut conn, entries).await?;
             drop(conn);
-            self.consumer.hand_over(p, ready).await;
+            self.consumer.hand_over_now(p, ready).await;
             cursor = reply.next_stream_id;
             if cursor == "0-0" {
                 break;
             }
         }
+        Ok(())
+    }
+
+    /// A batch record gone before settlement (a lost write) leaves its members sealed
+    /// into it with nothing to resend: find them (a scan of the partition's records;
+    /// this is rare) and settle them as outcome_unknown, `record_lost`, one by one.
+    async fn settle_lost_batch(&self, p: u16, batch: &str) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        let keys = &ctx.store.keys;
+        let records = ctx.store.scan(&keys.deliveries_pattern(p)).await?;
+        let mut conn = ctx.store.conn().await?;
+        let mut members = Vec::new();
+        for chunk in records.chunks(500) {
+            let mut pipe = redis::pipe();
+            for key in chunk {
+                pipe.cmd("HMGET").arg(key).arg(&["state", "batch"]);
+            }
+            let rows: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+            for (key, (state, b)) in chunk.iter().zip(rows) {
+                if state.as_deref() == Some("sealed") && b.as_deref() == Some(batch) {
+                    let id = key.rsplit_once(":d:").map_or("", |(_, id)| id);
+                    members.extend(crate::work::DeliveryRef::parse(id));
+                }
+            }
+        }
+        tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
+        ctx.metrics.lost_batch(members.len() as u64);
+        let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
+        sender::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
         Ok(())
     }
 }
@@ -224,14 +239,11 @@ pub async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
         let get = |name: &str| c.get(name).and_then(text);
         let (Some(name), Some(pending), Some(idle)) = (get("name"), get("pending"), get("idle")) else { continue };
         if name != ctx.owner && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
-            let _: i64 = redis::cmd("XGROUP")
-                .arg("DELCONSUMER")
-                .arg(&stream)
-                .arg(group)
-                .arg(&name)
-                .query_async(&mut conn)
-                .await?;
-            tracing::debug!(partition = p, consumer = %name, "removed an idle consumer with nothing pending");
+            // Checked again inside the script: it may have resumed reading since.
+            let keys = &ctx.store.keys;
+            if scripts::forget_consumer(&mut conn, keys, p, group, &name, forget_ms).await? {
+                tracing::debug!(partition = p, consumer = %name, "removed an idle consumer with nothing pending");
+            }
         }
     }
     Ok(())

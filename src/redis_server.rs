@@ -8,6 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 
+/// How long a starting redis-server may take to answer.
+const STARTUP_PATIENCE: Duration = Duration::from_secs(30);
+
 /// How to start the server.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RedisOptions {
@@ -84,7 +87,10 @@ impl RedisServer {
             })?;
         self.child = Some(child);
         let client = redis::Client::open(self.url())?;
-        for _ in 0..250 {
+        // Generous: on a loaded machine (CI's two cores, other servers starting) a
+        // redis-server can take seconds to answer, longer while it loads its AOF.
+        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+        while std::time::Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
@@ -101,7 +107,7 @@ impl RedisServer {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.kill();
-        bail!("redis-server on port {} did not answer within 5 s", self.port)
+        bail!("redis-server on port {} did not answer within {} s", self.port, STARTUP_PATIENCE.as_secs())
     }
 }
 

@@ -29,11 +29,12 @@ pub struct RenderInput<'a> {
     pub data: &'a serde_json::Value,
 }
 
-/// A tag on a sent email (ids only): lets webhooks find the delivery again.
+/// A tag on a sent email (ids only, in Resend's tag alphabet): lets webhooks
+/// find the delivery again.
 #[derive(Debug, Clone, Serialize)]
 pub struct Tag<'a> {
     pub name: &'static str,
-    pub value: &'a str,
+    pub value: std::borrow::Cow<'a, str>,
 }
 
 /// One email as Resend's API takes it.
@@ -82,7 +83,7 @@ impl Renderer {
             campaign => &d.campaign,
             period => &d.period,
             target => input.target,
-            delivery_id => &d.id,
+            delivery_id => d.id(),
             subscriber => context! { id => input.subscriber_id, data => minijinja::Value::from(minijinja::value::Serde(data)) },
         };
         let part = |suffix: &str| self.env.get_template(&format!("{template}.{suffix}"))?.render(&ctx);
@@ -93,9 +94,9 @@ impl Renderer {
             html: part("html")?,
             text: part("text")?,
             tags: [
-                Tag { name: "campaign", value: &d.campaign },
-                Tag { name: "period", value: &d.period },
-                Tag { name: "delivery", value: &d.id },
+                Tag { name: "campaign", value: d.campaign.as_str().into() },
+                Tag { name: "period", value: d.period.as_str().into() },
+                Tag { name: "delivery", value: d.tag().into() },
             ],
         };
         Ok(serde_json::to_string(&email).expect("an email serializes"))
@@ -116,7 +117,7 @@ mod tests {
     use super::*;
 
     fn delivery() -> DeliveryRef {
-        DeliveryRef { id: "01JD".into(), campaign: "weekly_digest".into(), period: "2026-W48".into() }
+        DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1")
     }
 
     fn templates() -> BTreeMap<String, TemplateConfig> {
@@ -140,7 +141,7 @@ mod tests {
         assert!(v["html"].as_str().unwrap().contains("&lt;Ann &amp; Bo&gt;"), "{v}");
         assert!(v["text"].as_str().unwrap().contains("<Ann & Bo>"), "{v}");
         assert_eq!(v["to"][0], "u42@resend.dev");
-        assert_eq!(v["tags"][2]["value"], "01JD");
+        assert_eq!(v["tags"][2]["value"], "weekly__digest_c2026-W48_cu42_cteam-1");
     }
 
     #[test]

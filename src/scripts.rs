@@ -16,59 +16,49 @@ struct Scripts {
     enqueue: Script,
     claim: Script,
     seal: Script,
+    gate: Script,
     take: Script,
     reschedule: Script,
     settle: Script,
     decide: Script,
     requeue: Script,
+    release: Script,
+    renew: Script,
     pause: Script,
+    forget: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: Script::new(include_str!("../lua/enqueue.lua")),
     claim: Script::new(include_str!("../lua/claim.lua")),
     seal: Script::new(include_str!("../lua/seal.lua")),
+    gate: Script::new(include_str!("../lua/gate.lua")),
     take: Script::new(include_str!("../lua/take.lua")),
     reschedule: Script::new(include_str!("../lua/reschedule.lua")),
     settle: Script::new(include_str!("../lua/settle.lua")),
     decide: Script::new(include_str!("../lua/decide.lua")),
     requeue: Script::new(include_str!("../lua/requeue.lua")),
+    release: Script::new(include_str!("../lua/release.lua")),
+    renew: Script::new(include_str!("../lua/renew.lua")),
     pause: Script::new(include_str!("../lua/pause.lua")),
+    forget: Script::new(include_str!("../lua/forget.lua")),
 });
-
-/// A delivery to enqueue: its new id and what it is for.
-#[derive(Debug, Clone)]
-pub struct NewDelivery {
-    pub id: String,
-    pub subscriber: String,
-    pub target: String,
-}
 
 /// Enqueues deliveries of one partition and one campaign period; `true` where new.
 pub async fn enqueue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
-    campaign: &str,
-    period: &str,
-    items: &[NewDelivery],
+    items: &[DeliveryRef],
     retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
-    if items.is_empty() {
-        return Ok(Vec::new());
-    }
+    let Some(first) = items.first() else { return Ok(Vec::new()) };
     let mut call = SCRIPTS.enqueue.prepare_invoke();
-    call.key(keys.stream(partition))
-        .key(keys.counts(partition, campaign, period))
-        .arg(retention_secs)
-        .arg(campaign)
-        .arg(period);
+    call.key(keys.stream(partition)).key(keys.counts(partition, &first.campaign, &first.period)).arg(retention_secs);
     for item in items {
-        call.key(keys.dedup(partition, campaign, period, &item.subscriber, &item.target))
-            .key(keys.delivery(partition, &item.id))
-            .arg(&item.id)
-            .arg(&item.subscriber)
-            .arg(&item.target);
+        debug_assert!(item.campaign == first.campaign && item.period == first.period, "one campaign period per call");
+        let id = item.id();
+        call.key(keys.delivery(partition, &id)).arg(id);
     }
     let added: Vec<i64> = call.invoke_async(conn).await?;
     Ok(added.into_iter().map(|a| a == 1).collect())
@@ -77,25 +67,14 @@ pub async fn enqueue(
 /// What a claim found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Claim {
-    /// Ours now, under a lease.
-    Claimed(Claimed),
+    /// Ours now, under a lease; claimed this many times in all.
+    Claimed { claims: u32 },
     /// Another holder's lease is live: do nothing.
     Held,
-    /// The record is gone (expired): acknowledge the entry.
+    /// No record where the stream says there is one (a lost write).
     Gone,
-    /// Sealed into a batch or already decided: acknowledge the entry.
+    /// Sealed into a batch or already settled: acknowledge the entry.
     Done(DeliveryState),
-}
-
-/// A delivery this instance now holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Claimed {
-    pub campaign: String,
-    pub period: String,
-    pub subscriber: String,
-    pub target: String,
-    /// Times it has been claimed, this one included.
-    pub attempts: u32,
 }
 
 /// Claims deliveries of one partition for `owner` for `lease_ms`.
@@ -122,12 +101,7 @@ pub async fn claim(
 fn parse_claim(row: Vec<String>) -> Claim {
     let mut it = row.into_iter();
     match it.next().as_deref() {
-        Some("claimed") => {
-            let mut next = || it.next().unwrap_or_default();
-            let (campaign, period, subscriber, target) = (next(), next(), next(), next());
-            let attempts = next().parse().unwrap_or(1);
-            Claim::Claimed(Claimed { campaign, period, subscriber, target, attempts })
-        }
+        Some("claimed") => Claim::Claimed { claims: it.next().and_then(|n| n.parse().ok()).unwrap_or(1) },
         Some("held") => Claim::Held,
         Some("gone") | None => Claim::Gone,
         Some(state) => Claim::Done(DeliveryState::parse(state)),
@@ -143,7 +117,6 @@ pub struct SealRequest<'a> {
     pub owner: &'a str,
     pub group: &'a str,
     pub lease_ms: u64,
-    pub retention_secs: u64,
 }
 
 /// Seals a batch of `members`; returns the 0-based positions of those that were sealed.
@@ -162,48 +135,147 @@ pub async fn seal(
         .arg(req.idempotency_key)
         .arg(req.owner)
         .arg(req.group)
-        .arg(req.lease_ms)
-        .arg(req.retention_secs);
+        .arg(req.lease_ms);
     for m in members {
-        call.key(keys.delivery(p, &m.delivery.id))
-            .arg(&m.entry)
-            .arg(&m.delivery.id)
-            .arg(tally(&m.delivery.campaign, &m.delivery.period))
-            .arg(&m.json);
+        let id = m.delivery.id();
+        call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json);
     }
     let sealed: Vec<usize> = call.invoke_async(conn).await?;
     Ok(sealed.into_iter().map(|i| i - 1).collect())
 }
 
-/// A sealed batch's counts suffix for one member: `campaign:period`.
-fn tally(campaign: &str, period: &str) -> String {
-    format!("{campaign}:{period}")
+/// The limits the last gate applies, in milliseconds.
+#[derive(Debug, Clone, Copy)]
+pub struct GateLimits {
+    pub lease_ms: u64,
+    /// A maybe-sent batch sealed longer ago than this is never resent.
+    pub window_ms: u64,
+    /// A batch never sent is given up (failed, expired) this long after it was first sealed.
+    pub deadline_ms: u64,
+    /// A maybe-sent batch is given up (outcome_unknown) this long after it was sealed.
+    pub maybe_sent_deadline_ms: u64,
+    pub retention_secs: u64,
+}
+
+/// What the last gate decided for a batch about to be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Gate {
+    /// Send it as sealed; this is request number `sends`.
+    Go { sends: u32 },
+    /// Members were skipped (never sent before): send this body under this key instead.
+    Resealed { sends: u32, key: String, body: String, kept: Vec<usize>, skipped: Vec<(usize, Reason)> },
+    /// Every member was skipped; the batch is gone.
+    Empty { skipped: Vec<(usize, Reason)> },
+    /// It may have been sent and some members are no longer wanted: not resent. Per
+    /// member, the reason it is no longer wanted (`None`: still wanted).
+    Withhold { reasons: Vec<Option<Reason>> },
+    /// Sending is paused.
+    Paused,
+    /// Maybe sent and past the provider's idempotency window.
+    Expired,
+    /// Past its deadline; `maybe_sent` tells which one.
+    Deadline { maybe_sent: bool },
+    /// Another instance holds it now.
+    NotHeld,
+    /// Its record is gone.
+    Lost,
+}
+
+/// One member as the gate checks it.
+#[derive(Debug, Clone)]
+pub struct GateMember<'a> {
+    pub delivery: &'a DeliveryRef,
+    /// Whether its subscriber record says whether it is wanted (campaign mail).
+    pub check_subscriber: bool,
+}
+
+/// Which batch the gate is asked about, by whom.
+#[derive(Debug, Clone)]
+pub struct GateRequest<'a> {
+    pub partition: u16,
+    pub batch: &'a str,
+    pub owner: &'a str,
+    /// The key to re-seal under if members are dropped from a batch never sent.
+    pub new_key: &'a str,
+    pub limits: GateLimits,
+}
+
+/// Runs the last gate for a batch this instance holds, right before its request.
+pub async fn gate(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    req: &GateRequest<'_>,
+    members: &[GateMember<'_>],
+) -> RedisResult<Gate> {
+    let (p, batch, limits) = (req.partition, req.batch, &req.limits);
+    let (counts, index) =
+        counts_index(keys, p, members.iter().map(|m| (m.delivery.campaign.as_str(), m.delivery.period.as_str())));
+    let mut call = SCRIPTS.gate.prepare_invoke();
+    call.key(keys.batch(p, batch))
+        .key(keys.batches(p))
+        .key(keys.paused(p))
+        .arg(batch)
+        .arg(req.owner)
+        .arg(limits.lease_ms)
+        .arg(limits.window_ms)
+        .arg(limits.deadline_ms)
+        .arg(limits.maybe_sent_deadline_ms)
+        .arg(limits.retention_secs)
+        .arg(req.new_key)
+        .arg(counts.len());
+    for c in &counts {
+        call.key(c);
+    }
+    for (m, ci) in members.iter().zip(index) {
+        let id = m.delivery.id();
+        call.key(keys.delivery(p, &id)).key(keys.subscriber(p, &m.delivery.subscriber));
+        call.arg(id).arg(ci).arg(if m.check_subscriber { "1" } else { "0" });
+    }
+    let row: Vec<String> = call.invoke_async(conn).await?;
+    let skipped = |s: &str| -> Vec<(usize, Reason)> {
+        s.split(' ')
+            .filter_map(|item| item.split_once(':'))
+            .filter_map(|(i, r)| Some((i.parse().ok()?, Reason::parse(r))))
+            .collect()
+    };
+    let number = |s: &str| s.parse::<u32>().unwrap_or(1);
+    Ok(match row.as_slice() {
+        [tag, sends] if tag == "go" => Gate::Go { sends: number(sends) },
+        [tag, sends, key, body, kept, gone] if tag == "resealed" => Gate::Resealed {
+            sends: number(sends),
+            key: key.clone(),
+            body: body.clone(),
+            kept: kept.split(' ').filter_map(|i| i.parse().ok()).collect(),
+            skipped: skipped(gone),
+        },
+        [tag, gone] if tag == "empty" => Gate::Empty { skipped: skipped(gone) },
+        [tag, reasons] if tag == "withhold" => {
+            Gate::Withhold { reasons: reasons.split(' ').map(|r| (!r.is_empty()).then(|| Reason::parse(r))).collect() }
+        }
+        [tag] if tag == "paused" => Gate::Paused,
+        [tag] if tag == "expired" => Gate::Expired,
+        [tag, maybe] if tag == "deadline" => Gate::Deadline { maybe_sent: maybe == "1" },
+        [tag] if tag == "not_held" => Gate::NotHeld,
+        _ => Gate::Lost,
+    })
 }
 
 /// What `take` found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
-    /// Resend `body` with `key`; `attempts` failed attempts so far.
-    Take { key: String, body: String, members: Vec<DeliveryRef>, attempts: u32, maybe_sent: bool },
+    /// Resend `body` with `key`; `tries` failed requests so far.
+    Take { key: String, body: String, members: Vec<DeliveryRef>, tries: u32, maybe_sent: bool },
     /// Sealed too long ago to resend blind: settle every member as outcome_unknown.
     Expired { members: Vec<DeliveryRef> },
-    /// The batch record expired before it was settled (its members' records, written
-    /// earlier, expired first): nothing is left to send or settle, only to report.
+    /// The batch record is gone though it was never settled (a lost write).
     Lost,
     /// Not due, taken by someone else, or gone.
     Skip,
 }
 
-/// A sealed batch's members, as recorded in it.
-fn parse_members(ids: &str, tallies: &str) -> Vec<DeliveryRef> {
-    ids.split(' ')
-        .zip(tallies.split(' '))
-        .filter(|(id, _)| !id.is_empty())
-        .map(|(id, tally)| {
-            let (campaign, period) = tally.split_once(':').unwrap_or((tally, ""));
-            DeliveryRef { id: id.to_string(), campaign: campaign.to_string(), period: period.to_string() }
-        })
-        .collect()
+/// A sealed batch's members, as recorded in it (space-separated delivery ids).
+pub fn parse_members(ids: &str) -> Vec<DeliveryRef> {
+    ids.split(' ').filter_map(DeliveryRef::parse).collect()
 }
 
 /// Takes over a batch whose retry is due or whose holder's lease expired.
@@ -227,32 +299,33 @@ pub async fn take(
         .invoke_async(conn)
         .await?;
     Ok(match row.as_slice() {
-        [tag, key, body, ids, tallies, attempts, maybe_sent] if tag == "take" => Take::Take {
+        [tag, key, body, ids, tries, maybe_sent] if tag == "take" => Take::Take {
             key: key.clone(),
             body: body.clone(),
-            members: parse_members(ids, tallies),
-            attempts: attempts.parse().unwrap_or(0),
+            members: parse_members(ids),
+            tries: tries.parse().unwrap_or(0),
             maybe_sent: maybe_sent == "1",
         },
-        [tag, ids, tallies] if tag == "expired" => Take::Expired { members: parse_members(ids, tallies) },
+        [tag, ids] if tag == "expired" => Take::Expired { members: parse_members(ids) },
         [tag] if tag == "lost" => Take::Lost,
         _ => Take::Skip,
     })
 }
 
-/// A retry to schedule for a batch this instance holds.
+/// A retry to schedule (or a putting back) for a batch this instance holds.
 #[derive(Debug, Clone)]
 pub struct Reschedule {
     pub delay_ms: u64,
-    /// Whether this failure counts towards the attempt limit (a quota pause does not).
-    pub count_attempt: bool,
+    /// Whether a request failed (false: the batch is put back unsent).
+    pub failed_request: bool,
     /// Whether the provider may have processed the request (timeouts, 5xx).
     pub maybe_sent: bool,
     /// The failure (kept as the batch's `last_error`).
     pub error: Reason,
 }
 
-/// Reschedules a held batch; `None` when this owner no longer holds it.
+/// Reschedules a held batch; returns its failed requests so far, `None` when this
+/// owner no longer holds it.
 pub async fn reschedule(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -261,19 +334,19 @@ pub async fn reschedule(
     owner: &str,
     r: &Reschedule,
 ) -> RedisResult<Option<u32>> {
-    let attempts: i64 = SCRIPTS
+    let tries: i64 = SCRIPTS
         .reschedule
         .key(keys.batch(partition, batch))
         .key(keys.batches(partition))
         .arg(batch)
         .arg(owner)
         .arg(r.delay_ms)
-        .arg(u8::from(r.count_attempt))
+        .arg(u8::from(r.failed_request))
         .arg(u8::from(r.maybe_sent))
         .arg(r.error.as_str())
         .invoke_async(conn)
         .await?;
-    Ok(u32::try_from(attempts).ok())
+    Ok(u32::try_from(tries).ok())
 }
 
 /// What became of one member of a batch.
@@ -346,10 +419,20 @@ pub enum Settler<'a> {
     Answer,
     /// A verdict without such an answer: only the batch's current holder may record it.
     Holder(&'a str),
+    /// The batch record is gone; its members were found by their `batch` field.
+    Lost,
 }
 
-/// Settles a sealed batch; returns, per member, the outcome recorded now (`None` where
-/// nothing changed: already settled, or this holder lost the batch).
+/// How a settle call went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    /// The batch record was missing (a lost write); an answer was recorded anyway.
+    pub batch_missing: bool,
+    /// Per member, the outcome recorded now (`None` where nothing changed).
+    pub recorded: Vec<Option<Outcome>>,
+}
+
+/// Settles a sealed batch's members.
 pub async fn settle(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -357,8 +440,8 @@ pub async fn settle(
     batch: &str,
     by: Settler<'_>,
     settlements: &[Settlement<'_>],
-    retention_ms: u64,
-) -> RedisResult<Vec<Option<Outcome>>> {
+    retention_secs: u64,
+) -> RedisResult<Settled> {
     let (counts, index) = counts_index(
         keys,
         partition,
@@ -371,23 +454,25 @@ pub async fn settle(
         .key(keys.unknown(partition))
         .arg(batch)
         .arg(counts.len())
-        .arg(retention_ms)
+        .arg(retention_secs)
         .arg(match by {
             Settler::Answer => "",
             Settler::Holder(owner) => owner,
+            Settler::Lost => "*lost*",
         });
     for c in &counts {
         call.key(c);
     }
     for (s, ci) in settlements.iter().zip(index) {
-        call.key(keys.delivery(partition, &s.member.id))
-            .arg(&s.member.id)
+        let id = s.member.id();
+        call.key(keys.delivery(partition, &id))
+            .arg(id)
             .arg(s.verdict.outcome().as_str())
             .arg(s.verdict.detail())
             .arg(ci);
     }
-    let recorded: Vec<String> = call.invoke_async(conn).await?;
-    Ok(recorded.iter().map(|s| Outcome::parse(s)).collect())
+    let (status, recorded): (String, Vec<String>) = call.invoke_async(conn).await?;
+    Ok(Settled { batch_missing: status == "missing", recorded: recorded.iter().map(|s| Outcome::parse(s)).collect() })
 }
 
 /// A claimed delivery that will not be sent, and why.
@@ -398,6 +483,8 @@ pub struct Decision<'a> {
     /// Skipped or Failed.
     pub outcome: Outcome,
     pub reason: Reason,
+    /// The record is missing (claim found it gone): it is written back as decided.
+    pub lost: bool,
 }
 
 /// Settles claimed deliveries that will not be sent and acknowledges their entries;
@@ -409,7 +496,7 @@ pub async fn decide(
     group: &str,
     owner: &str,
     decisions: &[Decision<'_>],
-    retention_ms: u64,
+    retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
     if decisions.is_empty() {
         return Ok(Vec::new());
@@ -425,17 +512,19 @@ pub async fn decide(
         .arg(group)
         .arg(owner)
         .arg(counts.len())
-        .arg(retention_ms);
+        .arg(retention_secs);
     for c in &counts {
         call.key(c);
     }
     for (d, ci) in decisions.iter().zip(index) {
-        call.key(keys.delivery(partition, &d.delivery.id))
+        let id = d.delivery.id();
+        call.key(keys.delivery(partition, &id))
             .arg(d.entry)
-            .arg(&d.delivery.id)
+            .arg(id)
             .arg(d.outcome.as_str())
             .arg(d.reason.as_str())
-            .arg(ci);
+            .arg(ci)
+            .arg(if d.lost { "lost" } else { "held" });
     }
     let decided: Vec<i64> = call.invoke_async(conn).await?;
     Ok(decided.into_iter().map(|d| d == 1).collect())
@@ -446,25 +535,91 @@ pub async fn requeue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
-    delivery: &str,
-    campaign: &str,
-    period: &str,
+    delivery: &DeliveryRef,
     allow_unknown: bool,
 ) -> RedisResult<Requeue> {
+    let id = delivery.id();
     let result: String = SCRIPTS
         .requeue
         .key(keys.stream(partition))
-        .key(keys.delivery(partition, delivery))
-        .key(keys.counts(partition, campaign, period))
-        .arg(delivery)
+        .key(keys.delivery(partition, &id))
+        .key(keys.counts(partition, &delivery.campaign, &delivery.period))
+        .arg(id)
         .arg(u8::from(allow_unknown))
         .invoke_async(conn)
         .await?;
     Ok(Requeue::parse(&result))
 }
 
-/// Pauses sending for `ms` (only ever lengthening a pause); true if set or lengthened.
-pub async fn pause(conn: &mut impl ConnectionLike, keys: &Keys, reason: &str, ms: u64) -> RedisResult<bool> {
-    let set: i64 = SCRIPTS.pause.key(keys.paused()).arg(reason).arg(ms).invoke_async(conn).await?;
+/// Hands back claimed deliveries (entry, delivery) of one partition; returns how many were.
+pub async fn release(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    owner: &str,
+    items: &[(&str, &DeliveryRef)],
+) -> RedisResult<u64> {
+    if items.is_empty() {
+        return Ok(0);
+    }
+    let mut call = SCRIPTS.release.prepare_invoke();
+    call.key(keys.stream(partition)).arg(group).arg(owner);
+    for (entry, d) in items {
+        let id = d.id();
+        call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
+    }
+    call.invoke_async(conn).await
+}
+
+/// Renews this owner's leases on claimed deliveries and held batches of one
+/// partition; returns (deliveries, batches) renewed.
+pub async fn renew(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    owner: &str,
+    lease_ms: u64,
+    claimed: &[&DeliveryRef],
+    batches: &[&str],
+) -> RedisResult<(u64, u64)> {
+    if claimed.is_empty() && batches.is_empty() {
+        return Ok((0, 0));
+    }
+    let mut call = SCRIPTS.renew.prepare_invoke();
+    call.key(keys.batches(partition)).arg(owner).arg(lease_ms).arg(claimed.len());
+    for d in claimed {
+        call.key(keys.delivery(partition, &d.id()));
+    }
+    for b in batches {
+        call.key(keys.batch(partition, b)).arg(*b);
+    }
+    call.invoke_async(conn).await
+}
+
+/// Pauses sending in one partition for `ms` (only ever lengthening a pause); true if set or lengthened.
+pub async fn pause(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    reason: &str,
+    ms: u64,
+) -> RedisResult<bool> {
+    let set: i64 = SCRIPTS.pause.key(keys.paused(partition)).arg(reason).arg(ms).invoke_async(conn).await?;
     Ok(set == 1)
+}
+
+/// Removes `consumer` from the group of partition `p` if it has nothing pending and has
+/// been idle longer than `idle_ms`; true if it was removed.
+pub async fn forget_consumer(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    consumer: &str,
+    idle_ms: u64,
+) -> RedisResult<bool> {
+    let removed: i64 =
+        SCRIPTS.forget.key(keys.stream(partition)).arg(group).arg(consumer).arg(idle_ms).invoke_async(conn).await?;
+    Ok(removed == 1)
 }

@@ -8,8 +8,8 @@ use deadpool_redis::{Connection, Pool};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
-use crate::config::Config;
-use crate::keys::Keys;
+use crate::config::{Config, Durability};
+use crate::keys::{Keys, LAYOUT};
 
 /// Pooled connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
@@ -43,14 +43,37 @@ impl Store {
         Ok(store)
     }
 
-    /// Connects and makes the checks a daemon starts with: partition count,
-    /// consumer groups, durability.
-    pub async fn open_for_daemon(config: &Config) -> anyhow::Result<Store> {
-        let store = Store::connect(config).await?;
-        store.check_partitions().await?;
+    /// Connects and makes the checks a daemon starts with: Redis version, layout and
+    /// partition count, consumer groups, durability. Returns whether durability is relaxed.
+    pub async fn open_for_daemon(config: &Config) -> anyhow::Result<(Store, bool)> {
+        let store = Store::open(config).await?;
         store.ensure_groups(&config.redis.group).await?;
-        store.check_durability(config.redis.wait_replicas).await?;
+        let relaxed = store.check_durability(config).await?;
+        Ok((store, relaxed))
+    }
+
+    /// Connects and checks what every command relies on: Redis 7.0 or later, and a
+    /// deployment of this layout with this partition count.
+    pub async fn open(config: &Config) -> anyhow::Result<Store> {
+        let store = Store::connect(config).await?;
+        store.check_version().await?;
+        store.check_partitions().await?;
         Ok(store)
+    }
+
+    /// Redis's clock (`TIME`): the one clock for leases, pauses, periods and releases.
+    pub async fn time(&self) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+        let mut conn = self.conn().await?;
+        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        chrono::DateTime::from_timestamp(secs, (micros * 1000) as u32).context("Redis TIME is out of range")
+    }
+
+    /// Refuses a Redis older than 7.0 (the scripts use `EXPIRE … NX`, `XAUTOCLAIM`'s
+    /// deleted ids and `ZADD … GT`), with one clear error rather than a script failing halfway.
+    pub async fn check_version(&self) -> anyhow::Result<()> {
+        let mut conn = self.conn().await?;
+        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
+        supported_version(&info)
     }
 
     /// A pooled connection.
@@ -64,6 +87,22 @@ impl Store {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
         let want = self.keys.partitions();
+        let layout: Option<u32> = conn.hget(&meta, "layout").await?;
+        let existing: Option<u16> = conn.hget(&meta, "partitions").await?;
+        match (layout, existing) {
+            (Some(LAYOUT), _) | (None, None) => {}
+            (Some(other), _) => bail!(
+                "{meta} says this deployment uses key layout {other}, and this mailstream knows layout {LAYOUT}; \
+                 run the mailstream version that wrote it"
+            ),
+            (None, Some(_)) => bail!(
+                "this Redis holds a deployment ({meta}) in the key layout of mailstream 0.1 (a ULID per delivery); \
+                 let that version drain it (every delivery settled), then delete its keys \
+                 (redis-cli --scan --pattern '{}:*' | xargs redis-cli unlink) and start again",
+                self.keys.prefix()
+            ),
+        }
+        let _: bool = conn.hset_nx(&meta, "layout", LAYOUT).await?;
         let _: bool = conn.hset_nx(&meta, "partitions", want).await?;
         let have: u16 = conn.hget(&meta, "partitions").await?;
         if have != want {
@@ -75,36 +114,53 @@ impl Store {
         Ok(())
     }
 
-    /// Warns when Redis could lose what exactly-once rests on: evicted dedup keys or
-    /// batches, or writes lost at a restart. (CONFIG may be disabled: then it says so.)
-    pub async fn check_durability(&self, wait_replicas: u32) -> anyhow::Result<()> {
+    /// Checks that Redis keeps what it acknowledged: a lost seal or last-gate write
+    /// could mean a batch sent twice. Without `appendonly yes` + `appendfsync always`
+    /// (or `wait_replicas` replicas connected) it refuses to start, unless the operator
+    /// chose `redis.durability = "relaxed"`: then it warns and returns true.
+    pub async fn check_durability(&self, config: &Config) -> anyhow::Result<bool> {
         let mut conn = self.conn().await?;
+        let wait = config.redis.wait_replicas;
         let get = |name: &'static str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
-        let policy: redis::RedisResult<Vec<String>> = get("maxmemory-policy").query_async(&mut conn).await;
-        let aof: redis::RedisResult<Vec<String>> = get("appendonly").query_async(&mut conn).await;
-        let fsync: redis::RedisResult<Vec<String>> = get("appendfsync").query_async(&mut conn).await;
-        match (policy, aof, fsync) {
-            (Ok(policy), Ok(aof), Ok(fsync)) => {
-                let value = |v: &[String]| v.get(1).cloned().unwrap_or_default();
-                if value(&policy) != "noeviction" {
-                    tracing::warn!(
-                        maxmemory_policy = %value(&policy),
-                        "Redis may evict keys under memory pressure; evicted dedup keys or sealed batches can mean \
-                         duplicate or lost mail: set maxmemory-policy noeviction"
-                    );
-                }
-                if wait_replicas == 0 && (value(&aof) != "yes" || value(&fsync) != "always") {
-                    tracing::info!(
-                        appendonly = %value(&aof),
-                        appendfsync = %value(&fsync),
-                        "a Redis crash may lose the last writes; for exactly-once across Redis crashes use \
-                         appendonly yes with appendfsync always, or replicas with redis.wait_replicas"
-                    );
-                }
-            }
-            _ => tracing::info!("CONFIG GET is not allowed; Redis persistence and eviction settings were not checked"),
+        let value = |r: redis::RedisResult<Vec<String>>| r.ok().and_then(|v| v.get(1).cloned());
+        let policy = value(get("maxmemory-policy").query_async(&mut conn).await);
+        let aof = value(get("appendonly").query_async(&mut conn).await);
+        let fsync = value(get("appendfsync").query_async(&mut conn).await);
+        if policy.as_deref().is_some_and(|p| p != "noeviction") {
+            tracing::warn!(
+                maxmemory_policy = policy.as_deref().unwrap_or("?"),
+                "Redis may evict keys under memory pressure; an evicted record or sealed batch can mean duplicate \
+                 or lost mail: set maxmemory-policy noeviction"
+            );
         }
-        Ok(())
+        let problem = if wait > 0 {
+            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
+            let replicas: u32 = info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
+            (replicas < wait)
+                .then(|| format!("redis.wait_replicas is {wait} but the primary has {replicas} connected replicas"))
+        } else {
+            match (aof.as_deref(), fsync.as_deref()) {
+                (Some("yes"), Some("always")) => None,
+                (Some(aof), Some(fsync)) => Some(format!(
+                    "Redis runs with appendonly {aof}, appendfsync {fsync}: a crash may lose acknowledged writes"
+                )),
+                _ => Some("Redis does not allow CONFIG GET, so its persistence cannot be checked".to_string()),
+            }
+        };
+        match (problem, config.redis.durability) {
+            (None, _) => Ok(false),
+            (Some(problem), Durability::Relaxed) => {
+                tracing::warn!(
+                    "{problem}; running anyway (redis.durability = \"relaxed\"): a lost seal can mean an email sent twice"
+                );
+                Ok(true)
+            }
+            (Some(problem), Durability::Strict) => bail!(
+                "{problem}. A lost seal can mean an email sent twice, so mailstream refuses to run: use \
+                 appendonly yes with appendfsync always, or replicas with redis.wait_replicas, or accept the \
+                 risk with redis.durability = \"relaxed\""
+            ),
+        }
     }
 
     /// Creates the consumer group on every partition's stream (idempotent).
@@ -127,6 +183,21 @@ pub async fn ensure_group(conn: &mut impl ConnectionLike, stream: &str, group: &
         Err(e) if e.code() == Some("BUSYGROUP") => Ok(()),
         Err(e) => Err(e).with_context(|| format!("creating consumer group {group} on {stream}")),
     }
+}
+
+/// Whether an `INFO server` reply names Redis 7.0 or later.
+pub fn supported_version(info: &str) -> anyhow::Result<()> {
+    let version = info_field(info, "redis_version").unwrap_or("unknown");
+    let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    if major < 7 {
+        bail!("Redis {version} is too old: mailstream needs Redis 7.0 or later");
+    }
+    Ok(())
+}
+
+/// A `field:value` line of an `INFO` reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':')).map(str::trim)
 }
 
 /// A campaign period's counters, summed over partitions.
@@ -208,5 +279,19 @@ impl Store {
             c.outcome_unknown += get("outcome_unknown");
         }
         Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redis_older_than_7_is_refused_with_its_version() {
+        assert!(supported_version("# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n").is_ok());
+        assert!(supported_version("redis_version:7.2.4\r\n").is_ok());
+        let old = supported_version("redis_version:6.2.14\r\n").unwrap_err().to_string();
+        assert!(old.contains("6.2.14") && old.contains("7.0"), "{old}");
+        assert!(supported_version("no version here").is_err());
     }
 }

@@ -41,7 +41,8 @@ impl Subscriber {
     /// Checks ids and address; the message names the field, never the address.
     pub fn validate(&self) -> anyhow::Result<()> {
         if !is_name(&self.id) {
-            bail!("subscriber id must be 1-128 of letters, digits, '_', '-', '.' (got {:?})", self.id);
+            // The id is not quoted: an address mistaken for an id must not be echoed.
+            bail!("subscriber id must be 1-128 of letters, digits, '_', '-', '.'");
         }
         let ok_email = self.email.len() <= 320
             && self.email.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
@@ -49,8 +50,8 @@ impl Subscriber {
         if !ok_email {
             bail!("subscriber {}: email is not a plain address", self.id);
         }
-        if let Some(t) = self.targets.iter().find(|t| !is_name(t)) {
-            bail!("subscriber {}: target id must be 1-128 of letters, digits, '_', '-', '.' (got {t:?})", self.id);
+        if self.targets.iter().any(|t| !is_name(t)) {
+            bail!("subscriber {}: a target id must be 1-128 of letters, digits, '_', '-', '.'", self.id);
         }
         Ok(())
     }
@@ -117,6 +118,8 @@ pub mod field {
     pub const SUBSCRIBED: &str = "subscribed";
     /// A JSON object for the template.
     pub const DATA: &str = "data";
+    /// Present when the address is suppressed (bounced, complained): why.
+    pub const SUPPRESSED: &str = "suppressed";
 }
 
 /// How a yes/no field is stored.
@@ -135,10 +138,12 @@ pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
 }
 
 /// The fields [`resolve`] reads, in the order of [`Row`].
-pub const RESOLVE_FIELDS: [&str; 4] = [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::DATA];
+pub const RESOLVE_FIELDS: [&str; 5] =
+    [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, field::DATA];
 
-/// A record as `HMGET key` + [`RESOLVE_FIELDS`] returns it.
-pub type Row = (Option<String>, Option<String>, Option<String>, Option<String>);
+/// A record as `HMGET key` + [`RESOLVE_FIELDS`] returns it, as raw bytes (a field that is
+/// not UTF-8 is the record's problem, not the reader's).
+pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// What a subscriber record says about sending to it now.
 #[derive(Debug, Clone, PartialEq)]
@@ -151,18 +156,22 @@ pub enum Resolved {
     Fail(Reason),
 }
 
-/// Reads a subscriber record at send time: it exists, is entitled, is subscribed,
-/// and its data is JSON.
+/// Reads a subscriber record at send time: it exists, is not suppressed, is
+/// entitled, is subscribed, and its address and data are well-formed.
 pub fn resolve(row: Row) -> Resolved {
-    let (email, entitled, subscribed, data) = row;
+    let (email, entitled, subscribed, suppressed, data) = row;
     let Some(email) = email else { return Resolved::Skip(Reason::UnknownSubscriber) };
-    if !is_set(entitled.as_deref()) {
+    if suppressed.is_some() {
+        return Resolved::Skip(Reason::Suppressed);
+    }
+    if entitled.as_deref() != Some(b"1") {
         return Resolved::Skip(Reason::NotEntitled);
     }
-    if !is_set(subscribed.as_deref()) {
+    if subscribed.as_deref() != Some(b"1") {
         return Resolved::Skip(Reason::Unsubscribed);
     }
-    match data.map(|d| serde_json::from_str::<serde_json::Value>(&d)) {
+    let Ok(email) = String::from_utf8(email) else { return Resolved::Fail(Reason::InvalidSubscriberData) };
+    match data.map(|d| serde_json::from_slice::<serde_json::Value>(&d)) {
         None => Resolved::Send { email, data: serde_json::Value::Null },
         Some(Ok(data)) => Resolved::Send { email, data },
         Some(Err(_)) => Resolved::Fail(Reason::InvalidSubscriberData),
@@ -216,10 +225,17 @@ mod tests {
 
     #[test]
     fn resolve_reads_the_record_at_send_time() {
+        let bytes = |s: &str| s.as_bytes().to_vec();
         let row = |email: Option<&str>, entitled: &str, subscribed: &str, data: Option<&str>| -> Row {
-            (email.map(Into::into), Some(entitled.into()), Some(subscribed.into()), data.map(Into::into))
+            (email.map(bytes), Some(bytes(entitled)), Some(bytes(subscribed)), None, data.map(bytes))
         };
-        assert_eq!(resolve((None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));
+        assert_eq!(resolve((None, None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));
+        let mut suppressed = row(Some("a@b.example"), "1", "1", None);
+        suppressed.3 = Some(bytes("bounced"));
+        assert_eq!(resolve(suppressed), Resolved::Skip(Reason::Suppressed));
+        let mut garbled = row(Some("a@b.example"), "1", "1", None);
+        garbled.0 = Some(vec![0xff, 0xfe, b'@']);
+        assert_eq!(resolve(garbled), Resolved::Fail(Reason::InvalidSubscriberData));
         assert_eq!(resolve(row(Some("a@b.example"), "0", "1", None)), Resolved::Skip(Reason::NotEntitled));
         assert_eq!(resolve(row(Some("a@b.example"), "1", "0", None)), Resolved::Skip(Reason::Unsubscribed));
         assert_eq!(

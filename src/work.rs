@@ -4,12 +4,71 @@
 
 use bytes::Bytes;
 
-/// Which delivery, and the campaign period it counts towards.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Which delivery: one (campaign, period, subscriber, target). Its id,
+/// `campaign:period:subscriber:target`, names its record and is its dedup key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeliveryRef {
-    pub id: String,
     pub campaign: String,
     pub period: String,
+    pub subscriber: String,
+    pub target: String,
+}
+
+impl DeliveryRef {
+    pub fn new(campaign: &str, period: &str, subscriber: &str, target: &str) -> DeliveryRef {
+        DeliveryRef {
+            campaign: campaign.to_string(),
+            period: period.to_string(),
+            subscriber: subscriber.to_string(),
+            target: target.to_string(),
+        }
+    }
+
+    /// `campaign:period:subscriber:target` (none of the parts holds a `:`).
+    pub fn id(&self) -> String {
+        format!("{}:{}:{}:{}", self.campaign, self.period, self.subscriber, self.target)
+    }
+
+    /// The delivery an id names; `None` unless it has four non-empty parts.
+    pub fn parse(id: &str) -> Option<DeliveryRef> {
+        let mut parts = id.split(':');
+        let mut next = || parts.next().filter(|p| !p.is_empty());
+        let d = DeliveryRef::new(next()?, next()?, next()?, next()?);
+        parts.next().is_none().then_some(d)
+    }
+
+    /// The id as a Resend tag value (letters, digits, `_` and `-` only): `_` is
+    /// written `__`, `:` `_c` and `.` `_d`, so [`DeliveryRef::from_tag`] reverses it.
+    pub fn tag(&self) -> String {
+        let mut out = String::new();
+        for c in self.id().chars() {
+            match c {
+                '_' => out.push_str("__"),
+                ':' => out.push_str("_c"),
+                '.' => out.push_str("_d"),
+                c => out.push(c),
+            }
+        }
+        out
+    }
+
+    /// The delivery a [`DeliveryRef::tag`] value names.
+    pub fn from_tag(tag: &str) -> Option<DeliveryRef> {
+        let mut id = String::new();
+        let mut chars = tag.chars();
+        while let Some(c) = chars.next() {
+            match (c, c == '_') {
+                (_, true) => match chars.next()? {
+                    '_' => id.push('_'),
+                    'c' => id.push(':'),
+                    'd' => id.push('.'),
+                    _ => return None,
+                },
+                (c, false) => id.push(c),
+            }
+        }
+        DeliveryRef::parse(&id)
+    }
 }
 
 /// A claimed, rendered email waiting for a batch.
@@ -32,8 +91,8 @@ pub struct Sealed {
     /// The exact request body stored at sealing.
     pub body: Bytes,
     pub members: Vec<DeliveryRef>,
-    /// Attempts that failed before this one.
-    pub failed: u32,
+    /// Failed requests before this one (the backoff's exponent).
+    pub tries: u32,
     /// Whether an earlier attempt may have been processed by the provider.
     pub maybe_sent: bool,
 }
@@ -45,4 +104,22 @@ pub enum Work {
     Fresh(u16, Vec<Ready>),
     /// A sealed batch to send again, same key and body.
     Resend(Sealed),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_tags_round_trip() {
+        let d = DeliveryRef::new("weekly_digest", "2026-W48", "ann.b_7", "team-1");
+        assert_eq!(d.id(), "weekly_digest:2026-W48:ann.b_7:team-1");
+        assert_eq!(DeliveryRef::parse(&d.id()), Some(d.clone()));
+        let tag = d.tag();
+        assert!(tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{tag}");
+        assert_eq!(DeliveryRef::from_tag(&tag), Some(d));
+        for bad in ["a:b:c", "a:b:c:d:e", "a::c:d", "", "x_zy"] {
+            assert_eq!(DeliveryRef::parse(bad).or_else(|| DeliveryRef::from_tag(bad)), None, "{bad}");
+        }
+    }
 }

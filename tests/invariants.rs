@@ -98,7 +98,6 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
         c.redis.partitions = 4;
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
-        c.delivery.max_attempts = 30;
     })
     .await;
     // Redis's own record of every command, from before the first script call.
@@ -201,7 +200,6 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let mut world = World::with(Default::default(), |c| {
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
-        c.delivery.max_attempts = 30;
     })
     .await;
     let faults = Faults { server_error: 0.1, hang: 0.05, hang_ms: 1500, concurrent: 0.05, ..Default::default() };

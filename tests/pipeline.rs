@@ -10,9 +10,10 @@ use std::time::Duration;
 use common::*;
 use mailstream::emulator::EmulatorConfig;
 use mailstream::kick;
-use mailstream::scripts::{self, Claim, NewDelivery};
+use mailstream::scripts::{self, Claim};
 use mailstream::sender::idempotency_key;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::work::DeliveryRef;
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -70,12 +71,10 @@ async fn targets_and_eligibility_shape_the_fan_out() {
 async fn two_claimers_racing_on_one_delivery_only_one_wins() {
     let world = World::new().await;
     let keys = &world.store.keys;
-    let items: Vec<NewDelivery> = (0..200)
-        .map(|i| NewDelivery { id: format!("d{i:04}"), subscriber: "s".into(), target: format!("t{i}") })
-        .collect();
+    let items: Vec<DeliveryRef> = (0..200).map(|i| DeliveryRef::new(CAMPAIGN, PERIOD, "s", &format!("t{i}"))).collect();
     let mut conn = world.store.conn().await.unwrap();
-    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
-    let ids: Vec<&str> = items.iter().map(|d| d.id.as_str()).collect();
+    scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
+    let ids: Vec<String> = items.iter().map(DeliveryRef::id).collect();
     let race = |owner: &'static str| {
         let store = world.store.clone();
         let ids: Vec<String> = ids.iter().map(|s| s.to_string()).collect();
@@ -88,13 +87,14 @@ async fn two_claimers_racing_on_one_delivery_only_one_wins() {
     let (a, b) = tokio::join!(tokio::spawn(race("a")), tokio::spawn(race("b")));
     let (a, b) = (a.unwrap(), b.unwrap());
     for (x, y) in a.iter().zip(&b) {
-        let won = [x, y].iter().filter(|c| matches!(c, Claim::Claimed(_))).count();
+        let won = [x, y].iter().filter(|c| matches!(c, Claim::Claimed { .. })).count();
         assert_eq!(won, 1, "exactly one claimer wins: {x:?} / {y:?}");
-        assert!(matches!(x, Claim::Claimed(_) | Claim::Held) && matches!(y, Claim::Claimed(_) | Claim::Held));
+        let either = |c: &Claim| matches!(c, Claim::Claimed { .. } | Claim::Held);
+        assert!(either(x) && either(y));
     }
     // The loser's view changes nothing: the record names one owner, claimed once.
-    let record = delivery(&world.store, "d0000").await;
-    assert_eq!(record["attempts"], "1");
+    let record = delivery(&world.store, &ids[0]).await;
+    assert_eq!(record["claims"], "1");
     assert!(record["lease_owner"] == "a" || record["lease_owner"] == "b");
 }
 
@@ -141,7 +141,7 @@ async fn entitlement_revoked_between_kick_and_send_is_skipped() {
         .await
         .into_iter()
         .filter(|(_, d)| d["state"] == "skipped")
-        .map(|(_, d)| (d["subscriber"].clone(), d["reason"].clone()))
+        .map(|(d, record)| (d.subscriber, record["reason"].clone()))
         .collect();
     assert_eq!(reasons[&subs[0].id], "not_entitled");
     assert_eq!(reasons[&subs[1].id], "unsubscribed");
@@ -191,7 +191,7 @@ async fn an_invalid_address_fails_only_its_own_delivery() {
     assert_eq!(emulator.seen().len(), 1, "one permissive batch request");
     let failed: Vec<_> = deliveries(&world.store).await.into_iter().filter(|(_, d)| d["state"] == "failed").collect();
     assert_eq!(failed.len(), 1);
-    assert_eq!(failed[0].1["subscriber"], subs[7].id);
+    assert_eq!(failed[0].0.subscriber, subs[7].id);
     assert_eq!(failed[0].1["error"], "validation_error");
     // Dead letter: the id and the error name, no address.
     let mut conn = world.store.conn().await.unwrap();
@@ -199,7 +199,7 @@ async fn an_invalid_address_fails_only_its_own_delivery() {
         redis::cmd("XRANGE").arg(world.store.keys.dead(0)).arg("-").arg("+").query_async(&mut conn).await.unwrap();
     assert_eq!(dead.ids.len(), 1);
     let entry = &dead.ids[0];
-    assert_eq!(entry.get::<String>("delivery").as_deref(), Some(failed[0].0.as_str()));
+    assert_eq!(entry.get::<String>("delivery"), Some(failed[0].0.id()));
     assert_eq!(entry.get::<String>("error").as_deref(), Some("validation_error"));
     assert!(!format!("{:?}", entry.map).contains('@'));
 }
@@ -232,10 +232,10 @@ async fn streams_and_sealed_bodies_do_not_outlive_their_work() {
     let mut conn = world.store.conn().await.unwrap();
     let batches: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:batch:*").query_async(&mut conn).await.unwrap();
     assert!(batches.is_empty(), "sealed bodies are deleted once settled: {batches:?}");
-    // Delivery records and dedup keys expire after the retention.
+    // Delivery records (their own dedup keys) expire after the retention, counted from settlement.
     let (_, record) = &deliveries(&world.store).await[0];
     assert_eq!(record["state"], "sent");
-    let any: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:delivery:*").query_async(&mut conn).await.unwrap();
+    let any: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:d:*").query_async(&mut conn).await.unwrap();
     let ttl: i64 = redis::cmd("TTL").arg(&any[0]).query_async(&mut conn).await.unwrap();
     assert!(ttl > 0 && ttl <= (world.config.retention().as_secs() as i64));
 }

@@ -14,7 +14,7 @@ use mailstream::emulator::{EmulatorConfig, Faults};
 use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::redis_server::RedisOptions;
 use mailstream::resend::ErrorName;
-use mailstream::scripts::{self, Claim, NewDelivery, Reschedule, SealRequest, Settlement, Settler, Verdict};
+use mailstream::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::work::{DeliveryRef, Ready};
 use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;
@@ -97,47 +97,6 @@ async fn crash_after_settle() {
     crash_and_recover(Failpoint::Settled).await;
 }
 
-/// Claims and seals one batch of `n` deliveries in partition 0 as `owner`.
-async fn sealed_batch(world: &World, n: usize, owner: &str) -> (String, Vec<DeliveryRef>) {
-    let keys = &world.store.keys;
-    let mut conn = world.store.conn().await.unwrap();
-    let items: Vec<NewDelivery> =
-        (0..n).map(|i| NewDelivery { id: format!("d{i}"), subscriber: format!("s{i}"), target: "t".into() }).collect();
-    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
-    let ids: Vec<&str> = items.iter().map(|d| d.id.as_str()).collect();
-    let claims = scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
-    assert!(claims.iter().all(|c| matches!(c, Claim::Claimed(_))));
-    let json: Vec<String> = (0..n)
-        .map(|i| {
-            format!(
-                r#"{{"from":"a@acme.example","to":["delivered+s{i}@resend.dev"],"subject":"Digest {PERIOD}","text":"x"}}"#
-            )
-        })
-        .collect();
-    let members: Vec<Ready> = items
-        .iter()
-        .zip(json)
-        .map(|(d, json)| Ready { entry: "0-1".into(), delivery: delivery_ref(&d.id), json })
-        .collect();
-    let req = SealRequest {
-        partition: 0,
-        batch: "B1",
-        idempotency_key: "mailstream-B1",
-        owner,
-        group: "mailstream",
-        lease_ms: 1,
-        retention_secs: 3600,
-    };
-    let sealed = scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
-    assert_eq!(sealed.len(), n);
-    let members = items.iter().map(|d| delivery_ref(&d.id)).collect();
-    ("B1".into(), members)
-}
-
-fn delivery_ref(id: &str) -> DeliveryRef {
-    DeliveryRef { id: id.into(), campaign: CAMPAIGN.into(), period: PERIOD.into() }
-}
-
 fn settlements(members: &[DeliveryRef], verdict: Verdict) -> Vec<Settlement<'_>> {
     members.iter().map(|m| Settlement { member: m, verdict: verdict.clone() }).collect()
 }
@@ -147,26 +106,26 @@ async fn a_slow_holder_cannot_overwrite_the_new_holders_result() {
     let world = World::new().await;
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let (batch, members) = sealed_batch(&world, 3, "slow").await;
-    tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms lease runs out
+    let (batch, members) = sealed_batch(&world, 3, "slow", true).await;
+    tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms lease runs out mid-send
 
     // The new holder takes the batch over, resends, and settles the provider's answer.
     let taken = scripts::take(&mut conn, keys, 0, &batch, "new", 60_000, 3_600_000).await.unwrap();
     assert!(matches!(&taken, scripts::Take::Take { key, maybe_sent: true, .. } if key == "mailstream-B1"), "{taken:?}");
     let sent = settlements(&members, Verdict::Sent("re_new".into()));
-    let recorded = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3_600_000).await.unwrap();
-    assert_eq!(recorded, vec![Some(Outcome::Sent); 3]);
+    let settled = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3600).await.unwrap();
+    assert_eq!(settled.recorded, vec![Some(Outcome::Sent); 3]);
 
     // The slow holder wakes up with a different story: neither its retry nor its
     // verdict changes anything.
     let timeout = Reason::Provider(ErrorName::Timeout);
-    let retry = Reschedule { delay_ms: 10, count_attempt: true, maybe_sent: true, error: timeout.clone() };
+    let retry = Reschedule { delay_ms: 10, failed_request: true, maybe_sent: true, error: timeout.clone() };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "slow", &retry).await.unwrap(), None);
     let failed = settlements(&members, Verdict::Failed(timeout));
     let by = Settler::Holder("slow");
-    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 3]);
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3600).await.unwrap().recorded, vec![None; 3]);
     for m in &members {
-        let d = delivery(&world.store, &m.id).await;
+        let d = delivery(&world.store, &m.id()).await;
         assert_eq!((d["state"].as_str(), d["provider_id"].as_str()), ("sent", "re_new"));
     }
     let counts = world.counts().await;
@@ -178,7 +137,7 @@ async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
     let world = World::new().await;
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let (batch, members) = sealed_batch(&world, 2, "slow").await;
+    let (batch, members) = sealed_batch(&world, 2, "slow", true).await;
     tokio::time::sleep(Duration::from_millis(5)).await;
     // The new holder's attempt times out: the batch record now says "may have been sent".
     assert!(matches!(
@@ -187,7 +146,7 @@ async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
     ));
     let timeout = Reschedule {
         delay_ms: 60_000,
-        count_attempt: true,
+        failed_request: true,
         maybe_sent: true,
         error: Reason::Provider(ErrorName::Timeout),
     };
@@ -195,12 +154,12 @@ async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
     // The old holder, which only ever saw connection refusals, gives up: refused.
     let failed = settlements(&members, Verdict::Failed(Reason::Provider(ErrorName::ConnectionFailed)));
     let by = Settler::Holder("slow");
-    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap(), vec![None; 2]);
+    assert_eq!(scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3600).await.unwrap().recorded, vec![None; 2]);
     // The holder gives up the same way: recorded as outcome_unknown, not failed, so no
     // dead-letter retry can send it a second time.
     let by = Settler::Holder("new");
-    let recorded = scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3_600_000).await.unwrap();
-    assert_eq!(recorded, vec![Some(Outcome::OutcomeUnknown); 2]);
+    let settled = scripts::settle(&mut conn, keys, 0, &batch, by, &failed, 3600).await.unwrap();
+    assert_eq!(settled.recorded, vec![Some(Outcome::OutcomeUnknown); 2]);
     let counts = world.counts().await;
     assert_eq!((counts.failed, counts.outcome_unknown), (0, 2));
 }
@@ -210,13 +169,15 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
     let world = World::new().await;
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let items = vec![NewDelivery { id: "d1".into(), subscriber: "s".into(), target: "t".into() }];
-    scripts::enqueue(&mut conn, keys, 0, CAMPAIGN, PERIOD, &items, 3600).await.unwrap();
-    assert!(matches!(scripts::claim(&mut conn, keys, 0, &["d1"], "slow", 1).await.unwrap()[0], Claim::Claimed(_)));
+    let d = DeliveryRef::new(CAMPAIGN, PERIOD, "s", "t");
+    let id = d.id();
+    scripts::enqueue(&mut conn, keys, 0, std::slice::from_ref(&d), 3600).await.unwrap();
+    let claimed = scripts::claim(&mut conn, keys, 0, &[&id], "slow", 1).await.unwrap();
+    assert!(matches!(claimed[0], Claim::Claimed { .. }));
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let again = scripts::claim(&mut conn, keys, 0, &["d1"], "new", 60_000).await.unwrap();
-    assert!(matches!(&again[0], Claim::Claimed(c) if c.attempts == 2));
-    let member = Ready { entry: "0-1".into(), delivery: delivery_ref("d1"), json: "{}".into() };
+    let again = scripts::claim(&mut conn, keys, 0, &[&id], "new", 60_000).await.unwrap();
+    assert_eq!(again[0], Claim::Claimed { claims: 2 });
+    let member = Ready { entry: "0-1".into(), delivery: d, json: "{}".into() };
     let req = |batch, owner| SealRequest {
         partition: 0,
         batch,
@@ -224,7 +185,6 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
         owner,
         group: "mailstream",
         lease_ms: 60_000,
-        retention_secs: 3600,
     };
     assert!(
         scripts::seal(&mut conn, keys, &req("late", "slow"), std::slice::from_ref(&member)).await.unwrap().is_empty()
@@ -250,7 +210,7 @@ async fn age_batch(world: &World, batch: &str, fields: &[(&str, &str)]) {
 async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
     let mut world = World::new().await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
-    let (batch, _) = sealed_batch(&world, 4, "dead-holder").await;
+    let (batch, _) = sealed_batch(&world, 4, "dead-holder", true).await;
     // Sealed 25 hours ago by a holder that died mid-send.
     age_batch(&world, &batch, &[]).await;
     let daemon = world.daemon();
@@ -271,7 +231,7 @@ async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
 async fn an_old_batch_that_was_never_sent_is_sent() {
     let mut world = World::new().await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
-    let (batch, _) = sealed_batch(&world, 4, "paused-holder").await;
+    let (batch, _) = sealed_batch(&world, 4, "paused-holder", false).await;
     // Waiting 25 hours for a retry, after refusals only (a long quota pause): nothing left.
     age_batch(&world, &batch, &[("state", "retry"), ("maybe_sent", "0")]).await;
     let daemon = world.daemon();
@@ -286,7 +246,6 @@ async fn a_timed_out_request_is_retried_with_the_same_key_and_body() {
     let mut world = World::with(RedisOptions::default(), |c| {
         quick(c);
         c.redis.partitions = 1;
-        c.delivery.max_attempts = 40;
     })
     .await;
     // Every first request is processed, then answered after 2.5 s: past the 1 s timeout.
@@ -370,7 +329,7 @@ async fn an_exhausted_quota_pauses_sending_and_drops_nothing() {
     world.kick().await;
     let daemon = world.daemon();
     let store = world.store.clone();
-    let paused_key = store.keys.paused();
+    let paused_key = store.keys.paused(0);
     let paused = eventually(Duration::from_secs(30), || {
         let (store, key) = (store.clone(), paused_key.clone());
         async move {

@@ -33,35 +33,51 @@ pub struct Faults {
 pub struct Storm {
     pub after_requests: u64,
     pub duration_ms: u64,
+    /// The `retry-after` each refusal carries; by default the time the storm has left.
+    /// (Another service of the team hammering the limit looks like `1`: try again next second.)
+    #[serde(default)]
+    pub retry_after_seconds: Option<u64>,
 }
 
 /// Where the storms and the quota stand.
 pub struct FaultState {
     storm_until: Option<Instant>,
+    storm_retry_after: Option<u64>,
     storms_started: usize,
     quota_used: u64,
     quota_since: Instant,
+    /// The quota no longer applies (the team upgraded its plan).
+    quota_lifted: bool,
 }
 
 impl FaultState {
     pub fn new(now: Instant) -> FaultState {
-        FaultState { storm_until: None, storms_started: 0, quota_used: 0, quota_since: now }
+        FaultState {
+            storm_until: None,
+            storm_retry_after: None,
+            storms_started: 0,
+            quota_used: 0,
+            quota_since: now,
+            quota_lifted: false,
+        }
     }
 
-    /// How much longer the current 429 storm lasts, if one is on (`requests`: seen so far).
-    pub fn in_storm(&mut self, now: Instant, requests: u64, faults: &Faults) -> Option<Duration> {
+    /// The `retry-after` (seconds) of a refusal if a 429 storm is on now (`requests`: seen so far).
+    pub fn in_storm(&mut self, now: Instant, requests: u64, faults: &Faults) -> Option<u64> {
         if let Some(storm) = faults.storms.get(self.storms_started)
             && requests > storm.after_requests
         {
             self.storms_started += 1;
             self.storm_until = Some(now + Duration::from_millis(storm.duration_ms));
+            self.storm_retry_after = storm.retry_after_seconds;
         }
-        self.storm_until.and_then(|until| until.checked_duration_since(now)).filter(|d| !d.is_zero())
+        let left = self.storm_until.and_then(|until| until.checked_duration_since(now)).filter(|d| !d.is_zero())?;
+        Some(self.storm_retry_after.unwrap_or_else(|| left.as_millis().div_ceil(1000).max(1) as u64))
     }
 
     /// Takes `emails` from the quota; `false` when they do not fit (nothing is taken).
     pub fn take_quota(&mut self, emails: u64, now: Instant, faults: &Faults) -> bool {
-        let Some(quota) = faults.quota_after_emails else { return true };
+        let Some(quota) = faults.quota_after_emails.filter(|_| !self.quota_lifted) else { return true };
         if faults.quota_reset_ms.is_some_and(|ms| now.duration_since(self.quota_since) >= Duration::from_millis(ms)) {
             self.renew(now);
         }
@@ -76,5 +92,10 @@ impl FaultState {
     pub fn renew(&mut self, now: Instant) {
         self.quota_used = 0;
         self.quota_since = now;
+    }
+
+    /// No quota from now on.
+    pub fn lift(&mut self) {
+        self.quota_lifted = true;
     }
 }

@@ -94,8 +94,8 @@ struct Inner {
     window: SlidingWindow,
     idempotency: IdempotencyStore,
     faults: FaultState,
-    /// Real sends per (recipient, subject).
-    sends: HashMap<(String, String), u32>,
+    /// When each real send of (recipient, subject) happened.
+    sends: HashMap<(String, String), Vec<Instant>>,
     rng: StdRng,
 }
 
@@ -137,6 +137,11 @@ impl Emulator {
         self.lock().faults.renew(Instant::now());
     }
 
+    /// Removes the quota from now on (the team moved to a larger plan).
+    pub fn lift_quota(&self) {
+        self.lock().faults.lift();
+    }
+
     /// The requests seen so far to the sending endpoints, oldest first.
     pub fn seen(&self) -> Vec<Seen> {
         self.lock().seen.iter().cloned().collect()
@@ -144,11 +149,16 @@ impl Emulator {
 
     /// Real sends of each recipient for subjects containing `needle` (a period, say).
     pub fn sends_matching(&self, needle: &str) -> HashMap<String, u32> {
+        self.send_times_matching(needle).into_iter().map(|(to, at)| (to, at.len() as u32)).collect()
+    }
+
+    /// When each recipient was really sent a subject containing `needle`.
+    pub fn send_times_matching(&self, needle: &str) -> HashMap<String, Vec<Instant>> {
         let inner = self.lock();
-        let mut out = HashMap::new();
-        for ((to, subject), n) in &inner.sends {
+        let mut out: HashMap<String, Vec<Instant>> = HashMap::new();
+        for ((to, subject), at) in &inner.sends {
             if subject.contains(needle) {
-                *out.entry(to.clone()).or_insert(0) += n;
+                out.entry(to.clone()).or_default().extend(at);
             }
         }
         out
@@ -159,7 +169,16 @@ impl Emulator {
     pub async fn spawn_local(
         &self,
     ) -> std::io::Result<(String, crate::shutdown::Trigger, tokio::task::JoinHandle<()>)> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        self.spawn_at("127.0.0.1:0".parse().expect("an address")).await
+    }
+
+    /// [`Emulator::spawn_local`] on a given address (the same port again after an
+    /// outage: the state, idempotency store included, is kept).
+    pub async fn spawn_at(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> std::io::Result<(String, crate::shutdown::Trigger, tokio::task::JoinHandle<()>)> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
         let url = format!("http://{}", listener.local_addr()?);
         let (stop, down) = crate::shutdown::channel();
         Ok((url, stop, tokio::spawn(self.clone().serve(listener, down))))
@@ -221,8 +240,8 @@ impl Emulator {
         let storm = inner.faults.in_storm(now, inner.stats.requests, faults);
         if rate.limited || storm.is_some() {
             inner.stats.rate_limited += 1;
-            if let Some(left) = storm {
-                rate.retry_after = Some(left.as_millis().div_ceil(1000).max(1) as u64);
+            if let Some(after) = storm {
+                rate.retry_after = Some(after);
             }
             let message = "Too many requests. You can only make a limited number of requests per second.";
             return (Err(ApiError::new(429, "rate_limit_exceeded", message)), rate, None);
@@ -353,7 +372,7 @@ impl Inner {
             match c {
                 Ok(recipients) => {
                     for to in recipients.to {
-                        self.record_send(to, recipients.subject.clone());
+                        self.record_send(to, recipients.subject.clone(), now);
                     }
                     self.stats.emails_accepted += 1;
                     data.push(json!({ "id": new_uuid() }));
@@ -374,10 +393,10 @@ impl Inner {
         Ok(out)
     }
 
-    fn record_send(&mut self, to: String, subject: String) {
-        let n = self.sends.entry((to, subject)).or_insert(0);
-        *n += 1;
-        if *n == 1 {
+    fn record_send(&mut self, to: String, subject: String, now: Instant) {
+        let at = self.sends.entry((to, subject)).or_default();
+        at.push(now);
+        if at.len() == 1 {
             self.stats.distinct_sends += 1;
         } else {
             self.stats.duplicate_sends += 1;

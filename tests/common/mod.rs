@@ -42,10 +42,11 @@ impl World {
         config.redis.pool_size = 16;
         config.resend.api_key = Some(Secret::new("re_test_key"));
         config.resend.base_url = "http://127.0.0.1:9".into();
-        // Fast tests: a high rate, short leases and retries.
+        // Fast tests: a high rate, short leases and retries; a throwaway Redis.
+        config.redis.durability = mailstream::config::Durability::Relaxed;
         config.resend.requests_per_second = 200;
         config.resend.timeout_seconds = 2;
-        config.delivery.lease_seconds = 7;
+        config.delivery.lease_seconds = 6;
         config.delivery.retry_base_ms = 50;
         config.delivery.retry_max_ms = 200;
         config.delivery.block_ms = 200;
@@ -161,31 +162,173 @@ where
     }
 }
 
-/// A delivery record's fields.
+/// A delivery record's fields (`id` is `campaign:period:subscriber:target`).
 pub async fn delivery(store: &Store, id: &str) -> std::collections::HashMap<String, String> {
     let mut conn = store.conn().await.unwrap();
-    for p in 0..store.keys.partitions() {
-        let fields: std::collections::HashMap<String, String> =
-            redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await.unwrap();
-        if !fields.is_empty() {
-            return fields;
-        }
-    }
-    Default::default()
+    let d = mailstream::work::DeliveryRef::parse(id).expect("a delivery id");
+    let p = store.keys.partition_of(&d.subscriber);
+    redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await.unwrap()
 }
 
-/// Every delivery id enqueued (from the dedup keys) with its record.
-pub async fn deliveries(store: &Store) -> Vec<(String, std::collections::HashMap<String, String>)> {
+/// Every delivery enqueued with its record.
+pub async fn deliveries(
+    store: &Store,
+) -> Vec<(mailstream::work::DeliveryRef, std::collections::HashMap<String, String>)> {
     let mut conn = store.conn().await.unwrap();
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
-        let keys = store.scan(&format!("{}*", store.keys.delivery(p, ""))).await.unwrap();
+        let keys = store.scan(&store.keys.deliveries_pattern(p)).await.unwrap();
         for key in keys {
             let fields: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap();
-            let id = key.rsplit(':').next().unwrap().to_string();
-            out.push((id, fields));
+            let id = key.split_once(":d:").unwrap().1;
+            out.push((mailstream::work::DeliveryRef::parse(id).unwrap(), fields));
         }
     }
     out
+}
+
+/// The delivery of `CAMPAIGN`/`PERIOD` for subscriber `sub`'s first target.
+pub fn delivery_of(sub: &Subscriber) -> mailstream::work::DeliveryRef {
+    mailstream::work::DeliveryRef::new(CAMPAIGN, PERIOD, &sub.id, &sub.targets_or_default()[0])
+}
+
+/// A loopback port that stays closed while the returned socket lives: bound, so no
+/// other process can take it, but never listening, so connections are refused.
+pub fn closed_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+    let port = socket.local_addr().expect("bound").port();
+    (socket, port)
+}
+
+/// A child process whose stderr lines are collected as they come; killed if
+/// dropped before it was waited for (a failing test leaves no daemon behind).
+pub struct Logged {
+    child: Option<std::process::Child>,
+    pub lines: Arc<std::sync::Mutex<Vec<String>>>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Logged {
+    /// Spawns `cmd` with stderr piped and read line by line.
+    pub fn spawn(cmd: &mut std::process::Command) -> Logged {
+        use std::io::BufRead;
+        let mut child = cmd.stderr(std::process::Stdio::piped()).spawn().expect("spawns");
+        let stderr = child.stderr.take().unwrap();
+        let lines = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let reader = std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Logged { child: Some(child), lines, reader: Some(reader) }
+    }
+
+    /// Waits (polling) for a stderr line containing `needle`.
+    pub async fn line_with(&self, needle: &str, within: Duration) -> Option<String> {
+        eventually(within, || {
+            let found = self.lines.lock().unwrap().iter().find(|l| l.contains(needle)).cloned();
+            async move { found }
+        })
+        .await
+    }
+
+    /// Sends a signal with kill(1).
+    pub fn signal(&self, signal: &str) {
+        let status = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.as_ref().expect("running").id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to end; returns its exit code and every stderr line.
+    pub async fn wait(mut self) -> (Option<i32>, Vec<String>) {
+        let mut child = self.child.take().expect("running");
+        let status = tokio::task::spawn_blocking(move || child.wait()).await.unwrap().unwrap();
+        if let Some(reader) = self.reader.take() {
+            reader.join().unwrap();
+        }
+        let lines = self.lines.lock().unwrap().clone();
+        (status.code(), lines)
+    }
+}
+
+/// The `127.0.0.1:PORT` a daemon logged for its metrics listener.
+pub fn logged_addr(line: &str) -> String {
+    let at = line.find("addr=").expect("an addr field") + "addr=".len();
+    line[at..].split_whitespace().next().unwrap().trim_matches('"').to_string()
+}
+
+/// `n` subscribers of partition 0, written to the registry.
+pub async fn partition_0_subscribers(world: &World, n: usize) -> Vec<Subscriber> {
+    let subs: Vec<_> = (0..).map(subscriber).filter(|s| world.store.keys.partition_of(&s.id) == 0).take(n).collect();
+    mailstream::subscribers::upsert(&world.store, &subs).await.unwrap();
+    subs
+}
+
+/// Claims and seals one batch of `n` deliveries in partition 0 as `owner` (a 1 ms
+/// lease, soon expired); with `sending`, also passes the last gate, as a holder does
+/// right before its request leaves (so a taker knows it may have been sent).
+pub async fn sealed_batch(
+    world: &World,
+    n: usize,
+    owner: &str,
+    sending: bool,
+) -> (String, Vec<mailstream::work::DeliveryRef>) {
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let subs = partition_0_subscribers(world, n).await;
+    let items: Vec<mailstream::work::DeliveryRef> = subs.iter().map(delivery_of).collect();
+    mailstream::scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
+    let ids: Vec<String> = items.iter().map(mailstream::work::DeliveryRef::id).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let claims = mailstream::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
+    assert!(claims.iter().all(|c| matches!(c, mailstream::scripts::Claim::Claimed { .. })));
+    let members: Vec<mailstream::work::Ready> = items
+        .iter()
+        .zip(&subs)
+        .map(|(d, s)| {
+            let json =
+                format!(r#"{{"from":"a@acme.example","to":["{}"],"subject":"Digest {PERIOD}","text":"x"}}"#, s.email);
+            mailstream::work::Ready { entry: "0-1".into(), delivery: d.clone(), json }
+        })
+        .collect();
+    let req = mailstream::scripts::SealRequest {
+        partition: 0,
+        batch: "B1",
+        idempotency_key: "mailstream-B1",
+        owner,
+        group: "mailstream",
+        lease_ms: 1,
+    };
+    let sealed = mailstream::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
+    assert_eq!(sealed.len(), n);
+    if sending {
+        let gate_members: Vec<mailstream::scripts::GateMember<'_>> =
+            items.iter().map(|d| mailstream::scripts::GateMember { delivery: d, check_subscriber: true }).collect();
+        let limits = mailstream::scripts::GateLimits {
+            lease_ms: 1,
+            window_ms: 23 * 3_600_000,
+            deadline_ms: 48 * 3_600_000,
+            maybe_sent_deadline_ms: 6 * 3_600_000,
+            retention_secs: 3600,
+        };
+        let request = mailstream::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
+        let gate = mailstream::scripts::gate(&mut conn, keys, &request, &gate_members).await.unwrap();
+        assert_eq!(gate, mailstream::scripts::Gate::Go { sends: 1 });
+    }
+    ("B1".into(), items)
 }

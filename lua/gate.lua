@@ -1,0 +1,120 @@
+-- gate.lua: the last gate, run immediately before a batch's request leaves (first send or
+-- resend). In one step it checks that the batch is still held by this owner, that sending is
+-- not paused, that it is within its deadline (and, if an earlier request may have been
+-- processed, within the provider's idempotency window), and that every member is still
+-- wanted: entitled, subscribed, not suppressed. Then it marks the batch 'sending' (so a taker
+-- after a crash knows the request may have left) and counts the send.
+-- Members no longer wanted are settled 'skipped' here. A batch never sent is re-sealed
+-- without them under a new key (its body rebuilt byte-exactly from `sizes`); a batch that
+-- may have been sent is resent byte-identical or not at all ('withhold').
+--
+-- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4..3+c] counts hashes,
+--   then per member: delivery key, subscriber key
+-- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
+--   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
+--   then per member: delivery id, counts index (1-based), '1' to check its subscriber record
+-- Returns one of:
+--   {'go', sends}                                  send the batch as it is
+--   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
+--   {'empty', skipped}                             every member was skipped; the batch is gone
+--   {'withhold', reasons}                          maybe sent and a member is no longer wanted
+--   {'paused'} | {'expired'} | {'deadline', maybe_sent} | {'not_held'} | {'lost'}
+-- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
+local bid, owner = ARGV[1], ARGV[2]
+local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
+  'members')
+if not b[1] then
+  return {'lost'}
+end
+if b[1] ~= owner then
+  return {'not_held'}
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'paused'}
+end
+local maybe_sent = b[2] == '1'
+if maybe_sent and now - tonumber(b[3]) > window then
+  return {'expired'}
+end
+if maybe_sent and now - tonumber(b[3]) > unsure then
+  return {'deadline', '1'}
+end
+if not maybe_sent and now - tonumber(b[4]) > deadline then
+  return {'deadline', '0'}
+end
+
+local n = (#KEYS - 3 - c) / 2
+local reasons, any = {}, false
+for m = 1, n do
+  local dkey, skey = KEYS[3 + c + 2 * m - 1], KEYS[3 + c + 2 * m]
+  local check = ARGV[9 + 3 * m]
+  local reason = ''
+  local d = redis.call('HMGET', dkey, 'state', 'batch')
+  if d[1] ~= 'sealed' or d[2] ~= bid then
+    reason = 'record_lost'
+  elseif check == '1' then
+    local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed')
+    if not s[1] then
+      reason = 'unknown_subscriber'
+    elseif s[4] then
+      reason = 'suppressed'
+    elseif s[2] ~= '1' then
+      reason = 'not_entitled'
+    elseif s[3] ~= '1' then
+      reason = 'unsubscribed'
+    end
+  end
+  reasons[m] = reason
+  if reason ~= '' then any = true end
+end
+
+if not any then
+  local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
+  redis.call('HSET', KEYS[1], 'state', 'sending')
+  redis.call('ZADD', KEYS[2], now + lease, bid)
+  return {'go', tostring(sends)}
+end
+if maybe_sent then
+  return {'withhold', table.concat(reasons, ' ')}
+end
+
+-- Never sent: skip the members no longer wanted, keep the others under a new key.
+local sizes, ids = {}, {}
+for s in string.gmatch(b[5], '%S+') do sizes[#sizes + 1] = tonumber(s) end
+for s in string.gmatch(b[7], '%S+') do ids[#ids + 1] = s end
+local body, offset = b[6], 2
+local kept_items, kept_sizes, kept_ids, positions, skipped = {}, {}, {}, {}, {}
+for m = 1, n do
+  local item = string.sub(body, offset, offset + sizes[m] - 1)
+  offset = offset + sizes[m] + 1
+  if reasons[m] == '' then
+    kept_items[#kept_items + 1] = item
+    kept_sizes[#kept_sizes + 1] = sizes[m]
+    kept_ids[#kept_ids + 1] = ids[m]
+    positions[#positions + 1] = tostring(m - 1)
+  else
+    skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
+    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
+    if reasons[m] ~= 'record_lost' then
+      redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
+      redis.call('EXPIRE', dkey, retention)
+      redis.call('HINCRBY', KEYS[3 + ci], 'skipped', 1)
+      redis.call('EXPIRE', KEYS[3 + ci], retention)
+    end
+  end
+end
+if #kept_items == 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], bid)
+  return {'empty', table.concat(skipped, ' ')}
+end
+local newbody = '[' .. table.concat(kept_items, ',') .. ']'
+local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
+redis.call('HSET', KEYS[1], 'key', newkey, 'body', newbody, 'sizes', table.concat(kept_sizes, ' '),
+  'members', table.concat(kept_ids, ' '), 'sealed_ms', now, 'state', 'sending')
+redis.call('ZADD', KEYS[2], now + lease, bid)
+return {'resealed', tostring(sends), newkey, newbody, table.concat(positions, ' '), table.concat(skipped, ' ')}
