@@ -94,6 +94,19 @@ pub struct ResendConfig {
     /// Extra spacing added to each request slot, absorbing network jitter so the
     /// provider never counts more than `requests_per_second` in a sliding second.
     pub pacing_guard_ms: u64,
+    /// Where the request slots live: `redis` (shared by every instance) or `process`.
+    pub limiter: LimiterMode,
+}
+
+/// Where the team-wide request pacing is kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LimiterMode {
+    /// In Redis (limiter.lua), shared by every instance: one round trip per request.
+    #[default]
+    Redis,
+    /// In this process: for a single instance that wants no Redis round trip.
+    Process,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -179,6 +192,7 @@ impl Default for ResendConfig {
             timeout_seconds: 30,
             max_in_flight: 32,
             pacing_guard_ms: 2,
+            limiter: LimiterMode::Redis,
         }
     }
 }

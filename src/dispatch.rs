@@ -1,7 +1,8 @@
 //! Dispatch: turns request slots into requests. It waits for work, asks the
-//! limiter for the next slot, takes a batch's worth from the batcher just
-//! before it (sealing is a Redis round trip, done in the lead), takes the slot
-//! and hands the batch to the sender, which passes the last gate and sends.
+//! limiter when the next slot is, takes a batch's worth from the batcher just
+//! before it, seals it and passes the last gate in the lead, then hands it to
+//! a task that takes the slot (team-wide, in Redis by default) immediately
+//! before it writes the request, and waits for that before preparing the next.
 //! It bounds the requests in flight, keeps the leases of what this instance
 //! holds alive (the heartbeat), hands work back to Redis when sending pauses or
 //! the daemon stops, and lets requests on the wire finish within a deadline.
@@ -14,12 +15,14 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::batcher::Batcher;
-use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::limiter::Limiter;
 use crate::scripts;
 use crate::sender::{self, PacingNews, Sender};
-use crate::work::{DeliveryRef, Work};
+use crate::work::{DeliveryRef, Sealed, Work};
+
+/// Tells the dispatcher a batch's slot was taken (or given up).
+type Signal = tokio::sync::oneshot::Sender<()>;
 
 /// How long before its slot a batch is taken, sealed and passed through the last
 /// gate: two Redis round trips (each fsynced with `appendfsync always`), done
@@ -45,10 +48,9 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(config: &Config, batcher: Arc<Batcher>, sender: Sender) -> Dispatcher {
-        let r = &config.resend;
-        let limiter = Limiter::new(r.requests_per_second, Duration::from_millis(r.pacing_guard_ms));
-        Dispatcher { limiter, batcher, sender, drain: Duration::from_secs(r.timeout_seconds + 5) }
+    pub fn new(ctx: &Ctx, batcher: Arc<Batcher>, sender: Sender) -> Dispatcher {
+        let limiter = Limiter::from_config(&ctx.config, &ctx.store);
+        Dispatcher { limiter, batcher, sender, drain: Duration::from_secs(ctx.config.resend.timeout_seconds + 5) }
     }
 
     /// Grants request slots to work until shutdown, then hands back what is queued and
@@ -79,7 +81,7 @@ impl Dispatcher {
                 continue;
             }
             let asked = Instant::now();
-            let slot = self.limiter.next_slot();
+            let slot = self.limiter.next_slot().await;
             tokio::select! {
                 _ = shutdown.wait() => break,
                 _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
@@ -94,40 +96,19 @@ impl Dispatcher {
             };
             self.batcher.hold(&sealed.id, sealed.partition);
             let gated = Instant::now();
-            let mut go = sender::pass_gate(&ctx, &mut sealed).await;
-            if go {
-                // Wait for the slot as it stands now: the previous request may have left
-                // late, or a 429 may have paused sending, since it was first asked.
-                let waited = tokio::select! {
-                    _ = shutdown.wait() => Err(Duration::ZERO),
-                    waited = self.limiter.wait_for_slot(SLOT_PATIENCE) => waited,
-                };
-                match waited {
-                    // Unsent, back to Redis: due when the slot is (at once when stopping).
-                    Err(delay) => {
-                        sender::put_back(&ctx, sealed.partition, &sealed.id, delay).await;
-                        go = false;
-                    }
-                    // The slot moved while the batch waited: look again right before it leaves.
-                    Ok(()) if gated.elapsed() > GATE_FRESHNESS => go = sender::pass_gate(&ctx, &mut sealed).await,
-                    Ok(()) => {}
-                }
-            }
-            if !go {
+            if !sender::pass_gate(&ctx, &mut sealed).await {
                 self.batcher.unhold(&sealed.id);
                 continue;
             }
-            ctx.metrics.limiter_waited(asked.elapsed());
+            // The task that sends takes the slot right before it writes; the next batch is
+            // prepared only once this one's slot is taken (or given up).
+            let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
-                let id = sealed.id.clone();
-                // The request leaves now; if this task started late, the next slot moves back.
-                me.limiter.sent(Instant::now());
-                let news = me.sender.attempt(&ctx, sealed).await;
-                me.obey(&news);
-                me.batcher.unhold(&id);
+                me.send(&ctx, sealed, gated, asked, taken_tx).await;
                 drop(permit);
             });
+            let _ = taken_rx.await;
         }
         // Stop: nothing more is queued, and what is queued goes back to Redis at once.
         self.batcher.close();
@@ -146,13 +127,41 @@ impl Dispatcher {
         heartbeat.shutdown().await;
     }
 
-    /// Applies what the provider said about pacing.
-    fn obey(&self, news: &PacingNews) {
-        if let Some(after) = news.pause {
-            self.limiter.pause_for(after);
+    /// Takes the slot for a gated batch and sends it; `taken` is told once the slot is
+    /// taken or given up.
+    async fn send(&self, ctx: &Ctx, mut sealed: Sealed, gated: Instant, asked: Instant, taken: Signal) {
+        let mut shutdown = ctx.shutdown.clone();
+        let slot = match self.limiter.take(SLOT_PATIENCE, &mut shutdown).await {
+            Ok(slot) => slot,
+            Err(delay) => {
+                // Unsent, back to Redis: due when the slot is (at once when stopping).
+                let _ = taken.send(());
+                sender::put_back(ctx, sealed.partition, &sealed.id, delay).await;
+                self.batcher.unhold(&sealed.id);
+                return;
+            }
+        };
+        let _ = taken.send(());
+        // The slot moved while the batch waited: look again right before it leaves.
+        if gated.elapsed() > GATE_FRESHNESS && !sender::pass_gate(ctx, &mut sealed).await {
+            self.batcher.unhold(&sealed.id);
+            return;
         }
-        if let Some(rps) = self.limiter.observe(&news.rate) {
-            tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered");
+        ctx.metrics.limiter_waited(asked.elapsed());
+        self.limiter.departed(slot).await;
+        let id = sealed.id.clone();
+        let news = self.sender.attempt(ctx, sealed).await;
+        self.obey(&news).await;
+        self.batcher.unhold(&id);
+    }
+
+    /// Applies what the provider said about pacing, team-wide.
+    async fn obey(&self, news: &PacingNews) {
+        if let Some(after) = news.pause {
+            self.limiter.pause_for(after).await;
+        }
+        if let Some(rps) = self.limiter.observe(&news.rate).await {
+            tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered team-wide");
         }
     }
 }

@@ -97,6 +97,11 @@ impl Keys {
         self.tagged(p, "unknown")
     }
 
+    /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).
+    pub fn limiter(&self) -> String {
+        format!("{}:limiter", self.prefix)
+    }
+
     /// Hash: deployment facts checked at start (the partition count).
     pub fn meta(&self) -> String {
         format!("{}:meta", self.prefix)

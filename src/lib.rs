@@ -110,7 +110,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
     let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };
     tasks.spawn(reclaimer.run(tick));
-    tasks.spawn(Arc::new(dispatch::Dispatcher::new(c, batcher, sender)).run(ctx.clone()));
+    tasks.spawn(Arc::new(dispatch::Dispatcher::new(&ctx, batcher, sender)).run(ctx.clone()));
     shutdown::join_all(tasks).await;
     Ok(())
 }

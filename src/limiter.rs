@@ -1,25 +1,174 @@
 //! The request limiter: no burst, one request per `1/rps` seconds plus a small
 //! guard, measured between the moments requests actually leave, so the provider
-//! never counts more than `rps` requests in any sliding second. The dispatcher
-//! asks when the next slot is, seals its batch just before, and marks the
-//! request sent when it leaves; a late start pushes the next slot back instead
-//! of squeezing two requests together.
+//! never counts more than `rps` requests in any sliding second, team-wide.
 //!
-//! A 429's `retry-after` pauses every slot; a `ratelimit-limit` below the
-//! configured rate lowers the pace. This paces one instance; the Redis-backed
-//! limiter that several instances share comes later. (governor was tried first:
-//! it spaces the grants, not the departures, and a grant that is acted on late,
-//! under CPU contention, let eleven requests reach the provider within a second.)
+//! By default the slot lives in Redis (limiter.lua: a GCRA with no tolerance on one
+//! key, Redis `TIME` the only clock), so every instance and every process with
+//! the same prefix shares it. The slot is taken by the task that sends, right
+//! before it writes the request, never granted in one task and used in another;
+//! a departure that was late anyway pushes the next slot back. A 429's
+//! `retry-after` pauses every instance; a `ratelimit-limit` below the configured
+//! rate is adopted team-wide. `resend.limiter = "process"` keeps the same rules
+//! in this process only. (governor was tried first: it spaces the grants, not
+//! the departures, and a grant acted on late, under CPU contention, let eleven
+//! requests reach the provider within a second.)
 
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
+use redis::Script;
 use tokio::time::Instant;
 
+use crate::config::{Config, LimiterMode};
 use crate::resend::RateHeaders;
+use crate::shutdown::Shutdown;
+use crate::store::Store;
 
-/// Team-wide request pacing for this instance.
-pub struct Limiter {
+/// A departure later than this after its slot was taken is recorded as late.
+const LATE: Duration = Duration::from_millis(1);
+
+/// How long to wait before asking Redis again after it could not be asked.
+const REDIS_RETRY: Duration = Duration::from_millis(100);
+
+static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/limiter.lua")));
+
+/// Team-wide request pacing.
+pub enum Limiter {
+    Process(Local),
+    Redis(Shared),
+}
+
+/// A slot this instance took: when (locally), and Redis's clock then (shared limiter).
+#[derive(Debug, Clone, Copy)]
+pub struct Taken {
+    at: Instant,
+    redis_us: Option<u64>,
+}
+
+impl Limiter {
+    /// The limiter `config` asks for.
+    pub fn from_config(config: &Config, store: &Store) -> Limiter {
+        let r = &config.resend;
+        let guard = Duration::from_millis(r.pacing_guard_ms);
+        match r.limiter {
+            LimiterMode::Process => Limiter::Process(Local::new(r.requests_per_second, guard)),
+            LimiterMode::Redis => Limiter::Redis(Shared::new(store.clone(), r.requests_per_second, guard)),
+        }
+    }
+
+    /// When the next slot is, as far as can be told now (to seal and gate a batch just before it).
+    pub async fn next_slot(&self) -> Instant {
+        match self {
+            Limiter::Process(l) => l.next_slot(),
+            Limiter::Redis(s) => {
+                s.peek().await.map_or_else(|_| Instant::now() + REDIS_RETRY, |wait| Instant::now() + wait)
+            }
+        }
+    }
+
+    /// Waits for the next slot and takes it: the caller writes its request right away.
+    /// Gives up, returning how far off the slot is, when it lies more than `patience`
+    /// ahead, or at shutdown (`Duration::ZERO`).
+    pub async fn take(&self, patience: Duration, shutdown: &mut Shutdown) -> Result<Taken, Duration> {
+        loop {
+            let wait = match self {
+                Limiter::Process(l) => match l.try_take() {
+                    Ok(()) => return Ok(Taken { at: Instant::now(), redis_us: None }),
+                    Err(wait) => wait,
+                },
+                Limiter::Redis(s) => match s.try_take().await {
+                    Ok(Ok(redis_us)) => return Ok(Taken { at: Instant::now(), redis_us: Some(redis_us) }),
+                    Ok(Err(wait)) => wait,
+                    // No slot without Redis: never send unpaced.
+                    Err(_) => REDIS_RETRY,
+                },
+            };
+            if wait > patience {
+                return Err(wait);
+            }
+            if !shutdown.sleep(wait).await {
+                return Err(Duration::ZERO);
+            }
+        }
+    }
+
+    /// The request of a taken slot is leaving now; if that is later than the slot,
+    /// the next slot moves back by as much.
+    pub async fn departed(&self, taken: Taken) {
+        let late = taken.at.elapsed();
+        match self {
+            Limiter::Process(l) => l.sent(Instant::now()),
+            Limiter::Redis(s) if late > LATE => {
+                let at = taken.redis_us.unwrap_or_default() + late.as_micros() as u64;
+                let _ = s.call("late", at).await;
+            }
+            Limiter::Redis(_) => {}
+        }
+    }
+
+    /// No slot is granted before `d` from now, on any instance (a 429's `retry-after`).
+    pub async fn pause_for(&self, d: Duration) {
+        match self {
+            Limiter::Process(l) => l.pause_for(d),
+            Limiter::Redis(s) => {
+                let _ = s.call("pause", d.as_millis() as u64).await;
+            }
+        }
+    }
+
+    /// Obeys a response's rate headers; returns the new rate when it was lowered.
+    pub async fn observe(&self, rate: &RateHeaders) -> Option<u32> {
+        match self {
+            Limiter::Process(l) => l.observe(rate),
+            Limiter::Redis(s) => {
+                let limit = rate.limit.filter(|&l| l >= 1 && l < s.rps)?;
+                match s.call("lower", u64::from(limit)).await {
+                    Ok((1, _)) => Some(limit),
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// Pacing kept in Redis, shared by every instance with the same prefix.
+pub struct Shared {
+    store: Store,
+    key: String,
+    rps: u32,
+    interval_us: u64,
+    guard_us: u64,
+}
+
+impl Shared {
+    pub fn new(store: Store, rps: u32, guard: Duration) -> Shared {
+        let key = store.keys.limiter();
+        let interval_us = interval(rps, guard).as_micros() as u64;
+        Shared { store, key, rps: rps.max(1), interval_us, guard_us: guard.as_micros() as u64 }
+    }
+
+    /// One call of limiter.lua; returns (wait or flag, Redis now in µs).
+    async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64)> {
+        let mut conn = self.store.conn().await?;
+        let mut call = SCRIPT.key(&self.key);
+        call.arg(op).arg(self.interval_us).arg(self.guard_us).arg(arg);
+        Ok(call.invoke_async(&mut conn).await?)
+    }
+
+    async fn peek(&self) -> anyhow::Result<Duration> {
+        Ok(Duration::from_micros(self.call("peek", 0).await?.0))
+    }
+
+    /// Takes the slot if it is due: `Ok(Ok(redis now))`, or `Ok(Err(wait))`.
+    async fn try_take(&self) -> anyhow::Result<Result<u64, Duration>> {
+        let (wait, now) = self.call("take", 0).await?;
+        Ok(if wait == 0 { Ok(now) } else { Err(Duration::from_micros(wait)) })
+    }
+}
+
+/// Pacing kept in this process (`resend.limiter = "process"`): for a single instance
+/// that wants no Redis round trip per request.
+pub struct Local {
     guard: Duration,
     state: Mutex<State>,
 }
@@ -31,10 +180,10 @@ struct State {
     paused_until: Option<Instant>,
 }
 
-impl Limiter {
+impl Local {
     /// `rps` requests per second, each slot `guard` longer than `1/rps`.
-    pub fn new(rps: u32, guard: Duration) -> Limiter {
-        Limiter { guard, state: Mutex::new(State { rps: rps.max(1), last: None, paused_until: None }) }
+    pub fn new(rps: u32, guard: Duration) -> Local {
+        Local { guard, state: Mutex::new(State { rps: rps.max(1), last: None, paused_until: None }) }
     }
 
     /// The time between two slots.
@@ -58,21 +207,27 @@ impl Limiter {
         }
     }
 
+    /// Takes the slot if it is due, else says how long until it is.
+    pub fn try_take(&self) -> Result<(), Duration> {
+        let slot = self.next_slot();
+        let now = Instant::now();
+        if slot <= now {
+            self.sent(now);
+            return Ok(());
+        }
+        Err(slot - now)
+    }
+
     /// Waits for the next slot, following it as it moves (a late departure, a new
     /// pause), and takes it: the caller sends right away. Gives up, returning how far
     /// off the slot is, when it lies more than `patience` ahead.
     pub async fn wait_for_slot(&self, patience: Duration) -> Result<(), Duration> {
         loop {
-            let slot = self.next_slot();
-            let now = Instant::now();
-            if slot <= now {
-                self.sent(now);
-                return Ok(());
+            match self.try_take() {
+                Ok(()) => return Ok(()),
+                Err(wait) if wait > patience => return Err(wait),
+                Err(wait) => tokio::time::sleep(wait).await,
             }
-            if slot - now > patience {
-                return Err(slot - now);
-            }
-            tokio::time::sleep_until(slot).await;
         }
     }
 
@@ -108,13 +263,13 @@ mod tests {
 
     #[test]
     fn interval_includes_the_guard() {
-        let l = Limiter::new(10, Duration::from_millis(2));
+        let l = Local::new(10, Duration::from_millis(2));
         assert_eq!(l.interval(), Duration::from_millis(102));
     }
 
     #[test]
     fn a_lower_provider_limit_is_adopted_and_a_higher_one_ignored() {
-        let l = Limiter::new(10, Duration::ZERO);
+        let l = Local::new(10, Duration::ZERO);
         let higher = RateHeaders { limit: Some(20), ..Default::default() };
         assert_eq!(l.observe(&higher), None);
         let lower = RateHeaders { limit: Some(5), ..Default::default() };
@@ -124,7 +279,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn slots_are_spaced_with_no_burst() {
-        let l = Limiter::new(10, Duration::from_millis(2));
+        let l = Local::new(10, Duration::from_millis(2));
         let start = Instant::now();
         let mut slots = Vec::new();
         for _ in 0..11 {
@@ -141,7 +296,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_departure_pushes_the_next_slot_back() {
-        let l = Limiter::new(10, Duration::ZERO);
+        let l = Local::new(10, Duration::ZERO);
         l.wait_for_slot(Duration::MAX).await.unwrap();
         let planned = l.next_slot();
         // The request for that slot actually left 40 ms late (a busy CPU, say).
@@ -152,7 +307,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_limiter_does_not_bank_slots() {
-        let l = Limiter::new(10, Duration::ZERO);
+        let l = Local::new(10, Duration::ZERO);
         l.wait_for_slot(Duration::MAX).await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         let now = Instant::now();
@@ -163,7 +318,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_pause_holds_every_slot() {
-        let l = Limiter::new(10, Duration::ZERO);
+        let l = Local::new(10, Duration::ZERO);
         l.wait_for_slot(Duration::MAX).await.unwrap();
         let slot = l.next_slot();
         l.pause_for(Duration::from_secs(2));

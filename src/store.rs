@@ -87,8 +87,10 @@ impl Store {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
         let want = self.keys.partitions();
-        let layout: Option<u32> = conn.hget(&meta, "layout").await?;
-        let existing: Option<u16> = conn.hget(&meta, "partitions").await?;
+        // One read of both: instances write `layout` before `partitions`, so a meta with
+        // partitions and no layout was written by mailstream 0.1, not by a racing instance.
+        let (layout, existing): (Option<u32>, Option<u16>) =
+            redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         match (layout, existing) {
             (Some(LAYOUT), _) | (None, None) => {}
             (Some(other), _) => bail!(
