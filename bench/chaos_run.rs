@@ -190,7 +190,7 @@ struct Script {
 /// Runs the chaos scenario and reports; the caller judges with [`ChaosReport::problems`].
 pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut rng = StdRng::seed_from_u64(opts.seed);
-    let mut redis = RedisServer::start(RedisOptions { appendonly: true }).await?;
+    let mut redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
 
     // The emulator lives here, outside the daemon, so it outlives every kill.
     let quota = (opts.pause_with_unsubscribes > 0.0).then_some(opts.deliveries / 2);

@@ -44,7 +44,13 @@ pub struct Config {
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
     /// `redis://[:password@]host:port[/db]`; overridden by `MAILSTREAM_REDIS_URL`.
+    /// With `cluster`, any node of the cluster (a seed).
     pub url: Secret,
+    /// Redis Cluster: commands are routed by their keys' hash slots (every script
+    /// touches one slot, so the same scripts run unchanged).
+    pub cluster: bool,
+    /// More cluster nodes to start from, should `url`'s node be down at start.
+    pub cluster_seeds: Vec<Secret>,
     /// First component of every key.
     pub prefix: String,
     /// Number of partitions (streams). Fixed for the life of a deployment.
@@ -169,6 +175,8 @@ impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
             url: Secret::new("redis://127.0.0.1:6379"),
+            cluster: false,
+            cluster_seeds: Vec::new(),
             prefix: "mailstream".into(),
             partitions: 4,
             group: "mailstream".into(),
@@ -282,12 +290,23 @@ impl Config {
             format!("redis.url: must start with redis:// or rediss:// (got {})", r.url.redacted_url()),
         );
         check(is_name(&r.prefix), format!("redis.prefix: use letters, digits, '_', '-' or '.' (got {:?})", r.prefix));
+        for seed in &r.cluster_seeds {
+            check(
+                seed.expose().starts_with("redis://") || seed.expose().starts_with("rediss://"),
+                format!(
+                    "redis.cluster_seeds: each must start with redis:// or rediss:// (got {})",
+                    seed.redacted_url()
+                ),
+            );
+        }
+        check(r.cluster || r.cluster_seeds.is_empty(), "redis.cluster_seeds: given but redis.cluster is false".into());
         check((1..=1024).contains(&r.partitions), format!("redis.partitions: must be 1..=1024 (got {})", r.partitions));
         check(!r.group.is_empty(), "redis.group: must not be empty".into());
         check(
-            r.pool_size as u32 > u32::from(r.partitions) + 2,
+            r.pool_size as u32 > 2 * u32::from(r.partitions) + 4,
             format!(
-                "redis.pool_size: must exceed redis.partitions + 2, as each partition reader holds a connection (got {} for {} partitions)",
+                "redis.pool_size: must exceed 2 x redis.partitions + 4, as each partition reader keeps a connection \
+                 for its blocking reads and takes another to claim (got {} for {} partitions)",
                 r.pool_size, r.partitions
             ),
         );

@@ -46,17 +46,22 @@ impl Consumer {
         let stream = ctx.store.keys.stream(p);
         let group = ctx.config.redis.group.clone();
         let mut failures = 0u32;
+        // The blocking read has a connection of its own, kept while it works.
+        let mut reader: Option<crate::conn::Conn> = None;
         while !shutdown.is_triggered() {
             if ctx.pause.is_paused() {
                 shutdown.sleep(Duration::from_secs(1)).await;
                 continue;
             }
             let result = async {
-                let mut conn = ctx.store.conn().await?;
+                if reader.is_none() {
+                    reader = Some(ctx.store.dedicated().await?);
+                }
+                let conn = reader.as_mut().expect("just connected");
                 let reply: redis::RedisResult<StreamReadReply> = redis::cmd("XREADGROUP")
                     .arg("GROUP")
                     .arg(&group)
-                    .arg(&ctx.owner)
+                    .arg(&ctx.consumer)
                     .arg("COUNT")
                     .arg(ctx.config.delivery.read_count)
                     .arg("BLOCK")
@@ -64,17 +69,18 @@ impl Consumer {
                     .arg("STREAMS")
                     .arg(&stream)
                     .arg(">")
-                    .query_async(&mut conn)
+                    .query_async(conn)
                     .await;
                 let reply = match reply {
                     Err(e) if e.code() == Some("NOGROUP") => {
                         // The stream or group vanished (a Redis restarted without persistence).
-                        ensure_group(&mut conn, &stream, &group).await?;
+                        ensure_group(conn, &stream, &group).await?;
                         return Ok(());
                     }
                     other => other?,
                 };
                 let entries: Vec<Entry> = reply.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect();
+                let mut conn = ctx.store.conn().await?;
                 let ready = self.process_entries(p, &mut conn, entries).await?;
                 // The connection goes back to the pool before waiting for room in the queue.
                 drop(conn);
@@ -88,6 +94,8 @@ impl Consumer {
             match result {
                 Ok(()) => failures = 0,
                 Err(e) => {
+                    // A broken connection is not reused.
+                    reader = None;
                     failures += 1;
                     ctx.metrics.redis_error("read", &e);
                     let backoff = Duration::from_millis(200 * u64::from(failures.min(25)));
@@ -102,7 +110,7 @@ impl Consumer {
     pub async fn process_entries(
         &self,
         p: u16,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::conn::Conn,
         entries: Vec<Entry>,
     ) -> anyhow::Result<Vec<Ready>> {
         if entries.is_empty() {

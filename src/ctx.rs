@@ -15,7 +15,12 @@ use crate::store::Store;
 pub struct Ctx {
     pub config: Config,
     pub store: Store,
-    /// This instance's consumer name and lease owner: host, pid and a random part.
+    /// This instance's name in the consumer group: host and instance id, stable across
+    /// restarts, so `XINFO CONSUMERS` reads as the fleet does.
+    pub consumer: String,
+    /// This process's lease owner: the consumer name, the pid and a random part, unique
+    /// per process (leases must never be shared, even by two processes misconfigured
+    /// with one instance id).
     pub owner: String,
     pub metrics: Arc<Metrics>,
     /// This instance's view of the shared quota pause.
@@ -23,6 +28,21 @@ pub struct Ctx {
     pub failpoints: Failpoints,
     /// Shutdown as every task sees it (waits that are not loops select on it).
     pub shutdown: Shutdown,
+}
+
+impl Ctx {
+    /// The context of a daemon named `consumer` in its group.
+    pub fn new(
+        config: Config,
+        store: Store,
+        consumer: String,
+        metrics: Arc<Metrics>,
+        failpoints: Failpoints,
+        shutdown: &Shutdown,
+    ) -> Ctx {
+        let owner = owner_name(&consumer);
+        Ctx { config, store, consumer, owner, metrics, pause: Pause::default(), failpoints, shutdown: shutdown.clone() }
+    }
 }
 
 /// A future returned by a failpoint hook.
@@ -47,14 +67,33 @@ impl Failpoints {
     }
 }
 
-/// `host-pid-xxxx`: unique per process, readable in `XINFO CONSUMERS`.
-pub fn owner_name() -> String {
+/// The environment variable naming this instance on its host (a systemd template's `%i`).
+pub const ENV_INSTANCE: &str = "MAILSTREAM_INSTANCE";
+
+/// This instance's consumer name from the host name and `MAILSTREAM_INSTANCE`.
+pub fn consumer_from_env() -> String {
+    consumer_name(std::env::var(ENV_INSTANCE).ok().as_deref())
+}
+
+/// `host-instance`: this instance's consumer name, the same after a restart.
+pub fn consumer_name(instance: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "host".into());
+    let instance: String = instance
+        .unwrap_or("1")
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_' || *c == '.')
+        .take(64)
+        .collect();
+    format!("{host}-{}", if instance.is_empty() { "1" } else { &instance })
+}
+
+/// `consumer-pid-xxxx`: a lease owner unique to this process.
+pub fn owner_name(consumer: &str) -> String {
     let tag: u16 = rand::random();
-    format!("{host}-{}-{tag:04x}", std::process::id())
+    format!("{consumer}-{}-{tag:04x}", std::process::id())
 }

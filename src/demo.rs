@@ -96,7 +96,7 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         }
         None => {
             // Durable as production should be: append-only, fsync on every write.
-            let server = RedisServer::start(RedisOptions { appendonly: true }).await?;
+            let server = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
             config.redis.url = Secret::new(server.url());
             _private_redis = Some(server);
         }

@@ -148,9 +148,10 @@ impl Dispatcher {
             return;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
-        self.limiter.departed(slot).await;
         let id = sealed.id.clone();
-        let news = self.sender.attempt(ctx, sealed).await;
+        // The departure is recorded while the request is written, not before it (that
+        // would make it later than recorded).
+        let (_, news) = tokio::join!(self.limiter.departed(slot), self.sender.attempt(ctx, sealed));
         self.obey(&news).await;
         self.batcher.unhold(&id);
     }

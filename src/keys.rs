@@ -114,6 +114,18 @@ impl Keys {
     }
 }
 
+/// The part of `key` Redis Cluster hashes: the first `{…}` if it is not empty, else
+/// the whole key (keys with one tag share a slot).
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{')
+        && let Some(len) = key[open + 1..].find('}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -171,7 +171,7 @@ async fn kick_partition(
 }
 
 async fn enqueue_chunk(
-    conn: &mut deadpool_redis::Connection,
+    conn: &mut crate::conn::Conn,
     store: &Store,
     p: u16,
     items: &[DeliveryRef],

@@ -4,6 +4,7 @@
 
 pub mod batcher;
 pub mod config;
+pub mod conn;
 pub mod consumer;
 pub mod ctx;
 pub mod dead_letters;
@@ -66,7 +67,7 @@ pub struct RunOptions {
     pub reclaim_every: Option<Duration>,
     /// Seed for retry jitter (deterministic runs).
     pub seed: Option<u64>,
-    /// Lease owner name; generated when `None`.
+    /// Consumer name (and lease owner prefix); `host-$MAILSTREAM_INSTANCE` when `None`.
     pub owner: Option<String>,
     pub failpoints: Failpoints,
 }
@@ -84,15 +85,8 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let renderer = render::Renderer::new(&config.templates).context("compiling templates")?;
     let sender = sender::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(batcher::Batcher::from_config(&config));
-    let ctx = Arc::new(ctx::Ctx {
-        owner: o.owner.unwrap_or_else(ctx::owner_name),
-        metrics: o.metrics.unwrap_or_default(),
-        pause: pause::Pause::default(),
-        failpoints: o.failpoints,
-        shutdown: shutdown.clone(),
-        store,
-        config,
-    });
+    let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
+    let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
     ctx.metrics.set_durability_relaxed(relaxed);
     let (c, owner) = (&ctx.config, &ctx.owner);
     tracing::info!(%owner, partitions = c.redis.partitions, rps = c.resend.requests_per_second, "mailstream running");

@@ -35,14 +35,16 @@ static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../
 /// Team-wide request pacing.
 pub enum Limiter {
     Process(Local),
-    Redis(Shared),
+    Redis(Box<Shared>),
 }
 
-/// A slot this instance took: when (locally), and Redis's clock then (shared limiter).
+/// A slot this instance took: when the answer came (locally), Redis's clock when it
+/// was taken, and how long the round trip took (shared limiter).
 #[derive(Debug, Clone, Copy)]
 pub struct Taken {
     at: Instant,
     redis_us: Option<u64>,
+    round_trip: Duration,
 }
 
 impl Limiter {
@@ -52,7 +54,7 @@ impl Limiter {
         let guard = Duration::from_millis(r.pacing_guard_ms);
         match r.limiter {
             LimiterMode::Process => Limiter::Process(Local::new(r.requests_per_second, guard)),
-            LimiterMode::Redis => Limiter::Redis(Shared::new(store.clone(), r.requests_per_second, guard)),
+            LimiterMode::Redis => Limiter::Redis(Box::new(Shared::new(store.clone(), r.requests_per_second, guard))),
         }
     }
 
@@ -73,15 +75,21 @@ impl Limiter {
         loop {
             let wait = match self {
                 Limiter::Process(l) => match l.try_take() {
-                    Ok(()) => return Ok(Taken { at: Instant::now(), redis_us: None }),
+                    Ok(()) => return Ok(Taken { at: Instant::now(), redis_us: None, round_trip: Duration::ZERO }),
                     Err(wait) => wait,
                 },
-                Limiter::Redis(s) => match s.try_take().await {
-                    Ok(Ok(redis_us)) => return Ok(Taken { at: Instant::now(), redis_us: Some(redis_us) }),
-                    Ok(Err(wait)) => wait,
-                    // No slot without Redis: never send unpaced.
-                    Err(_) => REDIS_RETRY,
-                },
+                Limiter::Redis(s) => {
+                    let asked = Instant::now();
+                    match s.try_take().await {
+                        Ok(Ok(redis_us)) => {
+                            let at = Instant::now();
+                            return Ok(Taken { at, redis_us: Some(redis_us), round_trip: at - asked });
+                        }
+                        Ok(Err(wait)) => wait,
+                        // No slot without Redis: never send unpaced.
+                        Err(_) => REDIS_RETRY,
+                    }
+                }
             };
             if wait > patience {
                 return Err(wait);
@@ -92,10 +100,13 @@ impl Limiter {
         }
     }
 
-    /// The request of a taken slot is leaving now; if that is later than the slot,
-    /// the next slot moves back by as much.
+    /// The request of a taken slot is leaving now; if that may be later than the slot,
+    /// the next slot moves back by as much. Redis's clock read the slot somewhere in the
+    /// round trip, so the departure is counted at the latest it can be: the slot plus
+    /// the whole round trip plus the time since the answer. Spacing these upper bounds
+    /// spaces the real departures by at least an interval, whichever instance sends.
     pub async fn departed(&self, taken: Taken) {
-        let late = taken.at.elapsed();
+        let late = taken.round_trip + taken.at.elapsed();
         match self {
             Limiter::Process(l) => l.sent(Instant::now()),
             Limiter::Redis(s) if late > LATE => {
@@ -153,6 +164,11 @@ impl Shared {
         let mut call = SCRIPT.key(&self.key);
         call.arg(op).arg(self.interval_us).arg(self.guard_us).arg(arg);
         Ok(call.invoke_async(&mut conn).await?)
+    }
+
+    /// Takes a slot if one is due, as the sending task does (for measuring its cost).
+    pub async fn probe(&self) -> anyhow::Result<bool> {
+        Ok(self.try_take().await?.is_ok())
     }
 
     async fn peek(&self) -> anyhow::Result<Duration> {

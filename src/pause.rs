@@ -50,11 +50,12 @@ impl Pause {
     /// Reads the shared pause (each instance does this every heartbeat).
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
         let mut conn = store.conn().await?;
-        let mut pipe = redis::pipe();
+        // One key per partition, each read alone (a cluster takes no pipeline across slots).
+        let mut ttls = Vec::new();
         for p in 0..store.keys.partitions() {
-            pipe.pttl(store.keys.paused(p));
+            let ttl: i64 = conn.pttl(store.keys.paused(p)).await?;
+            ttls.push(ttl);
         }
-        let ttls: Vec<i64> = pipe.query_async(&mut conn).await?;
         // -1: paused by hand without an expiry, until `mailstream resume`.
         let left = ttls
             .into_iter()
@@ -71,8 +72,11 @@ impl Pause {
     /// Ends the pause everywhere (`mailstream resume`); returns whether one was on.
     pub async fn resume(store: &Store) -> anyhow::Result<bool> {
         let mut conn = store.conn().await?;
-        let keys: Vec<String> = (0..store.keys.partitions()).map(|p| store.keys.paused(p)).collect();
-        let removed: u32 = conn.del(keys).await?;
+        let mut removed = 0;
+        for p in 0..store.keys.partitions() {
+            let n: u32 = conn.del(store.keys.paused(p)).await?;
+            removed += n;
+        }
         Ok(removed > 0)
     }
 }

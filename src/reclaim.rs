@@ -132,7 +132,7 @@ impl Reclaimer {
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(keys.stream(p))
                 .arg(&ctx.config.redis.group)
-                .arg(&ctx.owner)
+                .arg(&ctx.consumer)
                 .arg(ctx.config.lease().as_millis() as u64)
                 .arg(&cursor)
                 .arg("COUNT")
@@ -238,7 +238,7 @@ pub async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     for c in &consumers {
         let get = |name: &str| c.get(name).and_then(text);
         let (Some(name), Some(pending), Some(idle)) = (get("name"), get("pending"), get("idle")) else { continue };
-        if name != ctx.owner && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
+        if name != ctx.consumer && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
             // Checked again inside the script: it may have resumed reading since.
             let keys = &ctx.store.keys;
             if scripts::forget_consumer(&mut conn, keys, p, group, &name, forget_ms).await? {

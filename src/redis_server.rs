@@ -1,6 +1,7 @@
 //! A private `redis-server` on a free loopback port, in a scratch directory,
-//! killed when dropped. The demo runs on one; every test starts its own, so
-//! tests are isolated, run in parallel, and need no Redis already running.
+//! killed when dropped, and a private 3-primary Redis Cluster made of such
+//! servers. The demo runs on one; every test starts its own, so tests are
+//! isolated, run in parallel, and need no Redis already running.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,6 +17,8 @@ const STARTUP_PATIENCE: Duration = Duration::from_secs(30);
 pub struct RedisOptions {
     /// Append-only persistence (fsync every write), so a restart keeps everything.
     pub appendonly: bool,
+    /// A cluster node (`cluster-enabled yes`), for [`RedisCluster`].
+    pub cluster: bool,
 }
 
 /// A running private Redis.
@@ -74,6 +77,11 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1", "--save", "", "--daemonize", "no", "--protected-mode", "yes"])
             .args(["--appendonly", if self.options.appendonly { "yes" } else { "no" }])
             .args(["--appendfsync", "always"])
+            .args(if self.options.cluster {
+                vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
+            } else {
+                vec![]
+            })
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -122,4 +130,124 @@ impl Drop for RedisServer {
 pub fn free_port() -> anyhow::Result<u16> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?.port())
+}
+
+/// A private Redis Cluster: three primaries, no replicas, every slot covered.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster nodes, joins them with `redis-cli --cluster create`, and
+    /// waits until every node says `cluster_state:ok`.
+    pub async fn start(appendonly: bool) -> anyhow::Result<RedisCluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(RedisServer::start(RedisOptions { appendonly, cluster: true }).await?);
+        }
+        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .context("running redis-cli --cluster create")?;
+        if !out.status.success() {
+            bail!("redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        let cluster = RedisCluster { nodes };
+        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+        loop {
+            let mut ok = true;
+            for node in &cluster.nodes {
+                let info: String = node.command(redis::cmd("CLUSTER").arg("INFO")).await.unwrap_or_default();
+                ok &= info.contains("cluster_state:ok");
+            }
+            if ok {
+                return Ok(cluster);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("the cluster did not reach cluster_state:ok within {} s", STARTUP_PATIENCE.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The first node's URL (any node is a seed for the whole cluster).
+    pub fn url(&self) -> String {
+        self.nodes[0].url()
+    }
+
+    /// The port of the node that holds `slot` now.
+    pub async fn owner_of(&self, slot: u16) -> anyhow::Result<u16> {
+        let slots: redis::Value = self.nodes[0].command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        self.nodes
+            .iter()
+            .map(RedisServer::port)
+            .find(|&port| slots_owned_by(&slots, port).iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .context("no node holds the slot")
+    }
+
+    /// Moves `slot` from the node that holds it to the next one, keys included
+    /// (CLUSTER SETSLOT IMPORTING/MIGRATING, MIGRATE in steps of 100 keys, SETSLOT
+    /// NODE), while clients keep working: they meet ASK and MOVED redirects meanwhile.
+    pub async fn migrate_slot(&self, slot: u16) -> anyhow::Result<()> {
+        let mut ids = Vec::new();
+        for node in &self.nodes {
+            let id: String = node.command(redis::cmd("CLUSTER").arg("MYID")).await?;
+            ids.push(id);
+        }
+        let slots: redis::Value = self.nodes[0].command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        let from = self
+            .nodes
+            .iter()
+            .position(|node| slots_owned_by(&slots, node.port()).iter().any(|(a, b)| (*a..=*b).contains(&slot)))
+            .context("no node holds the slot")?;
+        let to = (from + 1) % self.nodes.len();
+        let (src, dst) = (&self.nodes[from], &self.nodes[to]);
+        let setslot = |state: &str, id: &str| redis::cmd("CLUSTER").arg("SETSLOT").arg(slot).arg(state).arg(id).clone();
+        let _: () = dst.command(&setslot("IMPORTING", &ids[from])).await?;
+        let _: () = src.command(&setslot("MIGRATING", &ids[to])).await?;
+        loop {
+            let keys: Vec<String> = src.command(redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100)).await?;
+            if keys.is_empty() {
+                break;
+            }
+            let mut migrate = redis::cmd("MIGRATE");
+            migrate.arg("127.0.0.1").arg(dst.port()).arg("").arg(0).arg(5000).arg("KEYS").arg(&keys);
+            let _: redis::Value = src.command(&migrate).await?;
+        }
+        // The new owner first, then the old one, then the rest.
+        let others = self.nodes.iter().filter(|n| n.port() != src.port() && n.port() != dst.port());
+        for node in [dst, src].into_iter().chain(others) {
+            let _: () = node.command(&setslot("NODE", &ids[to])).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The slot ranges a `CLUSTER SLOTS` reply gives the node on `port`.
+fn slots_owned_by(reply: &redis::Value, port: u16) -> Vec<(u16, u16)> {
+    let redis::Value::Array(ranges) = reply else { return Vec::new() };
+    ranges
+        .iter()
+        .filter_map(|r| {
+            let redis::Value::Array(parts) = r else { return None };
+            let int = |v: &redis::Value| if let redis::Value::Int(n) = v { Some(*n) } else { None };
+            let (start, end) = (int(parts.first()?)?, int(parts.get(1)?)?);
+            let redis::Value::Array(primary) = parts.get(2)? else { return None };
+            (int(primary.get(1)?)? == i64::from(port)).then_some((start as u16, end as u16))
+        })
+        .collect()
+}
+
+impl RedisServer {
+    /// Runs one command on this server alone.
+    pub async fn command<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> anyhow::Result<T> {
+        let client = redis::Client::open(self.url())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        Ok(cmd.query_async(&mut conn).await?)
+    }
 }

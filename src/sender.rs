@@ -268,7 +268,9 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         // The gate's 'sending' must survive a failover before the request leaves, or a new
         // primary could think the batch never left and re-seal it under another key.
         let want = ctx.config.redis.wait_replicas;
-        let acked: u32 = redis::cmd("WAIT").arg(want).arg(1000).query_async(&mut conn).await?;
+        // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
+        let batch_key = ctx.store.keys.batch(b.partition, &b.id);
+        let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
         if acked < want {
             tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits");
             put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;

@@ -1,45 +1,39 @@
-//! The Redis side of a deployment: the connection pool, the key layout, and the
-//! start-up checks (Redis reachable, partition count unchanged, consumer groups).
-
-use std::time::Duration;
+//! The Redis side of a deployment: connections (one server or a cluster, see
+//! `conn.rs`), the key layout, the start-up checks (Redis reachable and recent,
+//! partition count and layout unchanged, durable, consumer groups), and the
+//! few reads that span partitions (counts, scans).
 
 use anyhow::{Context, bail};
-use deadpool_redis::{Connection, Pool};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
 use crate::config::{Config, Durability};
+use crate::conn::Backend;
+pub use crate::conn::Conn;
 use crate::keys::{Keys, LAYOUT};
 
-/// Pooled connections plus the key layout. Cheap to clone.
+/// Connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pool: Pool,
+    backend: Backend,
     pub keys: Keys,
 }
 
 impl Store {
-    /// Builds the pool and checks that Redis answers, in one clear error if not.
+    /// Connects and checks that Redis answers, in one clear error if not.
     pub async fn connect(config: &Config) -> anyhow::Result<Store> {
         let r = &config.redis;
-        let settings = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(3)))
-            .set_response_timeout(Some(Duration::from_millis(r.response_timeout_ms)));
-        let manager = deadpool_redis::Manager::new_with_config(r.url.expose(), settings)
-            .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
-        let pool = Pool::builder(manager)
-            .max_size(r.pool_size)
-            .wait_timeout(Some(Duration::from_secs(30)))
-            .create_timeout(Some(Duration::from_secs(5)))
-            .runtime(deadpool_redis::Runtime::Tokio1)
-            .build()
-            .context("building the Redis pool")?;
-        let store = Store { pool, keys: Keys::new(&r.prefix, r.partitions) };
-        let mut conn = store.conn().await.with_context(|| format!("cannot reach Redis at {}", r.url.redacted_url()))?;
+        let unreachable = || format!("cannot reach Redis at {}", r.url.redacted_url());
+        let backend = Backend::connect(r).await.with_context(unreachable)?;
+        let store = Store { backend, keys: Keys::new(&r.prefix, r.partitions) };
+        let mut conn = store.conn().await.with_context(unreachable)?;
         let _: () = redis::cmd("PING")
             .query_async(&mut conn)
             .await
             .with_context(|| format!("Redis at {} does not answer PING", r.url.redacted_url()))?;
+        if !conn.cluster_ok().await? {
+            bail!("Redis Cluster at {}: not every primary answers", r.url.redacted_url());
+        }
         Ok(store)
     }
 
@@ -72,13 +66,21 @@ impl Store {
     /// deleted ids and `ZADD … GT`), with one clear error rather than a script failing halfway.
     pub async fn check_version(&self) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
-        let info: String = redis::cmd("INFO").arg("server").query_async(&mut conn).await?;
-        supported_version(&info)
+        for node in conn.primaries().await? {
+            let info: String = conn.on_node(&node, redis::cmd("INFO").arg("server")).await?;
+            supported_version(&info)?;
+        }
+        Ok(())
     }
 
-    /// A pooled connection.
-    pub async fn conn(&self) -> anyhow::Result<Connection> {
-        self.pool.get().await.map_err(|e| anyhow::anyhow!("Redis connection: {e}"))
+    /// A connection for ordinary commands.
+    pub async fn conn(&self) -> anyhow::Result<Conn> {
+        self.backend.conn().await
+    }
+
+    /// A connection of its own, for blocking reads.
+    pub async fn dedicated(&self) -> anyhow::Result<Conn> {
+        self.backend.dedicated().await
     }
 
     /// Records the partition count on first use and refuses a different one later:
@@ -123,32 +125,40 @@ impl Store {
     pub async fn check_durability(&self, config: &Config) -> anyhow::Result<bool> {
         let mut conn = self.conn().await?;
         let wait = config.redis.wait_replicas;
-        let get = |name: &'static str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
-        let value = |r: redis::RedisResult<Vec<String>>| r.ok().and_then(|v| v.get(1).cloned());
-        let policy = value(get("maxmemory-policy").query_async(&mut conn).await);
-        let aof = value(get("appendonly").query_async(&mut conn).await);
-        let fsync = value(get("appendfsync").query_async(&mut conn).await);
-        if policy.as_deref().is_some_and(|p| p != "noeviction") {
-            tracing::warn!(
-                maxmemory_policy = policy.as_deref().unwrap_or("?"),
-                "Redis may evict keys under memory pressure; an evicted record or sealed batch can mean duplicate \
-                 or lost mail: set maxmemory-policy noeviction"
-            );
-        }
-        let problem = if wait > 0 {
-            let info: String = redis::cmd("INFO").arg("replication").query_async(&mut conn).await?;
-            let replicas: u32 = info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
-            (replicas < wait)
-                .then(|| format!("redis.wait_replicas is {wait} but the primary has {replicas} connected replicas"))
-        } else {
-            match (aof.as_deref(), fsync.as_deref()) {
-                (Some("yes"), Some("always")) => None,
-                (Some(aof), Some(fsync)) => Some(format!(
-                    "Redis runs with appendonly {aof}, appendfsync {fsync}: a crash may lose acknowledged writes"
-                )),
-                _ => Some("Redis does not allow CONFIG GET, so its persistence cannot be checked".to_string()),
+        let mut problem = None;
+        for node in conn.primaries().await? {
+            let at = if node.is_empty() { String::new() } else { format!(" (node {node})") };
+            let get = |name: &'static str| redis::cmd("CONFIG").arg("GET").arg(name).clone();
+            let mut value = async |name: &'static str| -> Option<String> {
+                conn.on_node::<Vec<String>>(&node, &get(name)).await.ok().and_then(|v| v.get(1).cloned())
+            };
+            let policy = value("maxmemory-policy").await;
+            let aof = value("appendonly").await;
+            let fsync = value("appendfsync").await;
+            if policy.as_deref().is_some_and(|p| p != "noeviction") {
+                tracing::warn!(
+                    maxmemory_policy = policy.as_deref().unwrap_or("?"),
+                    "Redis{at} may evict keys under memory pressure; an evicted record or sealed batch can mean \
+                     duplicate or lost mail: set maxmemory-policy noeviction"
+                );
             }
-        };
+            let found = if wait > 0 {
+                let info: String = conn.on_node(&node, redis::cmd("INFO").arg("replication")).await?;
+                let replicas: u32 = info_field(&info, "connected_slaves").and_then(|n| n.parse().ok()).unwrap_or(0);
+                (replicas < wait).then(|| {
+                    format!("redis.wait_replicas is {wait} but the primary{at} has {replicas} connected replicas")
+                })
+            } else {
+                match (aof.as_deref(), fsync.as_deref()) {
+                    (Some("yes"), Some("always")) => None,
+                    (Some(aof), Some(fsync)) => Some(format!(
+                        "Redis{at} runs with appendonly {aof}, appendfsync {fsync}: a crash may lose acknowledged writes"
+                    )),
+                    _ => Some(format!("Redis{at} does not allow CONFIG GET, so its persistence cannot be checked")),
+                }
+            };
+            problem = problem.or(found);
+        }
         match (problem, config.redis.durability) {
             (None, _) => Ok(false),
             (Some(problem), Durability::Relaxed) => {
@@ -228,49 +238,52 @@ impl Counts {
 }
 
 impl Store {
-    /// Every key matching `pattern` (SCAN, so Redis is never blocked; a key may
-    /// appear twice if the keyspace is rehashed meanwhile).
+    /// Every key matching `pattern` (SCAN on every primary, so Redis is never
+    /// blocked; a key may appear twice if the keyspace is rehashed meanwhile).
     pub async fn scan(&self, pattern: &str) -> anyhow::Result<Vec<String>> {
         let mut conn = self.conn().await?;
-        let mut cursor: u64 = 0;
         let mut out = Vec::new();
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            out.extend(keys);
-            cursor = next;
-            if cursor == 0 {
-                return Ok(out);
+        for node in conn.primaries().await? {
+            let mut cursor: u64 = 0;
+            loop {
+                let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).clone();
+                let (next, keys): (u64, Vec<String>) = conn.on_node(&node, &scan).await?;
+                out.extend(keys);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
             }
         }
+        Ok(out)
     }
 
-    /// Deletes every key under this deployment's prefix (the demo on a shared Redis).
+    /// Deletes every key under this deployment's prefix (the demo on a shared Redis),
+    /// one slot at a time (a cluster refuses multi-key commands across slots).
     pub async fn delete_all(&self) -> anyhow::Result<u64> {
         let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
+        let mut by_slot: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
+        for key in &keys {
+            by_slot.entry(crate::keys::hash_tag(key)).or_default().push(key);
+        }
         let mut conn = self.conn().await?;
         let mut removed = 0;
-        for chunk in keys.chunks(1000) {
-            let n: u64 = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await?;
-            removed += n;
+        for (_, keys) in by_slot {
+            for chunk in keys.chunks(500) {
+                let n: u64 = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await?;
+                removed += n;
+            }
         }
         Ok(removed)
     }
 
-    /// The counters of `campaign` for `period` (one pipelined read).
+    /// The counters of `campaign` for `period`, summed over the partitions.
     pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
         let mut conn = self.conn().await?;
-        let mut pipe = redis::pipe();
+        let mut parts: Vec<std::collections::HashMap<String, u64>> = Vec::new();
         for p in 0..self.keys.partitions() {
-            pipe.hgetall(self.keys.counts(p, campaign, period));
+            parts.push(conn.hgetall(self.keys.counts(p, campaign, period)).await?);
         }
-        let parts: Vec<std::collections::HashMap<String, u64>> = pipe.query_async(&mut conn).await?;
         let mut c = Counts::default();
         for part in parts {
             let get = |f: &str| part.get(f).copied().unwrap_or(0);

@@ -80,11 +80,25 @@ pub async fn upsert(store: &Store, subscribers: &[Subscriber]) -> anyhow::Result
     for s in subscribers {
         s.validate()?;
     }
+    // One pipeline per partition: a cluster takes a pipeline only within one slot.
+    let mut by_partition: Vec<Vec<&Subscriber>> = vec![Vec::new(); usize::from(store.keys.partitions())];
+    for s in subscribers {
+        by_partition[usize::from(store.keys.partition_of(&s.id))].push(s);
+    }
     let mut conn = store.conn().await?;
-    for chunk in subscribers.chunks(1000) {
+    for (p, list) in by_partition.iter().enumerate() {
+        let p = p as u16;
+        for chunk in list.chunks(1000) {
+            write_chunk(store, &mut conn, p, chunk).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_chunk(store: &Store, conn: &mut crate::conn::Conn, p: u16, chunk: &[&Subscriber]) -> anyhow::Result<()> {
+    {
         let mut pipe = redis::pipe();
         for s in chunk {
-            let p = store.keys.partition_of(&s.id);
             let key = store.keys.subscriber(p, &s.id);
             pipe.hset_multiple(
                 &key,
@@ -102,7 +116,7 @@ pub async fn upsert(store: &Store, subscribers: &[Subscriber]) -> anyhow::Result
             };
             pipe.sadd(store.keys.subscribers(p), &s.id).ignore();
         }
-        let _: () = pipe.query_async(&mut conn).await.context("writing subscribers")?;
+        let _: () = pipe.query_async(conn).await.context("writing subscribers")?;
     }
     Ok(())
 }

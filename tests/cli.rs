@@ -130,7 +130,7 @@ async fn a_redis_that_may_lose_writes_is_refused_unless_relaxed() {
     assert!(err.contains("appendonly no") && err.contains("redis.durability = \"relaxed\""), "{err}");
 
     // The same Redis with append-only persistence and fsync always is accepted.
-    let durable = RedisServer::start(RedisOptions { appendonly: true }).await.unwrap();
+    let durable = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await.unwrap();
     let mut daemon = bin();
     daemon.arg("run").arg("--config").arg(&strict).env("MAILSTREAM_REDIS_URL", durable.url());
     daemon.env("RESEND_API_KEY", "re_cli_test").stdout(Stdio::null());

@@ -364,7 +364,7 @@ async fn an_exhausted_quota_pauses_sending_and_drops_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_mid_run_loses_and_repeats_nothing() {
-    let mut world = World::with(RedisOptions { appendonly: true }, quick).await;
+    let mut world = World::with(RedisOptions { appendonly: true, ..Default::default() }, quick).await;
     let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: Some(5), ..Default::default() }).await;
     world.config.resend.requests_per_second = 5;
     world.subscribers(2000).await;

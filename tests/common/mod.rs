@@ -11,7 +11,7 @@ use mailstream::config::{Config, Secret};
 use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::metrics::Metrics;
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::redis_server::{RedisCluster, RedisOptions, RedisServer};
 use mailstream::shutdown::{self, Trigger};
 use mailstream::store::{Counts, Store};
 use mailstream::subscribers::{self, Subscriber};
@@ -21,9 +21,47 @@ use tokio::task::JoinHandle;
 pub const CAMPAIGN: &str = "weekly_digest";
 pub const PERIOD: &str = "2026-W48";
 
+/// The Redis a test world runs on: one server, or a 3-primary cluster.
+pub enum Servers {
+    Single(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Servers {
+    /// A URL to connect to (any node of a cluster).
+    pub fn url(&self) -> String {
+        match self {
+            Servers::Single(s) => s.url(),
+            Servers::Cluster(c) => c.url(),
+        }
+    }
+
+    pub fn port(&self) -> u16 {
+        match self {
+            Servers::Single(s) => s.port(),
+            Servers::Cluster(c) => c.nodes[0].port(),
+        }
+    }
+
+    /// Kills and restarts the server (single servers only).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        match self {
+            Servers::Single(s) => s.restart().await,
+            Servers::Cluster(_) => anyhow::bail!("restart is for single servers"),
+        }
+    }
+
+    pub fn cluster(&self) -> &RedisCluster {
+        match self {
+            Servers::Cluster(c) => c,
+            Servers::Single(_) => panic!("not a cluster"),
+        }
+    }
+}
+
 /// A private Redis and a config for it (emulator not yet attached).
 pub struct World {
-    pub redis: RedisServer,
+    pub redis: Servers,
     pub config: Config,
     pub store: Store,
 }
@@ -34,8 +72,22 @@ impl World {
     }
 
     pub async fn with(options: RedisOptions, tweak: impl FnOnce(&mut Config)) -> World {
-        logs();
         let redis = RedisServer::start(options).await.expect("redis-server starts");
+        World::on(Servers::Single(redis), tweak).await
+    }
+
+    /// A world on a private 3-primary Redis Cluster (`redis.cluster = true`).
+    pub async fn cluster(tweak: impl FnOnce(&mut Config)) -> World {
+        let cluster = RedisCluster::start(false).await.expect("the cluster starts");
+        World::on(Servers::Cluster(cluster), |c| {
+            c.redis.cluster = true;
+            tweak(c)
+        })
+        .await
+    }
+
+    async fn on(redis: Servers, tweak: impl FnOnce(&mut Config)) -> World {
+        logs();
         let mut config = Config::example();
         config.redis.url = Secret::new(redis.url());
         config.redis.partitions = 2;

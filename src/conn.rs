@@ -1,0 +1,198 @@
+//! Connections to Redis, one kind or the other: a pool of connections to a
+//! single server, or a Redis Cluster connection that routes every command by
+//! its key's hash slot (MOVED, ASK and NOSCRIPT handled by the redis crate).
+//! Everything above talks to [`Conn`] and does not care which; the few
+//! commands that belong to a node rather than a key (SCAN, CONFIG GET, WAIT)
+//! are routed here.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use deadpool_redis::Pool;
+use redis::aio::ConnectionLike;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+
+use crate::config::RedisConfig;
+
+/// Where connections come from.
+#[derive(Clone)]
+pub enum Backend {
+    Single(Pool),
+    /// The client (for dedicated connections) and one shared, multiplexed connection.
+    Cluster(Box<(ClusterClient, ClusterConnection)>),
+}
+
+/// One connection, to a single server or to the cluster.
+pub enum Conn {
+    Single(deadpool_redis::Connection),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` on the node that holds `key`'s slot (on a single server: here).
+    pub async fn on_node_of<T: redis::FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> anyhow::Result<T> {
+        match self {
+            Conn::Single(c) => Ok(cmd.query_async(c).await?),
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::with_key(
+                    key.as_bytes(),
+                    SlotAddr::Master,
+                )));
+                Ok(redis::from_redis_value(c.route_command(cmd.clone(), route).await?)?)
+            }
+        }
+    }
+
+    /// Runs `cmd` on the node at `address` (`host:port`; on a single server: here).
+    pub async fn on_node<T: redis::FromRedisValue>(&mut self, address: &str, cmd: &Cmd) -> anyhow::Result<T> {
+        match self {
+            Conn::Single(c) => Ok(cmd.query_async(c).await?),
+            Conn::Cluster(c) => {
+                let (host, port) = address.rsplit_once(':').context("a node address")?;
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.to_string(),
+                    port: port.parse().context("a node port")?,
+                });
+                Ok(redis::from_redis_value(c.route_command(cmd.clone(), route).await?)?)
+            }
+        }
+    }
+
+    /// The primaries' addresses (`host:port`); a single server is its own (`""`).
+    pub async fn primaries(&mut self) -> anyhow::Result<Vec<String>> {
+        match self {
+            Conn::Single(_) => Ok(vec![String::new()]),
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+                let nodes: String =
+                    redis::from_redis_value(c.route_command(redis::cmd("CLUSTER").arg("NODES").clone(), route).await?)?;
+                Ok(primaries_of(&nodes))
+            }
+        }
+    }
+
+    /// Whether every primary of the cluster answers (a single server: always).
+    pub async fn cluster_ok(&mut self) -> anyhow::Result<bool> {
+        match self {
+            Conn::Single(_) => Ok(true),
+            Conn::Cluster(c) => {
+                let route = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let reply = c.route_command(redis::cmd("PING").clone(), route).await;
+                Ok(reply.is_ok())
+            }
+        }
+    }
+}
+
+/// The `host:port` of each live primary in a `CLUSTER NODES` reply.
+pub fn primaries_of(nodes: &str) -> Vec<String> {
+    nodes
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let flags = fields.get(2)?;
+            let is_primary = flags.split(',').any(|f| f == "master") && !flags.contains("fail");
+            let address = fields.get(1)?.split('@').next()?;
+            is_primary.then(|| address.to_string())
+        })
+        .collect()
+}
+
+impl Backend {
+    /// Connects as `r` asks: a pool to one server, or the cluster from its seeds.
+    pub async fn connect(r: &RedisConfig) -> anyhow::Result<Backend> {
+        let connect_timeout = Duration::from_secs(3);
+        let response_timeout = Duration::from_millis(r.response_timeout_ms);
+        if r.cluster {
+            let seeds: Vec<&str> =
+                std::iter::once(r.url.expose()).chain(r.cluster_seeds.iter().map(|s| s.expose())).collect();
+            let client = ClusterClient::builder(seeds)
+                .connection_timeout(connect_timeout)
+                .response_timeout(response_timeout)
+                .build()
+                .with_context(|| format!("invalid redis.url or redis.cluster_seeds ({})", r.url.redacted_url()))?;
+            let shared = client.get_async_connection().await?;
+            return Ok(Backend::Cluster(Box::new((client, shared))));
+        }
+        let settings = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout));
+        let manager = deadpool_redis::Manager::new_with_config(r.url.expose(), settings)
+            .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
+        let pool = Pool::builder(manager)
+            .max_size(r.pool_size)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(5)))
+            .runtime(deadpool_redis::Runtime::Tokio1)
+            .build()
+            .context("building the Redis pool")?;
+        Ok(Backend::Single(pool))
+    }
+
+    /// A connection for ordinary commands.
+    pub async fn conn(&self) -> anyhow::Result<Conn> {
+        match self {
+            Backend::Single(pool) => {
+                Ok(Conn::Single(pool.get().await.map_err(|e| anyhow::anyhow!("Redis connection: {e}"))?))
+            }
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
+        }
+    }
+
+    /// A connection of its own, for a command that blocks (XREADGROUP … BLOCK): on a
+    /// cluster, a blocking read on the shared multiplexed connection would hold up
+    /// every other command to that node.
+    pub async fn dedicated(&self) -> anyhow::Result<Conn> {
+        match self {
+            Backend::Single(_) => self.conn().await,
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.0.get_async_connection().await?)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn primaries_are_read_from_cluster_nodes() {
+        let nodes = "\
+07c37dfeb235213a872192d90877d0cd55635b91 127.0.0.1:30004@31004 slave e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 0 1426238317239 4 connected
+67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
+292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master,fail - 0 1426238318243 3 connected 10923-16383
+e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5460
+";
+        assert_eq!(primaries_of(nodes), vec!["127.0.0.1:30002", "127.0.0.1:30001"]);
+    }
+}
