@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::db::Store;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::kick;
 use mailstream::pause::Pause;
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::shutdown::Trigger;
-use mailstream::store::Store;
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::work::DeliveryRef;
 use rand::rngs::StdRng;

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::db::Store;
 use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::redis_server::{RedisCluster, RedisOptions, RedisServer};
-use mailstream::store::Store;
 use mailstream::subscribers::{self, Subscriber};
 use serde::Serialize;
 

@@ -12,7 +12,8 @@
 --   then per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
---   then per member: delivery id, counts index (1-based), '1' to check its subscriber record
+--   then per member: delivery id, counts index (1-based), '1' to check its subscriber record,
+--   its campaign (a subscriber may have turned one campaign off: `off:<campaign>`)
 -- Returns one of:
 --   {'go', sends}                                  send the batch as it is
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
@@ -51,20 +52,20 @@ local n = (#KEYS - 3 - c) / 2
 local reasons, any = {}, false
 for m = 1, n do
   local dkey, skey = KEYS[3 + c + 2 * m - 1], KEYS[3 + c + 2 * m]
-  local check = ARGV[9 + 3 * m]
+  local check, campaign = ARGV[9 + 4 * m - 1], ARGV[9 + 4 * m]
   local reason = ''
   local d = redis.call('HMGET', dkey, 'state', 'batch')
   if d[1] ~= 'sealed' or d[2] ~= bid then
     reason = 'record_lost'
   elseif check == '1' then
-    local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed')
+    local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed', 'off:' .. campaign)
     if not s[1] then
       reason = 'unknown_subscriber'
     elseif s[4] then
       reason = 'suppressed'
     elseif s[2] ~= '1' then
       reason = 'not_entitled'
-    elseif s[3] ~= '1' then
+    elseif s[3] ~= '1' or s[5] then
       reason = 'unsubscribed'
     end
   end
@@ -98,7 +99,7 @@ for m = 1, n do
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
+    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 4 * m - 2])
     if reasons[m] ~= 'record_lost' then
       redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
       redis.call('EXPIRE', dkey, retention)

@@ -21,6 +21,10 @@ pub const EXAMPLE: &str = include_str!("../config.toml");
 pub const ENV_API_KEY: &str = "RESEND_API_KEY";
 /// Environment variable that overrides `redis.url`.
 pub const ENV_REDIS_URL: &str = "MAILSTREAM_REDIS_URL";
+/// Environment variable holding the webhook signing secret(s).
+pub const ENV_WEBHOOK_SECRET: &str = "MAILSTREAM_WEBHOOK_SECRET";
+/// Environment variable holding the unsubscribe token secret(s).
+pub const ENV_UNSUBSCRIBE_SECRET: &str = "MAILSTREAM_UNSUBSCRIBE_SECRET";
 
 /// Everything `mailstream` reads from its config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -34,6 +38,10 @@ pub struct Config {
     pub delivery: DeliveryConfig,
     #[serde(default)]
     pub http: HttpConfig,
+    #[serde(default)]
+    pub webhook: WebhookConfig,
+    #[serde(default)]
+    pub unsubscribe: UnsubscribeConfig,
     #[serde(default, rename = "campaign")]
     pub campaigns: Vec<CampaignConfig>,
     #[serde(default)]
@@ -148,8 +156,55 @@ pub struct DeliveryConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Where `/metrics` listens; absent means no metrics endpoint.
+    /// Where `/metrics` listens (private: metrics and admin); absent means none.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where the public endpoints listen (Resend's webhooks, one-click unsubscribe,
+    /// the ingest API); absent means none. Put it behind your TLS proxy.
+    pub public_listen: Option<SocketAddr>,
+    /// Largest request body the public listener reads (413 beyond).
+    pub public_max_body_bytes: usize,
+    /// Requests per second one client address may make to the public listener (429
+    /// beyond, with `retry-after`), so a flood of forged requests cannot starve Redis.
+    pub public_requests_per_second_per_source: u32,
+    /// How long a public request may take, head to answer.
+    pub public_timeout_ms: u64,
+}
+
+/// Resend's webhooks: where their signing secret comes from and how events act.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// A file holding the signing secret(s) (`whsec_…`, several separated by
+    /// whitespace while rotating; the first is current). `MAILSTREAM_WEBHOOK_SECRET`
+    /// or the systemd credential `webhook_secret` work too.
+    pub secret_file: Option<PathBuf>,
+    /// The secrets, from the environment, the file or the credential (never the config).
+    #[serde(skip)]
+    pub secrets: Vec<Secret>,
+    /// How long an event id is remembered (longer than Svix's retries, about 28 h).
+    pub seen_ttl_hours: u64,
+    /// Transient (or undetermined) bounces of one address within the window that
+    /// suppress it.
+    pub transient_bounces_to_suppress: u32,
+    pub transient_bounce_window_days: u64,
+}
+
+/// RFC 8058 one-click unsubscribe.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UnsubscribeConfig {
+    /// The public URL the listener is reached at: emails carry
+    /// `List-Unsubscribe: <{base_url}/u/TOKEN>` (HTTPS in production).
+    pub base_url: String,
+    /// Where `List-Unsubscribe` points when no secret is set (the application's
+    /// settings page): then there is no one-click unsubscribe.
+    pub settings_url: String,
+    /// A file holding the token secret(s) (several separated by whitespace while
+    /// rotating; the first signs). `MAILSTREAM_UNSUBSCRIBE_SECRET` or the systemd
+    /// credential `unsubscribe_secret` work too. Its presence turns one-click on.
+    pub secret_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub secrets: Vec<Secret>,
 }
 
 /// One campaign: what to send, and how its period is counted.
@@ -224,7 +279,36 @@ impl Default for DeliveryConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        HttpConfig { metrics_listen: Some(([127, 0, 0, 1], 9464).into()) }
+        HttpConfig {
+            metrics_listen: Some(([127, 0, 0, 1], 9464).into()),
+            public_listen: None,
+            public_max_body_bytes: 1024 * 1024,
+            public_requests_per_second_per_source: 5000,
+            public_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        WebhookConfig {
+            secret_file: None,
+            secrets: Vec::new(),
+            seen_ttl_hours: 168,
+            transient_bounces_to_suppress: 3,
+            transient_bounce_window_days: 7,
+        }
+    }
+}
+
+impl Default for UnsubscribeConfig {
+    fn default() -> Self {
+        UnsubscribeConfig {
+            base_url: "http://127.0.0.1:8080".into(),
+            settings_url: String::new(),
+            secret_file: None,
+            secrets: Vec::new(),
+        }
     }
 }
 
@@ -263,16 +347,34 @@ impl Config {
     }
 
     /// Takes secrets from the environment (or `api_key_file`), which win over the file.
+    /// Each secret comes from, in order: its environment variable, the file the config
+    /// names, or the systemd credential of that name (`$CREDENTIALS_DIRECTORY/<name>`).
     pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(url) = env(ENV_REDIS_URL).filter(|v| !v.is_empty()) {
             self.redis.url = Secret::new(url);
         }
-        if let Some(key) = env(ENV_API_KEY).filter(|v| !v.is_empty()) {
-            self.resend.api_key = Some(Secret::new(key));
-        } else if let Some(path) = &self.resend.api_key_file {
-            let key = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.clone(), cause })?;
+        let credentials = env("CREDENTIALS_DIRECTORY").map(PathBuf::from);
+        let read = |var: &str, file: &Option<PathBuf>, credential: &str| -> Result<Option<String>, ConfigError> {
+            if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
+                return Ok(Some(value));
+            }
+            let path = match (file, &credentials) {
+                (Some(file), _) => file.clone(),
+                (None, Some(dir)) if dir.join(credential).exists() => dir.join(credential),
+                _ => return Ok(None),
+            };
+            let text = std::fs::read_to_string(&path).map_err(|cause| ConfigError::Read { path, cause })?;
+            Ok(Some(text))
+        };
+        if let Some(key) = read(ENV_API_KEY, &self.resend.api_key_file, "resend_api_key")? {
             self.resend.api_key = Some(Secret::new(key.trim()));
         }
+        let list = |text: Option<String>| -> Vec<Secret> {
+            text.map(|t| t.split_whitespace().map(Secret::new).collect()).unwrap_or_default()
+        };
+        self.webhook.secrets = list(read(ENV_WEBHOOK_SECRET, &self.webhook.secret_file, "webhook_secret")?);
+        self.unsubscribe.secrets =
+            list(read(ENV_UNSUBSCRIBE_SECRET, &self.unsubscribe.secret_file, "unsubscribe_secret")?);
         Ok(())
     }
 
@@ -407,6 +509,55 @@ impl Config {
             ),
         );
 
+        let h = &self.http;
+        check(
+            (1024..=64 * 1024 * 1024).contains(&h.public_max_body_bytes),
+            format!("http.public_max_body_bytes: must be 1024..=67108864 (got {})", h.public_max_body_bytes),
+        );
+        check(
+            h.public_requests_per_second_per_source >= 1,
+            "http.public_requests_per_second_per_source: must be at least 1".into(),
+        );
+        check(
+            (100..=600_000).contains(&h.public_timeout_ms),
+            format!("http.public_timeout_ms: must be 100..=600000 (got {})", h.public_timeout_ms),
+        );
+        let w = &self.webhook;
+        for (i, secret) in w.secrets.iter().enumerate() {
+            check(
+                crate::svix::SigningKey::parse(secret.expose()).is_some(),
+                format!("webhook secret #{}: must be whsec_ followed by base64", i + 1),
+            );
+        }
+        check(
+            w.seen_ttl_hours >= 30,
+            format!(
+                "webhook.seen_ttl_hours: must be at least 30, longer than Svix's retries (got {})",
+                w.seen_ttl_hours
+            ),
+        );
+        check(
+            w.transient_bounces_to_suppress >= 1 && (1..=365).contains(&w.transient_bounce_window_days),
+            "webhook.transient_bounces_to_suppress must be at least 1 and transient_bounce_window_days 1..=365".into(),
+        );
+        let u = &self.unsubscribe;
+        check(
+            u.base_url.starts_with("http://") || u.base_url.starts_with("https://"),
+            format!("unsubscribe.base_url: must be an http(s) URL (got {:?})", u.base_url),
+        );
+        check(
+            u.settings_url.is_empty()
+                || u.settings_url.starts_with("http://")
+                || u.settings_url.starts_with("https://"),
+            format!("unsubscribe.settings_url: must be an http(s) URL (got {:?})", u.settings_url),
+        );
+        for (i, secret) in u.secrets.iter().enumerate() {
+            check(
+                secret.expose().len() >= 16,
+                format!("unsubscribe secret #{}: must be at least 16 characters", i + 1),
+            );
+        }
+
         let mut names = std::collections::BTreeSet::new();
         for (i, c) in self.campaigns.iter().enumerate() {
             let at = format!("campaign[{i}]");
@@ -539,7 +690,13 @@ mod tests {
         let renderer = crate::render::Renderer::new(&config.templates).unwrap();
         let d = crate::work::DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
         let data = serde_json::json!({ "name": "Ann" });
-        let input = crate::render::RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data };
+        let input = crate::render::RenderInput {
+            delivery: &d,
+            target: "team-1",
+            subscriber_id: "u42",
+            data: &data,
+            headers: &[],
+        };
         let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");

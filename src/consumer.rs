@@ -10,11 +10,12 @@ use redis::streams::{StreamId, StreamReadReply};
 
 use crate::batcher::Batcher;
 use crate::ctx::Ctx;
+use crate::db::ensure_group;
+use crate::db::scripts::{self, Claim, Decision};
 use crate::outcome::{Failpoint, Outcome, Reason};
+use crate::public::unsubscribe::{self, Tokens};
 use crate::render::{RenderInput, Renderer};
-use crate::scripts::{self, Claim, Decision};
 use crate::sender;
-use crate::store::ensure_group;
 use crate::subscribers::{self, Resolved};
 use crate::work::{DeliveryRef, Ready};
 
@@ -32,11 +33,14 @@ pub struct Consumer {
     ctx: Arc<Ctx>,
     renderer: Renderer,
     batcher: Arc<Batcher>,
+    /// Signs the one-click unsubscribe links each email carries.
+    tokens: Tokens,
 }
 
 impl Consumer {
     pub fn new(ctx: Arc<Ctx>, renderer: Renderer, batcher: Arc<Batcher>) -> Consumer {
-        Consumer { ctx, renderer, batcher }
+        let tokens = Tokens::new(&ctx.config.unsubscribe.secrets);
+        Consumer { ctx, renderer, batcher, tokens }
     }
 
     /// Reads partition `p` until shutdown.
@@ -47,7 +51,7 @@ impl Consumer {
         let group = ctx.config.redis.group.clone();
         let mut failures = 0u32;
         // The blocking read has a connection of its own, kept while it works.
-        let mut reader: Option<crate::conn::Conn> = None;
+        let mut reader: Option<crate::db::conn::Conn> = None;
         while !shutdown.is_triggered() {
             if ctx.pause.is_paused() {
                 shutdown.sleep(Duration::from_secs(1)).await;
@@ -110,7 +114,7 @@ impl Consumer {
     pub async fn process_entries(
         &self,
         p: u16,
-        conn: &mut crate::conn::Conn,
+        conn: &mut crate::db::conn::Conn,
         entries: Vec<Entry>,
     ) -> anyhow::Result<Vec<Ready>> {
         if entries.is_empty() {
@@ -162,7 +166,7 @@ impl Consumer {
         // Resolve at send time: one pipelined read of every subscriber record.
         let mut pipe = redis::pipe();
         for (_, d, _) in &claimed {
-            pipe.cmd("HMGET").arg(keys.subscriber(p, &d.subscriber)).arg(&subscribers::RESOLVE_FIELDS);
+            pipe.cmd("HMGET").arg(keys.subscriber(p, &d.subscriber)).arg(&subscribers::resolve_fields(&d.campaign));
         }
         let rows: Vec<subscribers::Row> = if claimed.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
 
@@ -188,8 +192,9 @@ impl Consumer {
                 decisions.push(decide(Outcome::Failed, Reason::UnknownCampaign));
                 continue;
             };
-            let input =
-                RenderInput { delivery, target: &delivery.target, subscriber_id: &delivery.subscriber, data: &data };
+            let headers = unsubscribe::headers(&ctx.config, &self.tokens, &delivery.subscriber, &delivery.campaign);
+            let (target, subscriber_id) = (&delivery.target, &delivery.subscriber);
+            let input = RenderInput { delivery, target, subscriber_id, data: &data, headers: &headers };
             let from = campaign.from.as_deref().unwrap_or(&ctx.config.resend.from);
             match self.renderer.render(&campaign.template, from, &email, &input) {
                 Ok(json) => ready.push(Ready { entry: entry.to_string(), delivery: (*delivery).clone(), json }),

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use crate::config::Config;
+use crate::db::Store;
 use crate::metrics::Metrics;
 use crate::outcome::Failpoint;
 use crate::pause::Pause;
 use crate::shutdown::Shutdown;
-use crate::store::Store;
 
 /// What every task of a running daemon shares.
 pub struct Ctx {

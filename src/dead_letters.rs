@@ -6,9 +6,9 @@ use anyhow::Context;
 use redis::streams::StreamRangeReply;
 use serde::Serialize;
 
+use crate::db::Store;
+use crate::db::scripts;
 use crate::outcome::Requeue;
-use crate::scripts;
-use crate::store::Store;
 use crate::work::DeliveryRef;
 
 /// One listed entry (ids and names only: no addresses).

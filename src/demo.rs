@@ -3,6 +3,7 @@
 //! in-process, N subscribers, the kick fired twice (the second adds nothing),
 //! and the daemon until every delivery is settled. Then a summary, checked.
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,11 +12,11 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::config::{Config, Secret};
+use crate::db::{Counts, Store};
 use crate::emulator::{Emulator, EmulatorConfig, Stats};
 use crate::kick;
 use crate::redis_server::{RedisOptions, RedisServer};
 use crate::shutdown;
-use crate::store::{Counts, Store};
 use crate::subscribers::{self, Subscriber};
 use crate::{Listeners, RunOptions};
 
@@ -54,6 +55,34 @@ pub struct DemoReport {
     pub emails_per_second: f64,
     pub ceiling_emails_per_second: f64,
     pub provider: Stats,
+    /// The webhooks the daemon's public listener took.
+    pub webhooks: WebhookTally,
+    /// Addresses suppressed by those webhooks, by reason.
+    pub suppressed: BTreeMap<String, u64>,
+}
+
+/// Webhook requests, as the daemon counted them.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct WebhookTally {
+    pub received: u64,
+    pub verified: u64,
+    pub rejected: u64,
+    pub duplicates: u64,
+}
+
+/// Every `BOUNCES_EVERY`-th subscriber's address bounces, every `COMPLAINS_EVERY`-th complains.
+const BOUNCES_EVERY: u64 = 97;
+const COMPLAINS_EVERY: u64 = 251;
+
+/// A made-up subscriber; a few have Resend's test addresses that bounce or complain.
+fn demo_subscriber(i: u64) -> Subscriber {
+    let mut s = Subscriber::synthetic(i);
+    if i % BOUNCES_EVERY == BOUNCES_EVERY - 1 {
+        s.email = format!("bounced+{}@resend.dev", s.id);
+    } else if i % COMPLAINS_EVERY == COMPLAINS_EVERY - 1 {
+        s.email = format!("complained+{}@resend.dev", s.id);
+    }
+    s
 }
 
 impl DemoReport {
@@ -71,6 +100,9 @@ impl DemoReport {
                 "the provider accepted {} emails but {} deliveries are recorded as sent",
                 self.provider.emails_accepted, self.sent
             ));
+        }
+        if self.webhooks.rejected > 0 {
+            p.push(format!("{} webhook requests were rejected", self.webhooks.rejected));
         }
         if self.duplicates_suppressed != self.enqueued {
             p.push(format!(
@@ -102,7 +134,26 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         }
     }
 
-    let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(opts.rps), ..Default::default() });
+    // The daemon's public listener, and the secret its webhooks are signed with: the
+    // emulator posts signed events about what it accepted back to the daemon.
+    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the public listener")?;
+    let public_url = format!("http://{}", public.local_addr()?);
+    let webhook_secret = format!(
+        "whsec_{}",
+        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, rand::random::<[u8; 24]>())
+    );
+    config.webhook.secrets = vec![Secret::new(webhook_secret.clone())];
+    config.unsubscribe.secrets = vec![Secret::new(crate::id::new_id())];
+    config.unsubscribe.base_url = public_url.clone();
+    // One source (the emulator) sends every webhook here: no per-source cap to speak of.
+    config.http.public_requests_per_second_per_source = 1_000_000;
+    let webhook =
+        crate::emulator::WebhookTarget { url: format!("{public_url}/webhooks/resend"), secret: webhook_secret };
+    let emulator = Emulator::new(EmulatorConfig {
+        requests_per_second: Some(opts.rps),
+        webhook: Some(webhook),
+        ..Default::default()
+    });
     let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await.context("starting the emulator")?;
 
     config.resend.base_url = emulator_url.clone();
@@ -124,7 +175,8 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     )?;
     writeln!(out, "  redis {}   resend emulator {emulator_url}", config.redis.url.redacted_url())?;
 
-    let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
+    // A few are Resend's test addresses that bounce or complain: their webhooks suppress them.
+    let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(demo_subscriber).collect();
     subscribers::upsert(&store, &subscribers).await?;
     drop(subscribers);
 
@@ -137,11 +189,12 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
 
     let (stop, down) = shutdown::channel();
     let started = Instant::now();
+    let metrics = Arc::new(crate::metrics::Metrics::new());
     let daemon = tokio::spawn(crate::run_with(
         config.clone(),
-        Listeners::default(),
+        Listeners { metrics: None, public: Some(public) },
         down,
-        RunOptions { metrics: Some(Arc::new(crate::metrics::Metrics::new())), ..Default::default() },
+        RunOptions { metrics: Some(metrics.clone()), ..Default::default() },
     ));
 
     let ceiling = f64::from(opts.rps) * config.resend.batch_size as f64;
@@ -161,6 +214,16 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    // The webhooks about the last batches are still on their way: wait for them.
+    let expected_events = counts.sent + opts.subscribers.div_ceil(COMPLAINS_EVERY);
+    let webhooks_due = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < webhooks_due {
+        let s = emulator.stats();
+        if s.webhooks_delivered + s.webhooks_failed >= expected_events {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     stop.trigger();
     match daemon.await {
         Ok(Ok(())) => {}
@@ -192,6 +255,13 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         emails_per_second: counts.sent as f64 / elapsed.max(1e-9),
         ceiling_emails_per_second: ceiling,
         provider: emulator.stats(),
+        webhooks: {
+            let w = |result| metrics.webhook_requests(result);
+            let (verified, duplicates, rejected, invalid) =
+                (w("verified"), w("duplicate"), w("rejected"), w("invalid"));
+            WebhookTally { received: verified + duplicates + rejected + invalid, verified, rejected, duplicates }
+        },
+        suppressed: metrics.suppressions_by_reason(),
     };
     summary(out, &report)?;
     Ok(report)
@@ -231,6 +301,17 @@ fn summary(out: &mut (dyn Write + Send), r: &DemoReport) -> std::io::Result<()> 
         out,
         "  provider: {} requests, {} emails accepted, {} duplicate sends, {} rate-limited, at most {} requests in any second",
         p.requests, p.emails_accepted, p.duplicate_sends, p.rate_limited, p.max_requests_in_1s
+    )?;
+    let w = &r.webhooks;
+    let suppressed: Vec<String> = r.suppressed.iter().map(|(why, n)| format!("{n} {why}")).collect();
+    writeln!(
+        out,
+        "  webhooks: {} received, {} verified, {} rejected, {} duplicates; suppressed: {}",
+        w.received,
+        w.verified,
+        w.rejected,
+        w.duplicates,
+        if suppressed.is_empty() { "none".to_string() } else { suppressed.join(", ") }
     )?;
     let problems = r.problems();
     if problems.is_empty() {

@@ -16,8 +16,8 @@ use tokio::time::Instant;
 
 use crate::batcher::Batcher;
 use crate::ctx::Ctx;
+use crate::db::scripts;
 use crate::limiter::Limiter;
-use crate::scripts;
 use crate::sender::{self, PacingNews, Sender};
 use crate::work::{DeliveryRef, Sealed, Work};
 

@@ -27,27 +27,72 @@ pub type HttpResponse = Response<Full<Bytes>>;
 #[derive(Debug, Clone, Copy)]
 pub struct Arrived(pub std::time::Instant);
 
-/// Largest request body accepted (a full batch of 100 large emails fits easily).
-const MAX_BODY: usize = 16 * 1024 * 1024;
+/// How a listener treats its requests.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest body read (413 beyond).
+    pub max_body: usize,
+    /// Longest a request may take, head to answer (408 after the head, 503 after).
+    pub timeout: Duration,
+    /// Requests per second one client address may make (429 beyond); `None`: no limit.
+    pub per_source: Option<std::num::NonZeroU32>,
+    /// How long open connections get to finish after shutdown.
+    pub drain: Duration,
+}
 
-/// Binds `addr` if one is configured (`key` names the setting in errors).
-pub async fn bind(addr: Option<std::net::SocketAddr>, key: &str) -> anyhow::Result<Option<TcpListener>> {
+impl Default for Limits {
+    /// For private listeners (metrics) and the emulator: a full batch of 100 large
+    /// emails fits easily.
+    fn default() -> Self {
+        Limits {
+            max_body: 16 * 1024 * 1024,
+            timeout: Duration::from_secs(120),
+            per_source: None,
+            drain: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The client's address, as a request extension.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
+/// Binds `http.<which>_listen` if one is configured, and logs the address bound (port 0
+/// picks a free one).
+pub async fn bind(addr: Option<std::net::SocketAddr>, which: &str) -> anyhow::Result<Option<TcpListener>> {
     let Some(addr) = addr else { return Ok(None) };
-    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("cannot listen on {key} {addr}: {e}"))?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on http.{which}_listen {addr}: {e}"))?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "{which} listening");
+    }
     Ok(Some(listener))
 }
 
-/// Serves `handler` on `listener` until `shutdown`, then drains for at most `drain`.
-pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: Shutdown, drain: Duration)
+type SourceLimiter = governor::DefaultKeyedRateLimiter<std::net::IpAddr>;
+
+/// Serves `handler` on `listener` until `shutdown`, then drains for at most `limits.drain`.
+pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: Shutdown, limits: Limits)
 where
     H: Fn(HttpRequest) -> F + Send + Sync + 'static,
     F: Future<Output = HttpResponse> + Send + 'static,
 {
     let handler = Arc::new(handler);
     let graceful = GracefulShutdown::new();
+    let sources: Option<Arc<SourceLimiter>> =
+        limits.per_source.map(|n| Arc::new(governor::RateLimiter::keyed(governor::Quota::per_second(n))));
+    let mut forget = tokio::time::interval(Duration::from_secs(60));
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             _ = shutdown.wait() => break,
+            _ = forget.tick() => {
+                // Client addresses not seen for a while are forgotten (bounded memory).
+                if let Some(s) = &sources {
+                    s.retain_recent();
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok(pair) => pair,
                 Err(e) => {
@@ -58,22 +103,44 @@ where
             },
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
+        let (handler, sources) = (handler.clone(), sources.clone());
         let service = service_fn(move |req: Request<Incoming>| {
-            let handler = handler.clone();
-            async move { Ok::<_, Infallible>(handle(req, &*handler).await) }
+            let (handler, sources) = (handler.clone(), sources.clone());
+            async move {
+                if let Some(refused) = sources.as_deref().and_then(|s| over_limit(s, peer.ip())) {
+                    return Ok::<_, Infallible>(refused);
+                }
+                let answer = tokio::time::timeout(limits.timeout, handle(req, peer, &*handler, limits.max_body));
+                Ok::<_, Infallible>(
+                    answer.await.unwrap_or_else(|_| text(StatusCode::SERVICE_UNAVAILABLE, "request took too long\n")),
+                )
+            }
         });
-        let conn = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(limits.timeout)
+            .serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
             let _ = conn.await;
         });
     }
     drop(listener);
-    let _ = tokio::time::timeout(drain, graceful.shutdown()).await;
+    let _ = tokio::time::timeout(limits.drain, graceful.shutdown()).await;
 }
 
-async fn handle<H, F>(req: Request<Incoming>, handler: &H) -> HttpResponse
+/// 429 with `retry-after` when `ip` is over its quota.
+fn over_limit(sources: &SourceLimiter, ip: std::net::IpAddr) -> Option<HttpResponse> {
+    use governor::clock::Clock;
+    let not_until = sources.check_key(&ip).err()?;
+    let wait = not_until.wait_time_from(governor::clock::DefaultClock::default().now());
+    let mut response = text(StatusCode::TOO_MANY_REQUESTS, "too many requests from this address\n");
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    response.headers_mut().insert(hyper::header::RETRY_AFTER, secs.max(1).into());
+    Some(response)
+}
+
+async fn handle<H, F>(req: Request<Incoming>, peer: std::net::SocketAddr, handler: &H, max_body: usize) -> HttpResponse
 where
     H: Fn(HttpRequest) -> F,
     F: Future<Output = HttpResponse>,
@@ -81,7 +148,8 @@ where
     let arrived = Arrived(std::time::Instant::now());
     let (mut parts, body) = req.into_parts();
     parts.extensions.insert(arrived);
-    match Limited::new(body, MAX_BODY).collect().await {
+    parts.extensions.insert(Peer(peer));
+    match Limited::new(body, max_body).collect().await {
         Ok(collected) => handler(Request::from_parts(parts, collected.to_bytes())).await,
         Err(_) => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large or unreadable\n"),
     }

@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::{CampaignConfig, Config};
-use crate::scripts;
-use crate::store::Store;
+use crate::db::Store;
+use crate::db::scripts;
 use crate::subscribers::{self, Subscriber, field};
 use crate::work::DeliveryRef;
 
@@ -136,27 +136,7 @@ async fn kick_partition(
             }
             continue;
         }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            let fields = [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED];
-            pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&fields);
-        }
-        type Row = (Option<String>, Option<String>, Option<String>, Option<String>);
-        let rows: Vec<Row> = pipe.query_async(&mut conn).await?;
-        for (id, (targets, entitled, subscribed, suppressed)) in ids.iter().zip(rows) {
-            // Eligibility is checked here to keep non-paying users out of the streams,
-            // and checked again at send time, which is what guarantees it.
-            let eligible = subscribers::is_set(entitled.as_deref())
-                && subscribers::is_set(subscribed.as_deref())
-                && suppressed.is_none();
-            if !eligible {
-                report.not_eligible += 1;
-                continue;
-            }
-            for target in subscribers::targets(targets.as_deref()) {
-                pending.push(DeliveryRef::new(campaign, period, id, target));
-            }
-        }
+        eligible(&mut conn, store, p, campaign, period, &ids, &mut pending, &mut report).await?;
         while pending.len() >= ENQUEUE_CHUNK {
             let rest = pending.split_off(ENQUEUE_CHUNK);
             enqueue_chunk(&mut conn, store, p, &pending, retention, &mut report).await?;
@@ -170,8 +150,47 @@ async fn kick_partition(
     Ok(report)
 }
 
+/// Reads subscribers `ids` of partition `p` and queues a delivery per target of each
+/// eligible one (entitled, subscribed, not suppressed, not opted out of `campaign`).
+/// Checked here to keep them out of the streams, and checked again at send time,
+/// which is what guarantees it.
+#[allow(clippy::too_many_arguments)]
+async fn eligible(
+    conn: &mut crate::db::conn::Conn,
+    store: &Store,
+    p: u16,
+    campaign: &str,
+    period: &str,
+    ids: &[String],
+    pending: &mut Vec<DeliveryRef>,
+    report: &mut KickReport,
+) -> anyhow::Result<()> {
+    let mut pipe = redis::pipe();
+    let opted_out = field::opted_out(campaign);
+    for id in ids {
+        let fields = [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, &opted_out];
+        pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&fields);
+    }
+    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<Row> = if ids.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    for (id, (targets, entitled, subscribed, suppressed, off)) in ids.iter().zip(rows) {
+        let eligible = subscribers::is_set(entitled.as_deref())
+            && subscribers::is_set(subscribed.as_deref())
+            && suppressed.is_none()
+            && off.is_none();
+        if !eligible {
+            report.not_eligible += 1;
+            continue;
+        }
+        for target in subscribers::targets(targets.as_deref()) {
+            pending.push(DeliveryRef::new(campaign, period, id, target));
+        }
+    }
+    Ok(())
+}
+
 async fn enqueue_chunk(
-    conn: &mut crate::conn::Conn,
+    conn: &mut crate::db::conn::Conn,
     store: &Store,
     p: u16,
     items: &[DeliveryRef],
@@ -194,23 +213,19 @@ pub async fn kick_list(
     subscribers: &[Subscriber],
 ) -> anyhow::Result<KickReport> {
     subscribers::upsert(store, subscribers).await?;
-    let mut by_partition: Vec<Vec<DeliveryRef>> = vec![Vec::new(); usize::from(store.keys.partitions())];
-    let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
+    let mut by_partition: Vec<Vec<String>> = vec![Vec::new(); usize::from(store.keys.partitions())];
     for s in subscribers {
-        if !(s.entitled && s.subscribed) {
-            report.not_eligible += 1;
-            continue;
-        }
-        let p = store.keys.partition_of(&s.id);
-        for target in s.targets_or_default() {
-            by_partition[usize::from(p)].push(DeliveryRef::new(campaign, period, &s.id, &target));
-        }
+        by_partition[usize::from(store.keys.partition_of(&s.id))].push(s.id.clone());
     }
+    let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
     let mut conn = store.conn().await?;
     let retention = config.retention().as_secs();
-    for (p, items) in by_partition.iter().enumerate() {
-        for chunk in items.chunks(ENQUEUE_CHUNK) {
-            enqueue_chunk(&mut conn, store, p as u16, chunk, retention, &mut report).await?;
+    for (p, ids) in by_partition.iter().enumerate() {
+        // As written a moment ago, suppressions and opt-outs included.
+        for chunk in ids.chunks(ENQUEUE_CHUNK) {
+            let mut pending = Vec::new();
+            eligible(&mut conn, store, p as u16, campaign, period, chunk, &mut pending, &mut report).await?;
+            enqueue_chunk(&mut conn, store, p as u16, &pending, retention, &mut report).await?;
         }
     }
     Ok(report)

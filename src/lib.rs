@@ -4,32 +4,33 @@
 
 pub mod batcher;
 pub mod config;
-pub mod conn;
 pub mod consumer;
 pub mod ctx;
+pub mod db;
 pub mod dead_letters;
 pub mod demo;
 pub mod dispatch;
 pub mod emulator;
 pub mod http;
 pub mod id;
-pub mod keys;
 pub mod kick;
 pub mod limiter;
 pub mod metrics;
 pub mod outcome;
 pub mod pause;
 pub mod period;
+pub mod private;
+pub mod public;
 pub mod reclaim;
 pub mod redis_server;
 pub mod render;
 pub mod resend;
 pub mod retry;
-pub mod scripts;
 pub mod sender;
 pub mod shutdown;
-pub mod store;
 pub mod subscribers;
+pub mod suppression;
+pub mod svix;
 pub mod work;
 
 use std::sync::Arc;
@@ -41,20 +42,19 @@ use tokio::net::TcpListener;
 pub use crate::ctx::{Failpoints, Hold};
 use crate::{config::Config, metrics::Metrics, shutdown::Shutdown};
 
-/// Sockets the daemon serves on, bound by the caller (tests bind port 0).
+/// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
+/// (metrics and admin) and public (webhooks, unsubscribe).
 #[derive(Default)]
 pub struct Listeners {
     pub metrics: Option<TcpListener>,
+    pub public: Option<TcpListener>,
 }
 
 impl Listeners {
     /// Binds what the config asks for.
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        let metrics = http::bind(config.http.metrics_listen, "http.metrics_listen").await?;
-        if let Some(addr) = metrics.as_ref().and_then(|l| l.local_addr().ok()) {
-            tracing::info!(%addr, "metrics listening");
-        }
-        Ok(Listeners { metrics })
+        let metrics = http::bind(config.http.metrics_listen, "metrics").await?;
+        Ok(Listeners { metrics, public: http::bind(config.http.public_listen, "public").await? })
     }
 }
 
@@ -81,7 +81,7 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> an
 /// [`run`] with options.
 pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
     config.validate()?;
-    let (store, relaxed) = store::Store::open_for_daemon(&config).await?;
+    let (store, relaxed) = db::Store::open_for_daemon(&config).await?;
     let renderer = render::Renderer::new(&config.templates).context("compiling templates")?;
     let sender = sender::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(batcher::Batcher::from_config(&config));
@@ -90,12 +90,9 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     ctx.metrics.set_durability_relaxed(relaxed);
     let (c, owner) = (&ctx.config, &ctx.owner);
     tracing::info!(%owner, partitions = c.redis.partitions, rps = c.resend.requests_per_second, "mailstream running");
-
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(listener) = listeners.metrics {
-        let metrics = ctx.metrics.clone();
-        let serve = move |req| std::future::ready(metrics.handle(&req));
-        tasks.spawn(http::serve(listener, serve, shutdown.clone(), Duration::from_secs(1)));
+        tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
     }
     let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone()));
     for p in 0..c.redis.partitions {
@@ -105,6 +102,13 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };
     tasks.spawn(reclaimer.run(tick));
     tasks.spawn(Arc::new(dispatch::Dispatcher::new(&ctx, batcher, sender)).run(ctx.clone()));
+    // The public listener outlives the drain: events and unsubscribes are not lost to a stop.
+    let (public_stop, public_down) = shutdown::channel();
+    let public = listeners.public.map(|listener| tokio::spawn(public::serve(&ctx, listener, public_down)));
     shutdown::join_all(tasks).await;
+    public_stop.trigger();
+    if let Some(public) = public {
+        let _ = public.await;
+    }
     Ok(())
 }

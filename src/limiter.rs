@@ -20,9 +20,9 @@ use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::{Config, LimiterMode};
+use crate::db::Store;
 use crate::resend::RateHeaders;
 use crate::shutdown::Shutdown;
-use crate::store::Store;
 
 /// A departure later than this after its slot was taken is recorded as late.
 const LATE: Duration = Duration::from_millis(1);

@@ -10,14 +10,16 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use mailstream::config::Config;
+use mailstream::db::Store;
+use mailstream::db::scripts::Suppressed;
 use mailstream::dead_letters;
 use mailstream::demo::{self, DemoOptions};
 use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::outcome::Requeue;
 use mailstream::shutdown::{self, Shutdown, Trigger};
-use mailstream::store::Store;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::suppression;
 
 #[derive(Parser)]
 #[command(
@@ -81,6 +83,11 @@ enum Command {
     },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
     Resume,
+    /// Look at, add and lift address suppressions (bounces, complaints, by hand).
+    Suppressions {
+        #[command(subcommand)]
+        action: SuppressionAction,
+    },
     /// Run the Resend emulator.
     Emulator {
         #[arg(long, default_value = "127.0.0.1:3030")]
@@ -105,6 +112,29 @@ enum Command {
         /// Use this Redis (under a fresh key prefix) instead of starting a private one.
         #[arg(long)]
         redis_url: Option<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum SuppressionAction {
+    /// Every suppression, oldest first (addresses are kept as salted hashes), or one address's.
+    List {
+        /// Only this address (it is hashed, not stored).
+        #[arg(long)]
+        email: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Suppress an address by hand: its subscribers are marked suppressed and unsubscribed.
+    Add {
+        #[arg(long)]
+        email: String,
+    },
+    /// Lift an address's suppression (its subscribers stay unsubscribed until re-subscribed).
+    Remove {
+        #[arg(long)]
+        email: String,
     },
 }
 
@@ -285,6 +315,43 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             let store = Store::open(&config).await?;
             let was = mailstream::pause::Pause::resume(&store).await?;
             println!("{}", if was { "sending resumed" } else { "sending was not paused" });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Suppressions { action } => {
+            let config = load()?;
+            let store = Store::open(&config).await?;
+            match action {
+                SuppressionAction::List { email, json } => {
+                    let entries = suppression::list(&store, email.as_deref()).await?;
+                    for e in &entries {
+                        if json {
+                            println!("{}", serde_json::to_string(e)?);
+                        } else {
+                            let at = chrono::DateTime::from_timestamp_millis(e.at_ms as i64).unwrap_or_default();
+                            let event = if e.event.is_empty() { String::new() } else { format!("  event={}", e.event) };
+                            println!(
+                                "{}  {}  reason={}  source={}{event}",
+                                at.format("%Y-%m-%dT%H:%M:%SZ"),
+                                e.address_hash,
+                                e.reason,
+                                e.source
+                            );
+                        }
+                    }
+                    if !json {
+                        eprintln!("{} suppressed", entries.len());
+                    }
+                }
+                SuppressionAction::Add { email } => {
+                    let act = suppression::Act::Suppress(suppression::Why::Manual);
+                    let state = suppression::apply(&store, &config, &email, act, None).await?;
+                    println!("{}", if state == Suppressed::Already { "already suppressed" } else { "suppressed" });
+                }
+                SuppressionAction::Remove { email } => {
+                    suppression::apply(&store, &config, &email, suppression::Act::Lift, None).await?;
+                    println!("suppression lifted");
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Emulator { listen, rps, settings } => {

@@ -36,6 +36,10 @@ pub struct Metrics {
     redis_errors: IntCounterVec,
     records_lost: prometheus::IntCounter,
     durability_relaxed: IntGauge,
+    webhook_requests: IntCounterVec,
+    webhook_events: IntCounterVec,
+    suppressions: IntCounterVec,
+    unsubscribes: IntCounterVec,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -86,6 +90,25 @@ impl Metrics {
         Metrics {
             records_lost,
             durability_relaxed,
+            webhook_requests: counter(
+                &r,
+                "mailstream_webhook_requests_total",
+                "Webhook requests, by result (verified, duplicate, rejected, invalid)",
+                &["result"],
+            ),
+            webhook_events: counter(
+                &r,
+                "mailstream_webhook_events_total",
+                "Verified webhook events, by type (delivered, bounced, ..., other)",
+                &["type"],
+            ),
+            suppressions: counter(&r, "mailstream_suppressions_total", "Addresses suppressed, by reason", &["reason"]),
+            unsubscribes: counter(
+                &r,
+                "mailstream_unsubscribes_total",
+                "Campaigns turned off by a subscriber, by source (one_click)",
+                &["source"],
+            ),
             enqueued: counter(
                 &r,
                 "mailstream_enqueued_total",
@@ -194,6 +217,46 @@ impl Metrics {
         let p = partition.to_string();
         self.backlog.with_label_values(&[p.as_str(), "unread"]).set(unread as i64);
         self.backlog.with_label_values(&[p.as_str(), "unacked"]).set(unacked as i64);
+    }
+
+    /// A webhook request was answered: `result` is verified, duplicate, rejected or
+    /// invalid; `why` says why a rejection was (a bounded name).
+    pub fn webhook_request(&self, result: &'static str, why: Option<&'static str>) {
+        if result == "rejected" {
+            tracing::warn!(why = why.unwrap_or(""), "webhook request rejected");
+        }
+        self.webhook_requests.with_label_values(&[result]).inc();
+    }
+
+    /// A verified webhook event of `kind` (a bounded name).
+    pub fn webhook_event(&self, kind: &'static str) {
+        self.webhook_events.with_label_values(&[kind]).inc();
+    }
+
+    /// An address was suppressed (logged by reason; the address never appears).
+    pub fn suppressed(&self, reason: &'static str) {
+        tracing::info!(reason, "address suppressed");
+        self.suppressions.with_label_values(&[reason]).inc();
+    }
+
+    /// A subscriber turned a campaign off.
+    pub fn unsubscribed(&self, source: &'static str, campaign: &str) {
+        tracing::info!(source, campaign, "campaign turned off by its subscriber");
+        self.unsubscribes.with_label_values(&[source]).inc();
+    }
+
+    /// Webhook requests counted with `result` so far.
+    pub fn webhook_requests(&self, result: &str) -> u64 {
+        self.webhook_requests.with_label_values(&[result]).get()
+    }
+
+    /// Addresses suppressed so far, by reason.
+    pub fn suppressions_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
+        crate::suppression::Why::ALL
+            .iter()
+            .map(|why| (why.as_str().to_string(), self.suppressions.with_label_values(&[why.as_str()]).get()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
     }
 
     /// `n` deliveries were found without the record (or batch record) they should have.

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use redis::AsyncCommands;
 
+use crate::db::Store;
 use crate::resend::ErrorName;
-use crate::store::Store;
 
 /// This instance's view of the shared pause.
 #[derive(Default)]
@@ -42,7 +42,7 @@ impl Pause {
         }
         let mut conn = store.conn().await?;
         for p in 0..store.keys.partitions() {
-            crate::scripts::pause(&mut conn, &store.keys, p, reason, ms).await?;
+            crate::db::scripts::pause(&mut conn, &store.keys, p, reason, ms).await?;
         }
         Ok(())
     }

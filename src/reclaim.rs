@@ -16,8 +16,8 @@ use redis::streams::StreamAutoClaimReply;
 use crate::batcher::Batcher;
 use crate::consumer::{Consumer, Entry, entry_of};
 use crate::ctx::Ctx;
+use crate::db::scripts::{self, Take, Verdict};
 use crate::outcome::{Failpoint, Reason};
-use crate::scripts::{self, Take, Verdict};
 use crate::sender;
 use crate::work::Sealed;
 

@@ -27,6 +27,8 @@ pub struct RenderInput<'a> {
     pub subscriber_id: &'a str,
     /// The subscriber's stored data (a JSON object), if any.
     pub data: &'a serde_json::Value,
+    /// Extra headers (List-Unsubscribe and List-Unsubscribe-Post).
+    pub headers: &'a [(&'static str, String)],
 }
 
 /// A tag on a sent email (ids only, in Resend's tag alphabet): lets webhooks
@@ -45,6 +47,8 @@ pub struct Email<'a> {
     pub subject: String,
     pub html: String,
     pub text: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<&'static str, &'a str>,
     pub tags: [Tag<'a>; 3],
 }
 
@@ -93,6 +97,7 @@ impl Renderer {
             subject: part("subject")?.trim().to_string(),
             html: part("html")?,
             text: part("text")?,
+            headers: input.headers.iter().map(|(name, value)| (*name, value.as_str())).collect(),
             tags: [
                 Tag { name: "campaign", value: d.campaign.as_str().into() },
                 Tag { name: "period", value: d.period.as_str().into() },
@@ -134,7 +139,7 @@ mod tests {
         let renderer = Renderer::new(&templates()).unwrap();
         let data = serde_json::json!({ "name": "<Ann & Bo>" });
         let d = delivery();
-        let input = RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data };
+        let input = RenderInput { delivery: &d, target: "team-1", subscriber_id: "u42", data: &data, headers: &[] };
         let json = renderer.render("digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();
         assert_eq!(v["subject"], "Digest for team-1, 2026-W48");
@@ -148,7 +153,8 @@ mod tests {
     fn missing_data_renders_without_it() {
         let renderer = Renderer::new(&templates()).unwrap();
         let d = delivery();
-        let input = RenderInput { delivery: &d, target: "t", subscriber_id: "s", data: &serde_json::Value::Null };
+        let input =
+            RenderInput { delivery: &d, target: "t", subscriber_id: "s", data: &serde_json::Value::Null, headers: &[] };
         let json = renderer.render("digest", "a@b.example", "c@d.example", &input).unwrap();
         assert!(json.contains("Hello,"), "{json}");
     }

@@ -18,14 +18,14 @@ use rand::rngs::StdRng;
 
 use crate::config::Config;
 use crate::ctx::Ctx;
+use crate::db::scripts::{
+    self, Gate, GateLimits, GateMember, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
+};
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::scripts::{
-    self, Gate, GateLimits, GateMember, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
-};
 use crate::work::{DeliveryRef, Ready, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change

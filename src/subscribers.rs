@@ -4,11 +4,13 @@
 //! a record into "send to this address" or "skip, because".
 
 use anyhow::{Context, bail};
+use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
 use crate::config::is_name;
+use crate::db::Store;
+use crate::db::conn::Conn;
 use crate::outcome::Reason;
-use crate::store::Store;
 
 /// Target id given to a subscriber who names none.
 pub const DEFAULT_TARGET: &str = "default";
@@ -75,49 +77,72 @@ impl Subscriber {
     }
 }
 
-/// Writes (upserts) subscribers into the registry, pipelined.
+/// Writes (upserts) subscribers into the registry, one pipeline per partition per
+/// 1000 (a cluster takes pipelines within one slot only). Keeps the address index
+/// (salted address hash → subscriber ids) that suppressions cascade through, and
+/// marks a subscriber whose address is suppressed.
 pub async fn upsert(store: &Store, subscribers: &[Subscriber]) -> anyhow::Result<()> {
     for s in subscribers {
         s.validate()?;
     }
-    // One pipeline per partition: a cluster takes a pipeline only within one slot.
     let mut by_partition: Vec<Vec<&Subscriber>> = vec![Vec::new(); usize::from(store.keys.partitions())];
     for s in subscribers {
         by_partition[usize::from(store.keys.partition_of(&s.id))].push(s);
     }
     let mut conn = store.conn().await?;
     for (p, list) in by_partition.iter().enumerate() {
-        let p = p as u16;
         for chunk in list.chunks(1000) {
-            write_chunk(store, &mut conn, p, chunk).await?;
+            write_chunk(store, &mut conn, p as u16, chunk).await.context("writing subscribers")?;
         }
     }
     Ok(())
 }
 
-async fn write_chunk(store: &Store, conn: &mut crate::conn::Conn, p: u16, chunk: &[&Subscriber]) -> anyhow::Result<()> {
-    {
-        let mut pipe = redis::pipe();
-        for s in chunk {
-            let key = store.keys.subscriber(p, &s.id);
-            pipe.hset_multiple(
-                &key,
-                &[
-                    (field::EMAIL, s.email.clone()),
-                    (field::TARGETS, s.targets_or_default().join(",")),
-                    (field::ENTITLED, flag(s.entitled).to_string()),
-                    (field::SUBSCRIBED, flag(s.subscribed).to_string()),
-                ],
-            )
-            .ignore();
-            match &s.data {
-                Some(data) => pipe.hset(&key, field::DATA, serde_json::to_string(data)?).ignore(),
-                None => pipe.hdel(&key, field::DATA).ignore(),
-            };
-            pipe.sadd(store.keys.subscribers(p), &s.id).ignore();
-        }
-        let _: () = pipe.query_async(conn).await.context("writing subscribers")?;
+async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscriber]) -> anyhow::Result<()> {
+    let keys = &store.keys;
+    // The addresses they had, to move them in the index.
+    let mut pipe = redis::pipe();
+    for s in chunk {
+        pipe.hget(keys.subscriber(p, &s.id), field::EMAIL);
     }
+    let before: Vec<Option<String>> = pipe.query_async(conn).await?;
+    // The index and the suppressions live in each address's home partition.
+    let mut suppressed: Vec<Option<String>> = Vec::with_capacity(chunk.len());
+    for (s, old) in chunk.iter().zip(&before) {
+        let address = keys.address(&s.email);
+        if let Some(old) = old.as_deref().filter(|old| !old.eq_ignore_ascii_case(&s.email)) {
+            let _: () = conn.srem(keys.address_index(&keys.address(old)), &s.id).await?;
+        }
+        let mut pipe = redis::pipe();
+        pipe.sadd(keys.address_index(&address), &s.id).ignore();
+        pipe.hget(keys.suppression(&address), "reason");
+        let (reason,): (Option<String>,) = pipe.query_async(conn).await?;
+        suppressed.push(reason);
+    }
+    let mut pipe = redis::pipe();
+    for (s, reason) in chunk.iter().zip(&suppressed) {
+        let key = keys.subscriber(p, &s.id);
+        pipe.hset_multiple(
+            &key,
+            &[
+                (field::EMAIL, s.email.clone()),
+                (field::TARGETS, s.targets_or_default().join(",")),
+                (field::ENTITLED, flag(s.entitled).to_string()),
+                (field::SUBSCRIBED, flag(s.subscribed && reason.is_none()).to_string()),
+            ],
+        )
+        .ignore();
+        match &s.data {
+            Some(data) => pipe.hset(&key, field::DATA, serde_json::to_string(data)?).ignore(),
+            None => pipe.hdel(&key, field::DATA).ignore(),
+        };
+        match reason {
+            Some(reason) => pipe.hset(&key, field::SUPPRESSED, reason).ignore(),
+            None => pipe.hdel(&key, field::SUPPRESSED).ignore(),
+        };
+        pipe.sadd(keys.subscribers(p), &s.id).ignore();
+    }
+    let _: () = pipe.query_async(conn).await?;
     Ok(())
 }
 
@@ -134,6 +159,11 @@ pub mod field {
     pub const DATA: &str = "data";
     /// Present when the address is suppressed (bounced, complained): why.
     pub const SUPPRESSED: &str = "suppressed";
+
+    /// Present (when, ms) when the subscriber turned `campaign` off (one-click unsubscribe).
+    pub fn opted_out(campaign: &str) -> String {
+        format!("off:{campaign}")
+    }
 }
 
 /// How a yes/no field is stored.
@@ -151,13 +181,21 @@ pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
     stored.unwrap_or(DEFAULT_TARGET).split(',').filter(|t| !t.is_empty())
 }
 
-/// The fields [`resolve`] reads, in the order of [`Row`].
-pub const RESOLVE_FIELDS: [&str; 5] =
-    [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, field::DATA];
+/// The fields [`resolve`] reads for a delivery of `campaign`, in the order of [`Row`].
+pub fn resolve_fields(campaign: &str) -> [String; 6] {
+    [
+        field::EMAIL.to_string(),
+        field::ENTITLED.to_string(),
+        field::SUBSCRIBED.to_string(),
+        field::SUPPRESSED.to_string(),
+        field::DATA.to_string(),
+        field::opted_out(campaign),
+    ]
+}
 
-/// A record as `HMGET key` + [`RESOLVE_FIELDS`] returns it, as raw bytes (a field that is
-/// not UTF-8 is the record's problem, not the reader's).
-pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+/// A record as `HMGET key` + [`resolve_fields`] returns it, as raw bytes (a field that
+/// is not UTF-8 is the record's problem, not the reader's).
+pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// What a subscriber record says about sending to it now.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,7 +211,7 @@ pub enum Resolved {
 /// Reads a subscriber record at send time: it exists, is not suppressed, is
 /// entitled, is subscribed, and its address and data are well-formed.
 pub fn resolve(row: Row) -> Resolved {
-    let (email, entitled, subscribed, suppressed, data) = row;
+    let (email, entitled, subscribed, suppressed, data, opted_out) = row;
     let Some(email) = email else { return Resolved::Skip(Reason::UnknownSubscriber) };
     if suppressed.is_some() {
         return Resolved::Skip(Reason::Suppressed);
@@ -181,7 +219,7 @@ pub fn resolve(row: Row) -> Resolved {
     if entitled.as_deref() != Some(b"1") {
         return Resolved::Skip(Reason::NotEntitled);
     }
-    if subscribed.as_deref() != Some(b"1") {
+    if subscribed.as_deref() != Some(b"1") || opted_out.is_some() {
         return Resolved::Skip(Reason::Unsubscribed);
     }
     let Ok(email) = String::from_utf8(email) else { return Resolved::Fail(Reason::InvalidSubscriberData) };
@@ -241,9 +279,12 @@ mod tests {
     fn resolve_reads_the_record_at_send_time() {
         let bytes = |s: &str| s.as_bytes().to_vec();
         let row = |email: Option<&str>, entitled: &str, subscribed: &str, data: Option<&str>| -> Row {
-            (email.map(bytes), Some(bytes(entitled)), Some(bytes(subscribed)), None, data.map(bytes))
+            (email.map(bytes), Some(bytes(entitled)), Some(bytes(subscribed)), None, data.map(bytes), None)
         };
-        assert_eq!(resolve((None, None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));
+        assert_eq!(resolve((None, None, None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));
+        let mut opted_out = row(Some("a@b.example"), "1", "1", None);
+        opted_out.5 = Some(bytes("1764460800000"));
+        assert_eq!(resolve(opted_out), Resolved::Skip(Reason::Unsubscribed));
         let mut suppressed = row(Some("a@b.example"), "1", "1", None);
         suppressed.3 = Some(bytes("bounced"));
         assert_eq!(resolve(suppressed), Resolved::Skip(Reason::Suppressed));

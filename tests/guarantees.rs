@@ -10,11 +10,13 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
+use mailstream::db::scripts::{
+    self, Gate, GateLimits, GateMember, GateRequest, Reschedule, Settlement, Settler, Verdict,
+};
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::outcome::{Failpoint, Reason};
 use mailstream::pause::Pause;
 use mailstream::resend::ErrorName;
-use mailstream::scripts::{self, Gate, GateLimits, GateMember, GateRequest, Reschedule, Settlement, Settler, Verdict};
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::{Failpoints, Hold, RunOptions};
 

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::*;
+use mailstream::db::Counts;
 use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::store::Counts;
 use mailstream::subscribers::{self, Subscriber};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -97,7 +97,11 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     let mut world = World::with(Default::default(), |c| {
         c.redis.partitions = 4;
         c.resend.timeout_seconds = 1;
-        c.delivery.lease_seconds = 6;
+        // 400 emails in batches of 10 at 10 requests a second take longer than the
+        // heartbeat (a third of the lease), so it renews the claims waiting (renew).
+        c.resend.batch_size = 10;
+        c.resend.requests_per_second = 10;
+        c.delivery.lease_seconds = 3;
     })
     .await;
     // Redis's own record of every command, from before the first script call.
@@ -129,7 +133,8 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
         server_error: 0.2,
         hang: 0.1,
         hang_ms: 1500,
-        quota_after_emails: Some(250),
+        // About 70 emails a second are accepted; 40 run out within the 1.5 s window.
+        quota_after_emails: Some(40),
         quota_reset_ms: Some(1500),
         ..Default::default()
     };
@@ -189,7 +194,20 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
         assert!(tags.len() <= 1, "{script} touched keys of several hash slots: {keys:?}");
         *calls.entry(script).or_default() += 1;
     }
-    for script in ["enqueue", "claim", "seal", "take", "reschedule", "settle", "decide", "requeue", "pause"] {
+    for script in [
+        "enqueue",
+        "claim",
+        "seal",
+        "gate",
+        "take",
+        "reschedule",
+        "settle",
+        "decide",
+        "requeue",
+        "pause",
+        "renew",
+        "limiter",
+    ] {
         assert!(calls.get(script).is_some_and(|&n| n > 0), "{script} was called in the recorded run: {calls:?}");
     }
 }
@@ -203,20 +221,39 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     })
     .await;
     let faults = Faults { server_error: 0.1, hang: 0.05, hang_ms: 1500, concurrent: 0.05, ..Default::default() };
-    let (_emulator, _stop) =
-        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    // Webhooks too: the emulator posts signed events back (bounces and complaints suppress).
+    let secret = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+    world.config.webhook.secrets = vec![mailstream::config::Secret::new(secret)];
+    world.config.unsubscribe.secrets = vec![mailstream::config::Secret::new("an-unsubscribe-secret-xyz")];
+    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let webhook = mailstream::emulator::WebhookTarget {
+        url: format!("http://{}/webhooks/resend", public.local_addr().unwrap()),
+        secret: secret.into(),
+    };
+    let config = EmulatorConfig { requests_per_second: None, faults, webhook: Some(webhook), ..Default::default() };
+    let (emulator, _stop) = world.emulator(config).await;
     let mut subs: Vec<Subscriber> = (0..300).map(subscriber).collect();
-    // Addresses that fail (a dead letter), an unsubscribe and a revoked plan (skips).
+    // Addresses that fail (a dead letter), bounce and complain (suppressions), an
+    // unsubscribe and a revoked plan (skips).
     subs[7].email = "ann.person@example.com".into();
     subs[8].email = "bo.person@test.com".into();
+    subs[11].email = "bounced+cy.person@resend.dev".into();
+    subs[12].email = "complained+di.person@resend.dev".into();
     subscribers::upsert(&world.store, &subs).await.unwrap();
     world.kick().await;
     subs[9].subscribed = false;
     subs[10].entitled = false;
     subscribers::upsert(&world.store, &subs[9..11]).await.unwrap();
-    let daemon = world.daemon();
+    let listeners = mailstream::Listeners { metrics: None, public: Some(public) };
+    let daemon = Daemon::start_listening(world.config.clone(), Default::default(), listeners);
     let counts = world.settled(SETTLE).await;
     assert_eq!((counts.failed, counts.skipped), (2, 2), "{counts:?}");
+    let suppressed = eventually(Duration::from_secs(30), || {
+        let m = daemon.metrics.clone();
+        async move { (m.suppressions_by_reason().len() == 2).then_some(()) }
+    })
+    .await;
+    assert!(suppressed.is_some(), "the bounce and the complaint came back: {:?}", emulator.stats());
     let metrics = daemon.metrics.render();
     daemon.stop().await;
 

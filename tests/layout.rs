@@ -132,8 +132,8 @@ fn the_checker_sees_a_circle_when_there_is_one() {
     graph.insert("c".to_string(), BTreeSet::from(["a".to_string()]));
     assert_eq!(find_cycle(&graph).unwrap(), vec!["a", "b", "c", "a"]);
     assert_eq!(
-        rooms_named("use crate::{config::Config, metrics::{A, B}};\nlet x = crate::keys::Keys::new();"),
-        BTreeSet::from(["config".to_string(), "metrics".to_string(), "keys".to_string()])
+        rooms_named("use crate::{config::Config, metrics::{A, B}};\nlet x = crate::db::keys::Keys::new();"),
+        BTreeSet::from(["config".to_string(), "metrics".to_string(), "db".to_string()])
     );
 }
 

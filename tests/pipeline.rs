@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::*;
+use mailstream::db::scripts::{self, Claim};
 use mailstream::emulator::EmulatorConfig;
 use mailstream::kick;
-use mailstream::scripts::{self, Claim};
 use mailstream::sender::idempotency_key;
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::work::DeliveryRef;

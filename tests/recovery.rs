@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
+use mailstream::db::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::emulator::{EmulatorConfig, Faults};
 use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::redis_server::RedisOptions;
 use mailstream::resend::ErrorName;
-use mailstream::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::work::{DeliveryRef, Ready};
 use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;

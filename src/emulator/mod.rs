@@ -7,6 +7,7 @@ pub mod faults;
 pub mod idempotency;
 pub mod rate;
 pub mod validate;
+pub mod webhooks;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,8 @@ pub use self::faults::{Faults, Storm};
 use self::idempotency::{IdempotencyStore, Lookup};
 use self::rate::{RateInfo, SlidingWindow};
 use self::validate::ApiError;
+use self::webhooks::Outbox;
+pub use self::webhooks::WebhookTarget;
 use crate::http::{self, HttpRequest, HttpResponse};
 use crate::id::new_uuid;
 
@@ -39,11 +42,19 @@ pub struct EmulatorConfig {
     /// Seed for fault injection, so a faulty run can be replayed.
     pub seed: u64,
     pub faults: Faults,
+    /// Where to send signed webhooks about accepted mail; none when absent.
+    pub webhook: Option<WebhookTarget>,
 }
 
 impl Default for EmulatorConfig {
     fn default() -> Self {
-        EmulatorConfig { requests_per_second: Some(10), api_key: None, seed: 1, faults: Faults::default() }
+        EmulatorConfig {
+            requests_per_second: Some(10),
+            api_key: None,
+            seed: 1,
+            faults: Faults::default(),
+            webhook: None,
+        }
     }
 }
 
@@ -74,7 +85,14 @@ pub struct Stats {
     pub injected_server_errors: u64,
     pub injected_hangs: u64,
     pub quota_refusals: u64,
+    /// Webhooks acknowledged by the receiver, retried, and given up on.
+    pub webhooks_delivered: u64,
+    pub webhooks_retried: u64,
+    pub webhooks_failed: u64,
 }
+
+/// What one request came to: the answer, the rate facts, a hang, the emails accepted.
+type Processed = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
 
 /// One request as the emulator saw it (kept for tests and benchmarks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +122,7 @@ struct Inner {
 pub struct Emulator {
     config: Arc<EmulatorConfig>,
     inner: Arc<Mutex<Inner>>,
+    outbox: Option<Arc<Outbox>>,
 }
 
 impl Emulator {
@@ -118,6 +137,7 @@ impl Emulator {
                 sends: HashMap::new(),
                 rng: StdRng::seed_from_u64(config.seed),
             })),
+            outbox: config.webhook.clone().map(|t| Arc::new(Outbox::new(t))),
             config: Arc::new(config),
         }
     }
@@ -129,7 +149,14 @@ impl Emulator {
     /// Current counters.
     pub fn stats(&self) -> Stats {
         let inner = self.lock();
-        Stats { max_requests_in_1s: inner.window.max_in_1s, ..inner.stats.clone() }
+        let mut stats = Stats { max_requests_in_1s: inner.window.max_in_1s, ..inner.stats.clone() };
+        if let Some(outbox) = &self.outbox {
+            let c = &outbox.counters;
+            let get = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
+            (stats.webhooks_delivered, stats.webhooks_retried, stats.webhooks_failed) =
+                (get(&c.delivered), get(&c.retried), get(&c.failed));
+        }
+        stats
     }
 
     /// Starts a new quota window now (the provider's daily quota renewed).
@@ -190,7 +217,7 @@ impl Emulator {
             let emulator = self.clone();
             async move { emulator.handle(req).await }
         };
-        http::serve(listener, handler, shutdown, Duration::from_secs(1)).await
+        http::serve(listener, handler, shutdown, http::Limits::default()).await
     }
 
     /// Answers one request (the routes).
@@ -210,8 +237,13 @@ impl Emulator {
     }
 
     async fn send(&self, req: HttpRequest, batch: bool) -> HttpResponse {
-        let (result, rate, hang) = self.process(&req, batch);
+        let (result, rate, hang, accepted) = self.process(&req, batch);
         self.remember(&req, &result);
+        if let Some(outbox) = &self.outbox {
+            for (id, email) in &accepted {
+                outbox.accepted(id, email);
+            }
+        }
         let mut response = match result {
             Ok(body) => http::json(StatusCode::OK, &body),
             Err(e) => e.response(rate.retry_after),
@@ -224,8 +256,9 @@ impl Emulator {
         response
     }
 
-    /// Everything but the (async) hang, under the lock.
-    fn process(&self, req: &HttpRequest, batch: bool) -> (Result<Value, ApiError>, RateInfo, Option<Duration>) {
+    /// Everything but the (async) hang and the webhooks, under the lock; returns the
+    /// answer, the rate facts, the hang, and the emails accepted (id, email).
+    fn process(&self, req: &HttpRequest, batch: bool) -> Processed {
         // The rate limit counts requests when their head arrives, as a provider's edge would.
         let now = req.extensions().get::<http::Arrived>().map_or_else(Instant::now, |a| a.0);
         let mut inner = self.lock();
@@ -234,7 +267,7 @@ impl Emulator {
         let mut rate = inner.window.arrive(now, self.config.requests_per_second);
 
         if let Err(e) = validate::check_headers(req, self.config.api_key.as_deref()) {
-            return (Err(e), rate, None);
+            return (Err(e), rate, None, Vec::new());
         }
         let faults = &self.config.faults;
         let storm = inner.faults.in_storm(now, inner.stats.requests, faults);
@@ -244,14 +277,14 @@ impl Emulator {
                 rate.retry_after = Some(after);
             }
             let message = "Too many requests. You can only make a limited number of requests per second.";
-            return (Err(ApiError::new(429, "rate_limit_exceeded", message)), rate, None);
+            return (Err(ApiError::new(429, "rate_limit_exceeded", message)), rate, None, Vec::new());
         }
         let key = match req.headers().get("idempotency-key").map(|v| v.to_str().map(str::to_string)) {
             None => None,
             Some(Ok(k)) if (1..=256).contains(&k.len()) => Some(k),
             Some(_) => {
                 let e = ApiError::new(400, "invalid_idempotency_key", "The key must be between 1-256 chars.");
-                return (Err(e), rate, None);
+                return (Err(e), rate, None, Vec::new());
             }
         };
         let body = req.body().clone();
@@ -260,24 +293,24 @@ impl Emulator {
                 Lookup::Fresh => {}
                 Lookup::InFlight => {
                     inner.stats.concurrent_conflicts += 1;
-                    return (Err(ApiError::concurrent()), rate, None);
+                    return (Err(ApiError::concurrent()), rate, None, Vec::new());
                 }
                 Lookup::Replay(response) => {
                     inner.stats.replays += 1;
                     let value = serde_json::from_slice(&response).expect("stored JSON");
-                    return (Ok(value), rate, None);
+                    return (Ok(value), rate, None, Vec::new());
                 }
                 Lookup::Mismatch => {
                     inner.stats.idempotency_mismatches += 1;
                     let message = "Same idempotency key used with a different request payload.";
-                    return (Err(ApiError::new(409, "invalid_idempotent_request", message)), rate, None);
+                    return (Err(ApiError::new(409, "invalid_idempotent_request", message)), rate, None, Vec::new());
                 }
             }
         }
 
         if key.is_some() && inner.rng.random_bool(faults.concurrent.clamp(0.0, 1.0)) {
             inner.stats.concurrent_conflicts += 1;
-            return (Err(ApiError::concurrent()), rate, None);
+            return (Err(ApiError::concurrent()), rate, None, Vec::new());
         }
         if inner.rng.random_bool(faults.server_error.clamp(0.0, 1.0)) {
             inner.stats.injected_server_errors += 1;
@@ -286,10 +319,13 @@ impl Emulator {
             } else {
                 ApiError::new(503, "service_unavailable", "Service temporarily unavailable.")
             };
-            return (Err(e), rate, None);
+            return (Err(e), rate, None, Vec::new());
         }
 
-        let result = inner.accept(&body, batch, req, faults, now);
+        let (result, accepted) = match inner.accept(&body, batch, req, faults, now) {
+            Ok((value, accepted)) => (Ok(value), accepted),
+            Err(e) => (Err(e), Vec::new()),
+        };
         let hang = match &result {
             Ok(_) if inner.rng.random_bool(faults.hang.clamp(0.0, 1.0)) => {
                 inner.stats.injected_hangs += 1;
@@ -301,7 +337,7 @@ impl Emulator {
             let ready_at = now + hang.unwrap_or_default();
             inner.idempotency.store(key, body, Bytes::from(value.to_string()), now, ready_at);
         }
-        (result, rate, hang)
+        (result, rate, hang, accepted)
     }
 
     fn remember(&self, req: &HttpRequest, result: &Result<Value, ApiError>) {
@@ -332,7 +368,7 @@ impl Inner {
         req: &HttpRequest,
         faults: &Faults,
         now: Instant,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<(Value, Vec<(String, Value)>), ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|_| ApiError::new(400, "validation_error", "Request body is not valid JSON."))?;
         let emails: Vec<Value> = if batch {
@@ -368,14 +404,17 @@ impl Inner {
 
         let mut data = Vec::new();
         let mut errors = Vec::new();
-        for (index, c) in checked.into_iter().enumerate() {
+        let mut accepted = Vec::new();
+        for (index, (c, email)) in checked.into_iter().zip(emails).enumerate() {
             match c {
                 Ok(recipients) => {
                     for to in recipients.to {
                         self.record_send(to, recipients.subject.clone(), now);
                     }
                     self.stats.emails_accepted += 1;
-                    data.push(json!({ "id": new_uuid() }));
+                    let id = new_uuid();
+                    data.push(json!({ "id": id }));
+                    accepted.push((id, email));
                 }
                 Err(e) => {
                     self.stats.invalid_emails += 1;
@@ -384,13 +423,13 @@ impl Inner {
             }
         }
         if !batch {
-            return Ok(data.pop().expect("one email"));
+            return Ok((data.pop().expect("one email"), accepted));
         }
         let mut out = json!({ "data": data });
         if permissive && !errors.is_empty() {
             out["errors"] = Value::Array(errors);
         }
-        Ok(out)
+        Ok((out, accepted))
     }
 
     fn record_send(&mut self, to: String, subject: String, now: Instant) {

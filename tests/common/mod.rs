@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mailstream::config::{Config, Secret};
+use mailstream::db::{Counts, Store};
 use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::metrics::Metrics;
 use mailstream::redis_server::{RedisCluster, RedisOptions, RedisServer};
 use mailstream::shutdown::{self, Trigger};
-use mailstream::store::{Counts, Store};
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::{Listeners, RunOptions};
 use tokio::task::JoinHandle;
@@ -176,12 +176,17 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    pub fn start(config: Config, mut options: RunOptions) -> Daemon {
+    pub fn start(config: Config, options: RunOptions) -> Daemon {
+        Daemon::start_listening(config, options, Listeners::default())
+    }
+
+    /// A daemon serving on `listeners` (a public listener bound to port 0, say).
+    pub fn start_listening(config: Config, mut options: RunOptions, listeners: Listeners) -> Daemon {
         let metrics = Arc::new(Metrics::new());
         options.metrics = Some(metrics.clone());
         options.reclaim_every.get_or_insert(Duration::from_millis(100));
         let (stop, down) = shutdown::channel();
-        let task = tokio::spawn(mailstream::run_with(config, Listeners::default(), down, options));
+        let task = tokio::spawn(mailstream::run_with(config, listeners, down, options));
         Daemon { stop, task, metrics }
     }
 
@@ -344,11 +349,11 @@ pub async fn sealed_batch(
     let mut conn = world.store.conn().await.unwrap();
     let subs = partition_0_subscribers(world, n).await;
     let items: Vec<mailstream::work::DeliveryRef> = subs.iter().map(delivery_of).collect();
-    mailstream::scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
+    mailstream::db::scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
     let ids: Vec<String> = items.iter().map(mailstream::work::DeliveryRef::id).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let claims = mailstream::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
-    assert!(claims.iter().all(|c| matches!(c, mailstream::scripts::Claim::Claimed { .. })));
+    let claims = mailstream::db::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
+    assert!(claims.iter().all(|c| matches!(c, mailstream::db::scripts::Claim::Claimed { .. })));
     let members: Vec<mailstream::work::Ready> = items
         .iter()
         .zip(&subs)
@@ -358,7 +363,7 @@ pub async fn sealed_batch(
             mailstream::work::Ready { entry: "0-1".into(), delivery: d.clone(), json }
         })
         .collect();
-    let req = mailstream::scripts::SealRequest {
+    let req = mailstream::db::scripts::SealRequest {
         partition: 0,
         batch: "B1",
         idempotency_key: "mailstream-B1",
@@ -366,21 +371,22 @@ pub async fn sealed_batch(
         group: "mailstream",
         lease_ms: 1,
     };
-    let sealed = mailstream::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
+    let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
     if sending {
-        let gate_members: Vec<mailstream::scripts::GateMember<'_>> =
-            items.iter().map(|d| mailstream::scripts::GateMember { delivery: d, check_subscriber: true }).collect();
-        let limits = mailstream::scripts::GateLimits {
+        let gate_members: Vec<mailstream::db::scripts::GateMember<'_>> =
+            items.iter().map(|d| mailstream::db::scripts::GateMember { delivery: d, check_subscriber: true }).collect();
+        let limits = mailstream::db::scripts::GateLimits {
             lease_ms: 1,
             window_ms: 23 * 3_600_000,
             deadline_ms: 48 * 3_600_000,
             maybe_sent_deadline_ms: 6 * 3_600_000,
             retention_secs: 3600,
         };
-        let request = mailstream::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
-        let gate = mailstream::scripts::gate(&mut conn, keys, &request, &gate_members).await.unwrap();
-        assert_eq!(gate, mailstream::scripts::Gate::Go { sends: 1 });
+        let request =
+            mailstream::db::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
+        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &gate_members).await.unwrap();
+        assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
     ("B1".into(), items)
 }

@@ -1,16 +1,21 @@
-//! The Redis side of a deployment: connections (one server or a cluster, see
-//! `conn.rs`), the key layout, the start-up checks (Redis reachable and recent,
-//! partition count and layout unchanged, durable, consumer groups), and the
-//! few reads that span partitions (counts, scans).
+//! The Redis side of a deployment: connections (one server or a cluster,
+//! `conn.rs`), the key layout (`keys.rs`), the Lua scripts as typed calls
+//! (`scripts.rs`), the start-up checks (Redis reachable and recent, partition
+//! count and layout unchanged, durable, consumer groups), and the few reads that
+//! span partitions (counts, scans).
+
+pub mod conn;
+pub mod keys;
+pub mod scripts;
 
 use anyhow::{Context, bail};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 
+use self::conn::Backend;
+pub use self::conn::Conn;
+use self::keys::{Keys, LAYOUT};
 use crate::config::{Config, Durability};
-use crate::conn::Backend;
-pub use crate::conn::Conn;
-use crate::keys::{Keys, LAYOUT};
 
 /// Connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
@@ -25,8 +30,8 @@ impl Store {
         let r = &config.redis;
         let unreachable = || format!("cannot reach Redis at {}", r.url.redacted_url());
         let backend = Backend::connect(r).await.with_context(unreachable)?;
-        let store = Store { backend, keys: Keys::new(&r.prefix, r.partitions) };
-        let mut conn = store.conn().await.with_context(unreachable)?;
+        let keys = Keys::new(&r.prefix, r.partitions);
+        let mut conn = backend.conn().await.with_context(unreachable)?;
         let _: () = redis::cmd("PING")
             .query_async(&mut conn)
             .await
@@ -34,7 +39,11 @@ impl Store {
         if !conn.cluster_ok().await? {
             bail!("Redis Cluster at {}: not every primary answers", r.url.redacted_url());
         }
-        Ok(store)
+        // The deployment's salt for address hashes: made once, kept in meta.
+        let fresh: String = (0..16).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+        let _: bool = conn.hset_nx(keys.meta(), "salt", fresh).await?;
+        let salt: String = conn.hget(keys.meta(), "salt").await?;
+        Ok(Store { backend, keys: keys.with_salt(&salt) })
     }
 
     /// Connects and makes the checks a daemon starts with: Redis version, layout and
@@ -264,7 +273,7 @@ impl Store {
         let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
         let mut by_slot: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
         for key in &keys {
-            by_slot.entry(crate::keys::hash_tag(key)).or_default().push(key);
+            by_slot.entry(crate::db::keys::hash_tag(key)).or_default().push(key);
         }
         let mut conn = self.conn().await?;
         let mut removed = 0;

@@ -13,12 +13,68 @@ pub const LAYOUT: u32 = 2;
 pub struct Keys {
     prefix: String,
     partitions: u16,
+    /// The deployment's random salt (in `meta`) for address hashes.
+    salt: String,
+}
+
+/// An email address as mailstream keeps it: a salted hash (never the address) and
+/// the partition its suppression record and subscriber index live in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Address {
+    pub hash: String,
+    pub partition: u16,
 }
 
 impl Keys {
     pub fn new(prefix: &str, partitions: u16) -> Keys {
         assert!(partitions > 0, "at least one partition");
-        Keys { prefix: prefix.to_string(), partitions }
+        Keys { prefix: prefix.to_string(), partitions, salt: String::new() }
+    }
+
+    /// The same layout with the deployment's salt (read from `meta` at connect).
+    pub fn with_salt(mut self, salt: &str) -> Keys {
+        self.salt = salt.to_string();
+        self
+    }
+
+    /// The hash and home partition of an address (trimmed, lower-cased): 32 hex
+    /// digits of SHA-256 over the salt and the address, safe in key names and logs.
+    pub fn address(&self, email: &str) -> Address {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(self.salt.as_bytes());
+        h.update(b":");
+        h.update(email.trim().to_ascii_lowercase().as_bytes());
+        let digest = h.finalize();
+        let hash: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        let partition = u16::from_be_bytes([digest[0], digest[1]]) % self.partitions;
+        Address { hash, partition }
+    }
+
+    /// Set: the ids of the subscribers whose address hashes to `hash` (in its home partition).
+    pub fn address_index(&self, a: &Address) -> String {
+        self.tagged(a.partition, &format!("addr:{}", a.hash))
+    }
+
+    /// Hash: an address's suppression (reason, at_ms, source, event), in its home partition.
+    pub fn suppression(&self, a: &Address) -> String {
+        self.tagged(a.partition, &format!("suppression:{}", a.hash))
+    }
+
+    /// The pattern matching every suppression record (for SCAN).
+    pub fn suppressions_pattern(&self) -> String {
+        format!("{}:{{*}}:suppression:*", self.prefix)
+    }
+
+    /// Sorted set: an address's recent transient bounces (event id → ms), expiring
+    /// after the window.
+    pub fn bounces(&self, a: &Address) -> String {
+        self.tagged(a.partition, &format!("bounces:{}", a.hash))
+    }
+
+    /// String with a TTL: webhook event `event` has had its effect `step` in partition `p`.
+    pub fn seen(&self, p: u16, event: &str, step: &str) -> String {
+        self.tagged(p, &format!("seen:{event}:{step}"))
     }
 
     /// The first component of every key.

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use redis::aio::ConnectionLike;
 use redis::{RedisResult, Script};
 
-use crate::keys::Keys;
+use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
 use crate::work::{DeliveryRef, Ready};
 
@@ -26,22 +26,30 @@ struct Scripts {
     renew: Script,
     pause: Script,
     forget: Script,
+    suppress: Script,
+    cascade: Script,
+    event: Script,
+    optout: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    enqueue: Script::new(include_str!("../lua/enqueue.lua")),
-    claim: Script::new(include_str!("../lua/claim.lua")),
-    seal: Script::new(include_str!("../lua/seal.lua")),
-    gate: Script::new(include_str!("../lua/gate.lua")),
-    take: Script::new(include_str!("../lua/take.lua")),
-    reschedule: Script::new(include_str!("../lua/reschedule.lua")),
-    settle: Script::new(include_str!("../lua/settle.lua")),
-    decide: Script::new(include_str!("../lua/decide.lua")),
-    requeue: Script::new(include_str!("../lua/requeue.lua")),
-    release: Script::new(include_str!("../lua/release.lua")),
-    renew: Script::new(include_str!("../lua/renew.lua")),
-    pause: Script::new(include_str!("../lua/pause.lua")),
-    forget: Script::new(include_str!("../lua/forget.lua")),
+    enqueue: Script::new(include_str!("../../lua/enqueue.lua")),
+    claim: Script::new(include_str!("../../lua/claim.lua")),
+    seal: Script::new(include_str!("../../lua/seal.lua")),
+    gate: Script::new(include_str!("../../lua/gate.lua")),
+    take: Script::new(include_str!("../../lua/take.lua")),
+    reschedule: Script::new(include_str!("../../lua/reschedule.lua")),
+    settle: Script::new(include_str!("../../lua/settle.lua")),
+    decide: Script::new(include_str!("../../lua/decide.lua")),
+    requeue: Script::new(include_str!("../../lua/requeue.lua")),
+    release: Script::new(include_str!("../../lua/release.lua")),
+    renew: Script::new(include_str!("../../lua/renew.lua")),
+    pause: Script::new(include_str!("../../lua/pause.lua")),
+    forget: Script::new(include_str!("../../lua/forget.lua")),
+    suppress: Script::new(include_str!("../../lua/suppress.lua")),
+    cascade: Script::new(include_str!("../../lua/cascade.lua")),
+    event: Script::new(include_str!("../../lua/event.lua")),
+    optout: Script::new(include_str!("../../lua/optout.lua")),
 });
 
 /// Enqueues deliveries of one partition and one campaign period; `true` where new.
@@ -229,7 +237,7 @@ pub async fn gate(
     for (m, ci) in members.iter().zip(index) {
         let id = m.delivery.id();
         call.key(keys.delivery(p, &id)).key(keys.subscriber(p, &m.delivery.subscriber));
-        call.arg(id).arg(ci).arg(if m.check_subscriber { "1" } else { "0" });
+        call.arg(id).arg(ci).arg(if m.check_subscriber { "1" } else { "0" }).arg(&m.delivery.campaign);
     }
     let row: Vec<String> = call.invoke_async(conn).await?;
     let skipped = |s: &str| -> Vec<(usize, Reason)> {
@@ -622,4 +630,157 @@ pub async fn forget_consumer(
     let removed: i64 =
         SCRIPTS.forget.key(keys.stream(partition)).arg(group).arg(consumer).arg(idle_ms).invoke_async(conn).await?;
     Ok(removed == 1)
+}
+
+/// What to do to an address's suppression.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuppressMode {
+    /// Suppress it (a permanent bounce, a complaint, the provider's list, an operator).
+    Suppress,
+    /// Count a transient or undetermined bounce; suppress at the threshold.
+    Transient,
+    /// Lift it (an operator).
+    Remove,
+}
+
+impl SuppressMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            SuppressMode::Suppress => "suppress",
+            SuppressMode::Transient => "transient",
+            SuppressMode::Remove => "remove",
+        }
+    }
+}
+
+/// What `suppress` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Suppressed {
+    /// Suppressed now.
+    New,
+    /// It was already.
+    Already,
+    /// A transient bounce was counted, below the threshold.
+    Counted,
+    Removed,
+    /// This event had its effect before (a retried or repeated webhook).
+    Duplicate,
+}
+
+/// A suppression step for one address, with its event's limits.
+#[derive(Debug, Clone)]
+pub struct Suppression<'a> {
+    pub mode: SuppressMode,
+    pub reason: &'a str,
+    /// `webhook` or `operator`.
+    pub source: &'a str,
+    /// The webhook event's id ('' for an operator).
+    pub event: &'a str,
+    pub seen_ttl_secs: u64,
+    pub transient_window_ms: u64,
+    pub transient_threshold: u32,
+}
+
+/// Suppresses, counts or lifts an address (in its home partition); returns what
+/// happened and the ids of the subscribers with that address.
+pub async fn suppress(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    address: &crate::db::keys::Address,
+    s: &Suppression<'_>,
+) -> RedisResult<(Suppressed, Vec<String>)> {
+    let row: Vec<String> = SCRIPTS
+        .suppress
+        .key(keys.seen(address.partition, s.event, "s"))
+        .key(keys.suppression(address))
+        .key(keys.bounces(address))
+        .key(keys.address_index(address))
+        .arg(s.mode.as_str())
+        .arg(s.reason)
+        .arg(s.source)
+        .arg(s.event)
+        .arg(s.seen_ttl_secs)
+        .arg(s.transient_window_ms)
+        .arg(s.transient_threshold)
+        .invoke_async(conn)
+        .await?;
+    let mut it = row.into_iter();
+    let state = match it.next().as_deref() {
+        Some("new") => Suppressed::New,
+        Some("counted") => Suppressed::Counted,
+        Some("removed") => Suppressed::Removed,
+        Some("duplicate") => Suppressed::Duplicate,
+        _ => Suppressed::Already,
+    };
+    Ok((state, it.collect()))
+}
+
+/// Marks (or unmarks) the subscribers `ids` of partition `p` as suppressed; `None`
+/// when this event's cascade was already done in this partition.
+pub async fn cascade(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    p: u16,
+    ids: &[&str],
+    s: &Suppression<'_>,
+) -> RedisResult<Option<u64>> {
+    let mut call = SCRIPTS.cascade.prepare_invoke();
+    call.key(keys.seen(p, s.event, "c"));
+    for id in ids {
+        call.key(keys.subscriber(p, id));
+    }
+    let mode = if s.mode == SuppressMode::Remove { "remove" } else { "suppress" };
+    call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs);
+    let changed: i64 = call.invoke_async(conn).await?;
+    Ok(u64::try_from(changed).ok())
+}
+
+/// What `event` did to a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventWrite {
+    Written,
+    Repeat,
+    NoDelivery,
+}
+
+/// Writes a provider event (`kind`, e.g. `delivered`) on a delivery once per event id.
+pub async fn event(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    delivery: &DeliveryRef,
+    event: &str,
+    kind: &str,
+    seen_ttl_secs: u64,
+) -> RedisResult<EventWrite> {
+    let p = keys.partition_of(&delivery.subscriber);
+    let written: i64 = SCRIPTS
+        .event
+        .key(keys.seen(p, event, "e"))
+        .key(keys.delivery(p, &delivery.id()))
+        .arg(kind)
+        .arg(seen_ttl_secs)
+        .invoke_async(conn)
+        .await?;
+    Ok(match written {
+        1 => EventWrite::Written,
+        0 => EventWrite::Repeat,
+        _ => EventWrite::NoDelivery,
+    })
+}
+
+/// Turns `campaign` off for `subscriber`: `Some(true)` if it was on, `Some(false)` if
+/// already off, `None` if there is no such subscriber.
+pub async fn opt_out(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    subscriber: &str,
+    campaign: &str,
+) -> RedisResult<Option<bool>> {
+    let p = keys.partition_of(subscriber);
+    let r: i64 = SCRIPTS.optout.key(keys.subscriber(p, subscriber)).arg(campaign).invoke_async(conn).await?;
+    Ok(match r {
+        1 => Some(true),
+        0 => Some(false),
+        _ => None,
+    })
 }

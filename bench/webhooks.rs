@@ -1,0 +1,199 @@
+//! `bench/webhooks [--seconds S] [--connections C] [--json]`: the daemon (the
+//! release binary, as a process of its own) with its public listener on
+//! loopback and a private Redis (append-only, fsync always); `C` keep-alive
+//! connections post signed `email.delivered` events, each about a real
+//! delivery and with its own event id, for `S` seconds. Sending is paused
+//! meanwhile, so the daemon's only work is the webhooks. Reports verified
+//! events per second, latency percentiles and errors.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use mailstream::config::{Config, Secret};
+use mailstream::db::Store;
+use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::subscribers::{self, Subscriber};
+use mailstream::svix::SigningKey;
+use mailstream::work::DeliveryRef;
+use serde::Serialize;
+
+const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+const DELIVERIES: u64 = 20_000;
+
+#[derive(Debug, Serialize)]
+struct Report {
+    seconds: f64,
+    connections: usize,
+    events: u64,
+    events_per_second: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+    errors: u64,
+    daemon_verified: u64,
+}
+
+fn main() -> ExitCode {
+    let (mut seconds, mut connections, mut json) = (10u64, 32usize, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--seconds" => seconds = args.next().and_then(|v| v.parse().ok()).expect("--seconds needs a number"),
+            "--connections" => {
+                connections = args.next().and_then(|v| v.parse().ok()).expect("--connections needs a number")
+            }
+            "--json" => json = true,
+            "--bench" => {}
+            other => {
+                eprintln!("unknown argument {other}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    match runtime.block_on(run(seconds, connections)) {
+        Ok(r) => {
+            eprintln!(
+                "{} events in {:.1} s over {} connections: {:.0} verified events/s, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms, {} errors",
+                r.events, r.seconds, r.connections, r.events_per_second, r.p50_ms, r.p99_ms, r.max_ms, r.errors
+            );
+            if json {
+                println!("{}", serde_json::to_string(&r).expect("serializes"));
+            }
+            if r.errors == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
+    let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
+    let mut config = Config::example();
+    config.redis.url = Secret::new(redis.url());
+    let store = Store::open(&config).await?;
+    let subs: Vec<Subscriber> = (0..DELIVERIES).map(Subscriber::synthetic).collect();
+    subscribers::upsert(&store, &subs).await?;
+    let campaign = config.campaigns[0].clone();
+    let period = "2026-W49";
+    mailstream::kick::kick_registry(&store, &config, &campaign.name, period).await?;
+    // Sending paused: the daemon's only work is the webhooks.
+    let until = std::time::SystemTime::now() + Duration::from_secs(3600);
+    mailstream::pause::Pause::default().begin(&store, until, "daily_quota_exceeded").await?;
+
+    let dir = std::env::temp_dir().join(format!("mailstream-webhooks-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let config_path = dir.join("config.toml");
+    let text = mailstream::config::EXAMPLE
+        .replacen("url = \"redis://127.0.0.1:6379\"", &format!("url = \"{}\"", redis.url()), 1)
+        .replacen("metrics_listen = \"127.0.0.1:9464\"", "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"\npublic_requests_per_second_per_source = 1000000", 1);
+    std::fs::write(&config_path, text)?;
+    let log = dir.join("daemon.log");
+    let mut daemon = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_mailstream")))
+        .arg("run")
+        .arg("--config")
+        .arg(&config_path)
+        .env("RESEND_API_KEY", "re_bench")
+        .env("MAILSTREAM_WEBHOOK_SECRET", SECRET)
+        .env("MAILSTREAM_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()?;
+    let url = wait_for_public(&log).await?;
+
+    // Every request made before the clock starts: bodies, ids, signatures.
+    let key = SigningKey::parse(SECRET).expect("a key");
+    let make = |n: u64| {
+        let s = Subscriber::synthetic(n % DELIVERIES);
+        let d = DeliveryRef::new(&campaign.name, period, &s.id, &s.targets_or_default()[0]);
+        let body = serde_json::json!({"type": "email.delivered", "created_at": "2026-11-30T00:00:00Z",
+            "data": {"email_id": format!("e{n}"), "to": [s.email], "tags": {"delivery": d.tag()}}})
+        .to_string();
+        (format!("msg_bench_{n}"), body)
+    };
+    mailstream::resend::client::install_crypto_provider();
+    let http = reqwest::Client::builder().pool_max_idle_per_host(connections).build()?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(seconds);
+    let mut workers = tokio::task::JoinSet::new();
+    for w in 0..connections {
+        let (http, url, key) = (http.clone(), url.clone(), key.clone());
+        // Enough for 25,000 events a second; the deadline ends the run first.
+        let per_worker = 25_000 * seconds as usize / connections.max(1) + 100;
+        let requests: Vec<(String, String)> =
+            (0..per_worker as u64).map(|i| i * connections as u64 + w as u64).map(make).collect();
+        workers.spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            for (id, body) in requests {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                let ts = chrono::Utc::now().timestamp();
+                let sig = key.sign(&id, ts, body.as_bytes());
+                let t = Instant::now();
+                let ok = http
+                    .post(&url)
+                    .header("svix-id", &id)
+                    .header("svix-timestamp", ts.to_string())
+                    .header("svix-signature", sig)
+                    .body(body)
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status().is_success());
+                latencies.push(t.elapsed());
+                errors += u64::from(!ok);
+            }
+            (latencies, errors)
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    while let Some(done) = workers.join_next().await {
+        let (l, e) = done?;
+        latencies.extend(l);
+        errors += e;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let at = |q: f64| latencies.get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)));
+    let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+    let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
+    let _ = daemon.wait();
+    // What the daemon itself counted as verified (from its delivery records).
+    let mut conn = store.conn().await?;
+    let mut verified = 0u64;
+    for key in store.scan("mailstream:*:d:*").await? {
+        let n: Option<u64> = redis::cmd("HGET").arg(&key).arg("events").query_async(&mut conn).await?;
+        verified += n.unwrap_or(0);
+    }
+    Ok(Report {
+        seconds: elapsed,
+        connections,
+        events: latencies.len() as u64,
+        events_per_second: (latencies.len() as u64 - errors) as f64 / elapsed,
+        p50_ms: ms(at(0.5)),
+        p99_ms: ms(at(0.99)),
+        max_ms: ms(latencies.last()),
+        errors,
+        daemon_verified: verified,
+    })
+}
+
+/// The public listener's URL, from the daemon's log.
+async fn wait_for_public(log: &std::path::Path) -> anyhow::Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("public listening")) {
+            let at = line.find("addr=").map(|i| i + 5).ok_or_else(|| anyhow::anyhow!("no addr in {line}"))?;
+            let addr = line[at..].split_whitespace().next().unwrap_or_default();
+            return Ok(format!("http://{addr}/webhooks/resend"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("the daemon did not start listening; see {}", log.display())
+}

@@ -1,0 +1,18 @@
+-- event.lua: a provider event about one delivery (delivered, opened, bounced, ...) is written
+-- on its record once: the event id is recorded with SET NX and a TTL in the same step, so ten
+-- deliveries of one event change it once. An expired or unknown delivery is left alone.
+--
+-- KEYS[1] seen key, KEYS[2] delivery record
+-- ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s
+-- Returns 1 when written now, 0 for a repeat, -1 when there is no such delivery.
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return -1
+end
+if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2])) then
+  return 0
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[2], 'ev_' .. ARGV[1], now)
+redis.call('HINCRBY', KEYS[2], 'events', 1)
+return 1

@@ -1,0 +1,98 @@
+//! The public listener, apart from the private metrics listener: Resend's
+//! webhooks (`webhook.rs`) and RFC 8058 one-click unsubscribe
+//! (`unsubscribe.rs`). It keeps answering while sending is paused or draining,
+//! so maintenance loses no events.
+
+pub mod unsubscribe;
+pub mod webhook;
+
+use std::time::Duration;
+
+use hyper::StatusCode;
+
+use self::unsubscribe::{Ask, Tokens};
+use self::webhook::Webhooks;
+use crate::ctx::Ctx;
+use crate::db::scripts;
+use crate::http::{self, HttpRequest, HttpResponse};
+
+/// Serves the public routes on `listener` until `shutdown`, with the limits the
+/// config sets (body size, requests per second per client address, timeout).
+pub fn serve(
+    ctx: &Ctx,
+    listener: tokio::net::TcpListener,
+    shutdown: crate::shutdown::Shutdown,
+) -> impl std::future::Future<Output = ()> + use<> {
+    let routes = std::sync::Arc::new(Public::new(ctx));
+    let h = &ctx.config.http;
+    let limits = http::Limits {
+        max_body: h.public_max_body_bytes,
+        timeout: Duration::from_millis(h.public_timeout_ms),
+        per_source: std::num::NonZeroU32::new(h.public_requests_per_second_per_source),
+        drain: Duration::from_secs(5),
+    };
+    let handler = move |req| {
+        let routes = routes.clone();
+        async move { routes.handle(req).await }
+    };
+    http::serve(listener, handler, shutdown, limits)
+}
+
+/// What the public listener serves.
+pub struct Public {
+    webhooks: Webhooks,
+    tokens: Tokens,
+    store: crate::db::Store,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Public {
+    pub fn new(ctx: &Ctx) -> Public {
+        Public {
+            webhooks: Webhooks::new(&ctx.config, ctx.store.clone(), ctx.metrics.clone()),
+            tokens: Tokens::new(&ctx.config.unsubscribe.secrets),
+            store: ctx.store.clone(),
+            metrics: ctx.metrics.clone(),
+        }
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: HttpRequest) -> HttpResponse {
+        let path = req.uri().path();
+        if path == webhook::PATH {
+            return self.webhooks.handle(req).await;
+        }
+        if path.starts_with(unsubscribe::PATH) {
+            return self.unsubscribe(&req).await;
+        }
+        if path == "/healthz" {
+            return http::text(StatusCode::OK, "ok\n");
+        }
+        http::text(StatusCode::NOT_FOUND, "not found\n")
+    }
+
+    async fn unsubscribe(&self, req: &HttpRequest) -> HttpResponse {
+        match unsubscribe::ask(&self.tokens, req) {
+            Ask::Confirm { campaign, .. } => unsubscribe::confirm_page(&campaign),
+            Ask::Unsubscribe { subscriber, campaign } => {
+                let result = async {
+                    let mut conn = self.store.conn().await?;
+                    anyhow::Ok(scripts::opt_out(&mut conn, &self.store.keys, &subscriber, &campaign).await?)
+                };
+                match result.await {
+                    Ok(Some(true)) => {
+                        self.metrics.unsubscribed("one_click", &campaign);
+                        unsubscribe::done_page()
+                    }
+                    // Already off, or the subscriber is gone: either way, no more mail.
+                    Ok(_) => unsubscribe::done_page(),
+                    Err(e) => {
+                        self.metrics.redis_error("unsubscribe", &e);
+                        http::text(StatusCode::SERVICE_UNAVAILABLE, "try again in a moment\n")
+                    }
+                }
+            }
+            Ask::Refuse(status) => unsubscribe::refusal(status),
+        }
+    }
+}

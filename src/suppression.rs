@@ -1,0 +1,150 @@
+//! Suppression: an address that bounced for good, complained or was suppressed
+//! by the provider gets no more mail. The record lives in the address's home
+//! partition under a salted hash (never the address); the suppression cascades
+//! to every subscriber with that address, who are marked suppressed and
+//! unsubscribed in their own partitions. Transient bounces are counted, and
+//! suppress at a threshold within a window. Used by the webhook listener and by
+//! `mailstream suppressions`.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::db::Store;
+use crate::db::scripts::{self, SuppressMode, Suppressed, Suppression};
+
+/// Why an address is suppressed (bounded: metric labels).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Why {
+    /// A permanent bounce (the mailbox does not exist).
+    Bounced,
+    /// Marked as spam by the recipient.
+    Complained,
+    /// Resend reported it on its own suppression list.
+    ProviderSuppressed,
+    /// Transient or undetermined bounces, often enough within the window.
+    TransientBounces,
+    /// An operator added it.
+    Manual,
+}
+
+impl Why {
+    pub const ALL: [Why; 5] =
+        [Why::Bounced, Why::Complained, Why::ProviderSuppressed, Why::TransientBounces, Why::Manual];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Why::Bounced => "bounced",
+            Why::Complained => "complained",
+            Why::ProviderSuppressed => "provider_suppressed",
+            Why::TransientBounces => "transient_bounces",
+            Why::Manual => "manual",
+        }
+    }
+}
+
+/// What to do to an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Act {
+    Suppress(Why),
+    /// Count one transient (or undetermined) bounce.
+    CountTransient,
+    Lift,
+}
+
+/// Acts on `email`'s suppression and cascades to its subscribers; `event` is the
+/// webhook event's id (each step happens once per id), `None` for an operator.
+pub async fn apply(
+    store: &Store,
+    config: &Config,
+    email: &str,
+    act: Act,
+    event: Option<&str>,
+) -> anyhow::Result<Suppressed> {
+    let keys = &store.keys;
+    let address = keys.address(email);
+    let w = &config.webhook;
+    let (mode, reason) = match act {
+        Act::Suppress(why) => (SuppressMode::Suppress, why),
+        Act::CountTransient => (SuppressMode::Transient, Why::TransientBounces),
+        Act::Lift => (SuppressMode::Remove, Why::Manual),
+    };
+    let step = Suppression {
+        mode,
+        reason: reason.as_str(),
+        source: if event.is_some() { "webhook" } else { "operator" },
+        event: event.unwrap_or(""),
+        seen_ttl_secs: w.seen_ttl_hours * 3600,
+        transient_window_ms: w.transient_bounce_window_days * 86_400_000,
+        transient_threshold: w.transient_bounces_to_suppress,
+    };
+    let mut conn = store.conn().await?;
+    let (state, ids) = scripts::suppress(&mut conn, keys, &address, &step).await?;
+    // The cascade runs whenever the address is (or was just) suppressed or lifted, also
+    // for a repeated event: a crash may have left it halfway; each partition's step
+    // happens once per event all the same.
+    let cascade = match state {
+        Suppressed::New | Suppressed::Already | Suppressed::Removed => true,
+        Suppressed::Duplicate => mode != SuppressMode::Transient,
+        Suppressed::Counted => false,
+    };
+    if cascade {
+        let mut by_partition: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
+        for id in &ids {
+            by_partition.entry(keys.partition_of(id)).or_default().push(id);
+        }
+        let (mode, reason) = match state {
+            Suppressed::Removed => (SuppressMode::Remove, reason.as_str().to_string()),
+            _ => (SuppressMode::Suppress, current_reason(store, &address).await?.unwrap_or(reason.as_str().into())),
+        };
+        let step = Suppression { mode, reason: &reason, ..step };
+        for (p, ids) in by_partition {
+            scripts::cascade(&mut conn, keys, p, &ids, &step).await?;
+        }
+    }
+    Ok(state)
+}
+
+/// The reason the address's record gives, if it is suppressed.
+async fn current_reason(store: &Store, address: &crate::db::keys::Address) -> anyhow::Result<Option<String>> {
+    use redis::AsyncCommands;
+    let mut conn = store.conn().await?;
+    Ok(conn.hget(store.keys.suppression(address), "reason").await?)
+}
+
+/// One suppression as `mailstream suppressions list` shows it (no address: its hash).
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Entry {
+    pub address_hash: String,
+    pub reason: String,
+    pub at_ms: u64,
+    pub source: String,
+    /// The webhook event that caused it ('' for an operator).
+    pub event: String,
+}
+
+/// Every suppression (a scan of the suppression records), or only `email`'s.
+pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Entry>> {
+    let keys = match email {
+        Some(email) => vec![store.keys.suppression(&store.keys.address(email))],
+        None => store.scan(&store.keys.suppressions_pattern()).await?,
+    };
+    let mut conn = store.conn().await?;
+    let mut out = Vec::new();
+    for key in keys {
+        let (reason, at_ms, source, event): (Option<String>, Option<u64>, Option<String>, Option<String>) =
+            redis::cmd("HMGET").arg(&key).arg(&["reason", "at_ms", "source", "event"]).query_async(&mut conn).await?;
+        let Some(reason) = reason else { continue };
+        let address_hash = key.rsplit(':').next().unwrap_or_default().to_string();
+        out.push(Entry {
+            address_hash,
+            reason,
+            at_ms: at_ms.unwrap_or(0),
+            source: source.unwrap_or_default(),
+            event: event.unwrap_or_default(),
+        });
+    }
+    out.sort_by_key(|e| e.at_ms);
+    Ok(out)
+}
