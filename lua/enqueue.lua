@@ -2,14 +2,16 @@
 -- A delivery's record is named by its natural dedup key (campaign:period:subscriber:target),
 -- so HSETNX on it is the dedup check, and the record and its stream entry are written in this
 -- one atomic step: a double kick, a retried kick or two daemons kicking at once enqueue once.
--- The record has no expiry until it is settled (nothing expires while unsettled).
+-- The record has no expiry until it is settled (nothing expires while unsettled). The period
+-- is listed in the partition's periods index (what /metrics and `mailstream slo` report on),
+-- and the counts hash keeps how many were new and how many were duplicates.
 --
--- KEYS[1] stream, KEYS[2] counts hash; then per item KEYS[2+i] delivery key
--- ARGV[1] retention seconds (for the counts hash); then per item: delivery id
+-- KEYS[1] stream, KEYS[2] counts hash, KEYS[3] periods index; then per item KEYS[3+i] delivery key
+-- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id
 -- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
 local retention = tonumber(ARGV[1])
 local result, added = {}, 0
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   if redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
     redis.call('XADD', KEYS[1], '*', 'delivery', ARGV[i - 1])
     added = added + 1
@@ -18,8 +20,17 @@ for i = 3, #KEYS do
     result[#result + 1] = 0
   end
 end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 if added > 0 then
   redis.call('HINCRBY', KEYS[2], 'enqueued', added)
-  redis.call('EXPIRE', KEYS[2], retention)
 end
+if added < #KEYS - 3 then
+  redis.call('HINCRBY', KEYS[2], 'duplicates', #KEYS - 3 - added)
+end
+redis.call('EXPIRE', KEYS[2], retention)
+-- Scored by the last enqueue; a period drops out once its counts have expired.
+redis.call('ZADD', KEYS[3], now, ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - retention * 1000)
+redis.call('PEXPIRE', KEYS[3], retention * 1000)
 return result

@@ -42,6 +42,8 @@ pub struct Config {
     pub webhook: WebhookConfig,
     #[serde(default)]
     pub unsubscribe: UnsubscribeConfig,
+    #[serde(default)]
+    pub slo: SloConfig,
     #[serde(default, rename = "campaign")]
     pub campaigns: Vec<CampaignConfig>,
     #[serde(default)]
@@ -205,6 +207,23 @@ pub struct UnsubscribeConfig {
     pub secret_file: Option<PathBuf>,
     #[serde(skip)]
     pub secrets: Vec<Secret>,
+}
+
+/// The objectives `mailstream slo`, /metrics and the alert rules judge delivery by.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SloConfig {
+    /// Highest acceptable failed / (sent + failed) of a campaign period.
+    pub failure_rate: f64,
+    /// A delivery unread this long after it was enqueued is stuck (so is a lease a
+    /// whole lease past its expiry, and a sealed batch past its deadline).
+    pub stuck_after_seconds: u64,
+}
+
+impl Default for SloConfig {
+    fn default() -> Self {
+        SloConfig { failure_rate: 0.01, stuck_after_seconds: 3600 }
+    }
 }
 
 /// One campaign: what to send, and how its period is counted.
@@ -509,6 +528,16 @@ impl Config {
             ),
         );
 
+        let slo = &self.slo;
+        check(
+            (0.0..1.0).contains(&slo.failure_rate),
+            format!("slo.failure_rate: must be at least 0 and below 1 (got {})", slo.failure_rate),
+        );
+        check(
+            (1..=7 * 86_400).contains(&slo.stuck_after_seconds),
+            format!("slo.stuck_after_seconds: must be 1..=604800 (got {})", slo.stuck_after_seconds),
+        );
+
         let h = &self.http;
         check(
             (1024..=64 * 1024 * 1024).contains(&h.public_max_body_bytes),
@@ -601,6 +630,11 @@ impl Config {
 
     pub fn lease(&self) -> Duration {
         Duration::from_secs(self.delivery.lease_seconds)
+    }
+
+    /// How long an unread delivery waits before it counts as stuck.
+    pub fn stuck_after(&self) -> Duration {
+        Duration::from_secs(self.slo.stuck_after_seconds)
     }
 
     /// How often a live holder renews its leases (and rereads the shared pause).

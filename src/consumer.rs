@@ -6,27 +6,19 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::streams::{StreamId, StreamReadReply};
+use redis::streams::StreamReadReply;
 
 use crate::batcher::Batcher;
 use crate::ctx::Ctx;
 use crate::db::ensure_group;
 use crate::db::scripts::{self, Claim, Decision};
+use crate::db::streams::{Entry, entry_of};
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::public::unsubscribe::{self, Tokens};
 use crate::render::{RenderInput, Renderer};
 use crate::sender;
 use crate::subscribers::{self, Resolved};
 use crate::work::{DeliveryRef, Ready};
-
-/// A stream entry: its id and the delivery id it carries (None: malformed entry).
-pub type Entry = (String, Option<String>);
-
-/// The delivery id of a stream entry.
-pub fn entry_of(s: StreamId) -> Entry {
-    let delivery = s.map.get("delivery").and_then(|v| redis::from_redis_value_ref::<String>(v).ok());
-    (s.id, delivery)
-}
 
 /// Reads, claims, resolves and renders; hands what is ready to the batcher.
 pub struct Consumer {

@@ -28,6 +28,8 @@ pub mod resend;
 pub mod retry;
 pub mod sender;
 pub mod shutdown;
+pub mod slo;
+pub mod stuck;
 pub mod subscribers;
 pub mod suppression;
 pub mod svix;
@@ -88,6 +90,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
     let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
     ctx.metrics.set_durability_relaxed(relaxed);
+    ctx.metrics.configure(&ctx.config);
     let (c, owner) = (&ctx.config, &ctx.owner);
     tracing::info!(%owner, partitions = c.redis.partitions, rps = c.resend.requests_per_second, "mailstream running");
     let mut tasks = tokio::task::JoinSet::new();

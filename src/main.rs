@@ -88,6 +88,18 @@ enum Command {
         #[command(subcommand)]
         action: SuppressionAction,
     },
+    /// Report the delivery SLO per campaign period (failure rate against slo.failure_rate,
+    /// outcome unknown, stuck). Exit 0: within; 3: objective breached (a warning; stuck
+    /// alone counts); 4: could not evaluate (Redis unreachable, no such campaign).
+    Slo {
+        #[arg(long)]
+        campaign: Option<String>,
+        #[arg(long)]
+        period: Option<String>,
+        /// End with one JSON object on the last line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run the Resend emulator.
     Emulator {
         #[arg(long, default_value = "127.0.0.1:3030")]
@@ -353,6 +365,26 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Slo { campaign, period, json } => {
+            let config = load()?;
+            let report = async {
+                let store = Store::open(&config).await?;
+                mailstream::slo::evaluate(&store, &config, campaign.as_deref(), period.as_deref()).await
+            };
+            match report.await {
+                Ok(report) => {
+                    print!("{}", mailstream::slo::render(&report));
+                    if json {
+                        println!("{}", serde_json::to_string(&report)?);
+                    }
+                    Ok(ExitCode::from(report.exit_code()))
+                }
+                Err(e) => {
+                    eprintln!("error: the SLO could not be evaluated: {e:#}");
+                    Ok(ExitCode::from(mailstream::slo::EXIT_UNEVALUATED))
+                }
+            }
         }
         Command::Emulator { listen, rps, settings } => {
             let mut emulator_config = match settings {

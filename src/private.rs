@@ -1,15 +1,39 @@
-//! The private listener (keep it off the internet): `/metrics` for Prometheus.
+//! The private listener (keep it off the internet): `/metrics` for Prometheus,
+//! with the gauges read from Redis refreshed at each scrape.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::ctx::Ctx;
-use crate::http;
+use crate::http::{self, HttpRequest, HttpResponse};
+use crate::metrics;
+
+/// How long a scrape waits for Redis before answering with what it has
+/// (`mailstream_redis_up 0`): Prometheus's own scrape timeout is 10 s by default.
+const REDIS_READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// Serves the private routes on `listener` until `shutdown`.
 pub fn serve(
-    ctx: &Ctx,
+    ctx: &Arc<Ctx>,
     listener: tokio::net::TcpListener,
     shutdown: crate::shutdown::Shutdown,
 ) -> impl std::future::Future<Output = ()> + use<> {
-    let metrics = ctx.metrics.clone();
-    let handler = move |req: http::HttpRequest| std::future::ready(metrics.handle(&req));
+    let ctx = ctx.clone();
+    let handler = move |req: HttpRequest| {
+        let ctx = ctx.clone();
+        async move { route(&ctx, req).await }
+    };
     http::serve(listener, handler, shutdown, http::Limits::default())
+}
+
+async fn route(ctx: &Ctx, req: HttpRequest) -> HttpResponse {
+    match req.uri().path() {
+        "/metrics" => {
+            if let Err(e) = metrics::refresh(&ctx.metrics, &ctx.store, &ctx.config, REDIS_READ_LIMIT).await {
+                ctx.metrics.redis_error("scrape", &e);
+            }
+            http::text(hyper::StatusCode::OK, ctx.metrics.render())
+        }
+        _ => http::text(hyper::StatusCode::NOT_FOUND, "not found\n"),
+    }
 }

@@ -2,7 +2,7 @@
 //! XAUTOCLAIM, so racing instances cannot both win): takes over stream entries
 //! whose holder's lease expired, resends sealed batches that are due (a retry,
 //! or a holder that died mid-send), settles what a lost write left behind,
-//! reports the backlog, and trims streams below the oldest entry still needed.
+//! looks for stuck deliveries, and trims streams below the oldest entry still needed.
 //! It never waits on the queues: what has no room goes back to Redis.
 
 use std::collections::HashMap;
@@ -14,16 +14,18 @@ use bytes::Bytes;
 use redis::streams::StreamAutoClaimReply;
 
 use crate::batcher::Batcher;
-use crate::consumer::{Consumer, Entry, entry_of};
+use crate::consumer::Consumer;
 use crate::ctx::Ctx;
 use crate::db::scripts::{self, Take, Verdict};
+use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Failpoint, Reason};
 use crate::sender;
+use crate::stuck;
 use crate::work::Sealed;
 
 /// Due batches examined per partition per pass.
 const DUE_BATCHES_PER_PASS: isize = 64;
-/// Passes between stream trims and backlog reports.
+/// Passes between stream trims.
 const TRIM_EVERY: u32 = 10;
 
 /// What the reclaimer works with.
@@ -58,15 +60,26 @@ impl Reclaimer {
             }
             if pass.is_multiple_of(TRIM_EVERY) {
                 for p in 0..ctx.store.keys.partitions() {
-                    if let Err(e) = trim_and_report(ctx, p).await {
+                    if let Err(e) = trim(ctx, p).await {
                         ctx.metrics.redis_error("trim", &e);
                     }
                 }
             }
+            self.look_for_stuck().await;
             pass = pass.wrapping_add(1);
             if !shutdown.sleep(tick).await {
                 return;
             }
+        }
+    }
+
+    /// Looks for stuck deliveries in every partition (bounded reads of the stream,
+    /// the pending list and the batches; see `stuck.rs`) and reports them.
+    async fn look_for_stuck(&self) {
+        let ctx = &self.ctx;
+        match stuck::look_everywhere(&ctx.store, &ctx.config).await {
+            Ok(tally) => ctx.metrics.set_stuck(&tally, ctx.config.campaigns.iter().map(|c| c.name.as_str())),
+            Err(e) => ctx.metrics.redis_error("stuck", &e),
         }
     }
 
@@ -197,46 +210,36 @@ impl Reclaimer {
 /// from the group, so `XINFO CONSUMERS` does not collect every restart forever.
 const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
 
-/// Reports the backlog, trims the stream below the oldest entry this deployment's
-/// group still needs (the first pending one, or the first not yet read), and
-/// removes consumers of past processes.
-pub async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
+/// Trims the stream below the oldest entry this deployment's group still needs
+/// (the first pending one, or the first not yet read), and removes consumers of
+/// past processes.
+pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     let stream = ctx.store.keys.stream(p);
     let group = &ctx.config.redis.group;
     let mut conn = ctx.store.conn().await?;
-    let groups: Vec<HashMap<String, redis::Value>> =
-        redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await?;
-    let Some(ours) = groups.iter().find(|g| g.get("name").and_then(text).as_deref() == Some(group)) else {
+    let Some(ours) = streams::group_info(&mut conn, &stream, group).await? else {
         return Ok(());
     };
-    if groups.len() > 1 && !FOREIGN_GROUPS_SEEN.swap(true, Ordering::Relaxed) {
+    if ours.foreign_groups && !FOREIGN_GROUPS_SEEN.swap(true, Ordering::Relaxed) {
         tracing::warn!(stream = %stream, "the stream has other consumer groups; trimming follows only {group}");
     }
-    let field = |name: &str| ours.get(name).and_then(text);
-    let last = field("last-delivered-id").and_then(|s| parse_id(&s)).unwrap_or((0, 0));
-    let lag: u64 = field("lag").and_then(|s| s.parse().ok()).unwrap_or(0);
-    let pending: u64 = field("pending").and_then(|s| s.parse().ok()).unwrap_or(0);
-    ctx.metrics.backlog(p, lag, pending);
 
     // Summary form: [count, smallest id, greatest id, consumers].
     let summary: Vec<redis::Value> = redis::cmd("XPENDING").arg(&stream).arg(group).query_async(&mut conn).await?;
+    let last = ours.last_delivered;
     let first_unread = (last.0, last.1 + 1);
-    let keep_from = match summary.get(1).and_then(text).and_then(|s| parse_id(&s)) {
+    let keep_from = match summary.get(1).and_then(streams::text).and_then(|s| streams::parse_id(&s)) {
         Some(oldest_pending) => oldest_pending.min(first_unread),
         None => first_unread,
     };
-    let _: u64 = redis::cmd("XTRIM")
-        .arg(&stream)
-        .arg("MINID")
-        .arg(format!("{}-{}", keep_from.0, keep_from.1))
-        .query_async(&mut conn)
-        .await?;
+    let _: u64 =
+        redis::cmd("XTRIM").arg(&stream).arg("MINID").arg(streams::format_id(keep_from)).query_async(&mut conn).await?;
 
     let consumers: Vec<HashMap<String, redis::Value>> =
         redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg(group).query_async(&mut conn).await?;
     let forget_ms = FORGET_CONSUMERS_AFTER.max(ctx.config.lease() * 10).as_millis() as u64;
     for c in &consumers {
-        let get = |name: &str| c.get(name).and_then(text);
+        let get = |name: &str| c.get(name).and_then(streams::text);
         let (Some(name), Some(pending), Some(idle)) = (get("name"), get("pending"), get("idle")) else { continue };
         if name != ctx.consumer && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
             // Checked again inside the script: it may have resumed reading since.
@@ -251,17 +254,3 @@ pub async fn trim_and_report(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
 
 /// Whether the "other consumer groups" warning was given (once per process).
 static FOREIGN_GROUPS_SEEN: AtomicBool = AtomicBool::new(false);
-
-/// A reply value as text, whatever its RESP type.
-fn text(v: &redis::Value) -> Option<String> {
-    match v {
-        redis::Value::Int(n) => Some(n.to_string()),
-        redis::Value::Nil => None,
-        other => redis::from_redis_value_ref::<String>(other).ok(),
-    }
-}
-
-fn parse_id(s: &str) -> Option<(u64, u64)> {
-    let (ms, seq) = s.split_once('-')?;
-    Some((ms.parse().ok()?, seq.parse().ok()?))
-}

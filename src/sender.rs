@@ -65,6 +65,9 @@ pub struct PacingNews {
     pub pause: Option<Duration>,
 }
 
+/// The `endpoint` label of `POST /emails/batch`.
+const BATCH_ENDPOINT: &str = "emails_batch";
+
 /// Sends sealed batches and records what became of them.
 pub struct Sender {
     client: Client,
@@ -90,12 +93,14 @@ impl Sender {
     /// Sends a batch that passed the last gate (the caller has just taken its slot) and
     /// records what happened.
     pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
+        let started = std::time::Instant::now();
         let answer = self.client.send_batch(&b.key, b.body.clone(), b.members.len()).await;
+        let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
             Ok(accepted) => {
                 self.health.reachable();
-                ctx.metrics.provider_request(Ok(()), b.members.len());
+                ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), b.members.len(), took);
                 let verdicts: Vec<Verdict> = accepted
                     .items
                     .into_iter()
@@ -108,7 +113,7 @@ impl Sender {
                 PacingNews { rate: accepted.rate, pause: None }
             }
             Err((e, rate)) => {
-                ctx.metrics.provider_request(Err(&e), b.members.len());
+                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), b.members.len(), took);
                 let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
                 self.failed(ctx, b, e).await;
                 PacingNews { rate, pause }

@@ -294,6 +294,11 @@ async fn every_readme_command_line_works_as_written() {
     let listed = stdout(&list);
     assert!(listed.contains("error=invalid_api_key") && listed.contains("attempts=1"), "{listed}");
     let id = listed.split_whitespace().nth(1).unwrap().to_string();
+    // Every delivery failed (the wrong key): the objective is breached, exit 3.
+    shown("mailstream slo --config ...");
+    let slo = run(&path, &url, &["slo"], "");
+    assert_eq!(slo.status.code(), Some(3), "{}", stdout(&slo));
+    assert!(stdout(&slo).contains("objective breached"), "{}", stdout(&slo));
     shown("mailstream dead-letters list --unknown --config ...");
     assert!(run(&path, &url, &["dead-letters", "list", "--unknown"], "").status.success());
     shown("mailstream dead-letters retry weekly_digest:2026-W48:u42:team-7 --config ...");
@@ -304,6 +309,9 @@ async fn every_readme_command_line_works_as_written() {
     assert_eq!(again.status.code(), Some(1), "pending now: not requeued again");
     shown("mailstream resume --config ...");
     assert!(stdout(&run(&path, &url, &["resume"], "")).contains("sending was not paused"));
+    shown("mailstream slo --campaign weekly_digest --period 2026-W48 --json --config ...");
+    let quiet = run(&path, &url, &["slo", "--campaign", "weekly_digest", "--period", "2026-W48", "--json"], "");
+    assert_eq!(quiet.status.code(), Some(0), "a period with nothing in it: {}", stdout(&quiet));
     let _ = std::fs::remove_file(ndjson);
 }
 

@@ -122,6 +122,12 @@ impl Keys {
         self.tagged(p, &format!("counts:{campaign}:{period}"))
     }
 
+    /// Sorted set: the `campaign:period`s enqueued in this partition within the
+    /// retention, scored by their last enqueue (what /metrics and `slo` report on).
+    pub fn periods(&self, p: u16) -> String {
+        self.tagged(p, "periods")
+    }
+
     /// Hash: a subscriber (address, targets, entitled, subscribed, data).
     pub fn subscriber(&self, p: u16, id: &str) -> String {
         self.tagged(p, &format!("subscriber:{id}"))

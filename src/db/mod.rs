@@ -1,12 +1,14 @@
 //! The Redis side of a deployment: connections (one server or a cluster,
 //! `conn.rs`), the key layout (`keys.rs`), the Lua scripts as typed calls
 //! (`scripts.rs`), the start-up checks (Redis reachable and recent, partition
-//! count and layout unchanged, durable, consumer groups), and the few reads that
-//! span partitions (counts, scans).
+//! count and layout unchanged, durable, consumer groups), the reading of streams
+//! and groups (`streams.rs`), and the few reads that span partitions (counts,
+//! periods, scans).
 
 pub mod conn;
 pub mod keys;
 pub mod scripts;
+pub mod streams;
 
 use anyhow::{Context, bail};
 use redis::AsyncCommands;
@@ -225,6 +227,8 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counts {
     pub enqueued: u64,
+    /// Offers of a delivery already enqueued (a second kick, a retried kick).
+    pub duplicates: u64,
     pub sent: u64,
     pub failed: u64,
     pub skipped: u64,
@@ -235,6 +239,11 @@ impl Counts {
     /// Deliveries with a final outcome.
     pub fn settled(&self) -> u64 {
         self.sent + self.failed + self.skipped + self.outcome_unknown
+    }
+
+    /// Deliveries enqueued and not settled yet.
+    pub fn pending(&self) -> u64 {
+        self.enqueued.saturating_sub(self.settled())
     }
 
     /// Failed over decided outcomes, `failed / (sent + failed)`: skipped (not wanted),
@@ -286,6 +295,20 @@ impl Store {
         Ok(removed)
     }
 
+    /// Every `(campaign, period)` enqueued within the retention, in order.
+    pub async fn periods(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let mut conn = self.conn().await?;
+        let mut all = std::collections::BTreeSet::new();
+        for p in 0..self.keys.partitions() {
+            let members: Vec<String> = conn.zrange(self.keys.periods(p), 0, -1).await?;
+            all.extend(members.into_iter().filter_map(|m| {
+                let (campaign, period) = m.split_once(':')?;
+                Some((campaign.to_string(), period.to_string()))
+            }));
+        }
+        Ok(all.into_iter().collect())
+    }
+
     /// The counters of `campaign` for `period`, summed over the partitions.
     pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
         let mut conn = self.conn().await?;
@@ -297,6 +320,7 @@ impl Store {
         for part in parts {
             let get = |f: &str| part.get(f).copied().unwrap_or(0);
             c.enqueued += get("enqueued");
+            c.duplicates += get("duplicates");
             c.sent += get("sent");
             c.failed += get("failed");
             c.skipped += get("skipped");

@@ -62,7 +62,11 @@ pub async fn enqueue(
 ) -> RedisResult<Vec<bool>> {
     let Some(first) = items.first() else { return Ok(Vec::new()) };
     let mut call = SCRIPTS.enqueue.prepare_invoke();
-    call.key(keys.stream(partition)).key(keys.counts(partition, &first.campaign, &first.period)).arg(retention_secs);
+    call.key(keys.stream(partition))
+        .key(keys.counts(partition, &first.campaign, &first.period))
+        .key(keys.periods(partition))
+        .arg(retention_secs)
+        .arg(format!("{}:{}", first.campaign, first.period));
     for item in items {
         debug_assert!(item.campaign == first.campaign && item.period == first.period, "one campaign period per call");
         let id = item.id();

@@ -1,14 +1,21 @@
 //! Observable events. Each is one method that logs and counts with the same
 //! labels; label values are bounded (campaign names from the config, outcome
-//! and error names), never an address or a message. `/metrics` serves them.
+//! and error names, partition numbers), never an address or a message.
+//! `/metrics` serves them, with what other processes did read from Redis at
+//! scrape time (`from_redis.rs`) and the process's own figures (`process.rs`).
+
+mod from_redis;
+mod process;
 
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
-use crate::http::{self, HttpRequest, HttpResponse};
+pub use self::from_redis::refresh;
+use crate::config::Config;
 use crate::outcome::{Outcome, Reason};
 use crate::resend::{ErrorName, ProviderError};
 
@@ -25,14 +32,13 @@ pub fn redacted(error: &anyhow::Error) -> String {
 /// Every metric mailstream exports.
 pub struct Metrics {
     registry: Registry,
-    enqueued: IntCounterVec,
     outcomes: IntCounterVec,
     provider_requests: IntCounterVec,
+    provider_duration: HistogramVec,
     batch_emails: Histogram,
     limiter_wait: Histogram,
     retries: IntCounterVec,
     paused: IntGauge,
-    backlog: IntGaugeVec,
     redis_errors: IntCounterVec,
     records_lost: prometheus::IntCounter,
     durability_relaxed: IntGauge,
@@ -40,12 +46,36 @@ pub struct Metrics {
     webhook_events: IntCounterVec,
     suppressions: IntCounterVec,
     unsubscribes: IntCounterVec,
+    /// Read from Redis at scrape time: the same on every instance.
+    redis: from_redis::Gauges,
+    stuck: IntGaugeVec,
+    objective: Gauge,
+    stuck_after: Gauge,
+    ceiling: Gauge,
+    build_info: IntGaugeVec,
+    /// Held while gauges are replaced and while the registry is gathered, so a
+    /// scrape never sees half of a refresh.
+    exposition: std::sync::Mutex<()>,
+    /// The pause as last logged (the gauge is also set at scrape time).
+    paused_logged: std::sync::atomic::AtomicBool,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry.register(Box::new(c.clone())).expect("unique metric");
     c
+}
+
+fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str) -> Gauge {
+    let g = Gauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
@@ -63,18 +93,13 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
-        let paused = IntGauge::new("mailstream_sending_paused", "1 while sending is paused (provider quota exhausted)")
-            .expect("valid metric");
-        r.register(Box::new(paused.clone())).expect("unique metric");
-        let backlog = IntGaugeVec::new(
-            Opts::new(
-                "mailstream_backlog",
-                "Stream entries not yet read by the group, plus entries read but not acknowledged",
-            ),
-            &["partition", "kind"],
+        let paused = IntGauge::new(
+            "mailstream_sending_paused",
+            "1 while sending is paused (provider quota exhausted); read from Redis at scrape time",
         )
         .expect("valid metric");
-        r.register(Box::new(backlog.clone())).expect("unique metric");
+        r.register(Box::new(paused.clone())).expect("unique metric");
+        r.register(Box::new(process::Collector::new())).expect("unique metric");
         let records_lost = prometheus::IntCounter::new(
             "mailstream_records_lost_total",
             "Deliveries whose record or batch record was missing where one was expected (a lost write)",
@@ -109,12 +134,6 @@ impl Metrics {
                 "Campaigns turned off by a subscriber, by source (one_click)",
                 &["source"],
             ),
-            enqueued: counter(
-                &r,
-                "mailstream_enqueued_total",
-                "Deliveries offered to enqueue, by result (new, duplicate)",
-                &["campaign", "result"],
-            ),
             outcomes: counter(
                 &r,
                 "mailstream_deliveries_total",
@@ -124,9 +143,23 @@ impl Metrics {
             provider_requests: counter(
                 &r,
                 "mailstream_provider_requests_total",
-                "Requests to Resend, by result (ok or the error name) and action",
-                &["result", "action"],
+                "Requests to Resend, by endpoint, status class (2xx, 3xx, 4xx, 5xx, other, none), result (ok or the \
+                 error name) and action (none, retryable, quota_exhausted, sender_rejected, fatal)",
+                &["endpoint", "status_class", "result", "action"],
             ),
+            provider_duration: {
+                let h = HistogramVec::new(
+                    HistogramOpts::new(
+                        "mailstream_provider_request_duration_seconds",
+                        "Time from writing a request to Resend to its answer (or giving up)",
+                    )
+                    .buckets(prometheus::exponential_buckets(0.005, 2.0, 12).expect("valid buckets")),
+                    &["endpoint", "status_class"],
+                )
+                .expect("valid metric");
+                r.register(Box::new(h.clone())).expect("unique metric");
+                h
+            },
             batch_emails: histogram(
                 &r,
                 "mailstream_batch_emails",
@@ -145,8 +178,33 @@ impl Metrics {
                 "Batches scheduled for another attempt, by error",
                 &["error"],
             ),
-            paused,
-            backlog,
+            paused: paused.clone(),
+            redis: from_redis::Gauges::new(&r, paused),
+            stuck: gauges(
+                &r,
+                "mailstream_stuck_deliveries",
+                "Deliveries stuck, by campaign and kind (unclaimed, lease_expired, past_deadline), from the \
+                 reclaimer's last look (at most 1000 of a kind per partition)",
+                &["campaign", "kind"],
+            ),
+            objective: gauge(
+                &r,
+                "mailstream_slo_failure_rate_objective",
+                "The failure-rate objective of every campaign period (slo.failure_rate)",
+            ),
+            stuck_after: gauge(
+                &r,
+                "mailstream_slo_stuck_after_seconds",
+                "How long an unread delivery waits before it counts as stuck (slo.stuck_after_seconds)",
+            ),
+            ceiling: gauge(
+                &r,
+                "mailstream_ceiling_emails_per_second",
+                "The most emails per second the configured rate allows (requests per second x batch size)",
+            ),
+            build_info: gauges(&r, "mailstream_build_info", "Always 1; the running version", &["version"]),
+            exposition: std::sync::Mutex::new(()),
+            paused_logged: std::sync::atomic::AtomicBool::new(false),
             redis_errors: counter(
                 &r,
                 "mailstream_redis_errors_total",
@@ -155,12 +213,6 @@ impl Metrics {
             ),
             registry: r,
         }
-    }
-
-    pub fn enqueued(&self, campaign: &str, new: u64, duplicates: u64) {
-        tracing::info!(campaign, new, duplicates, "enqueued");
-        self.enqueued.with_label_values(&[campaign, "new"]).inc_by(new);
-        self.enqueued.with_label_values(&[campaign, "duplicate"]).inc_by(duplicates);
     }
 
     /// `n` deliveries of `campaign` reached `outcome` (with a reason unless sent).
@@ -178,19 +230,35 @@ impl Metrics {
         self.outcomes.with_label_values(&[campaign, outcome.as_str(), label]).inc_by(n);
     }
 
-    /// One request to Resend ended, accepted or refused.
-    pub fn provider_request(&self, result: Result<(), &ProviderError>, emails: usize) {
-        let (name, action) = match result {
+    /// Facts from the config: the objectives, the ceiling, the version.
+    pub fn configure(&self, config: &Config) {
+        self.objective.set(config.slo.failure_rate);
+        self.stuck_after.set(config.stuck_after().as_secs_f64());
+        self.ceiling.set(f64::from(config.resend.requests_per_second) * config.resend.batch_size as f64);
+        self.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+    }
+
+    /// One request to Resend's `endpoint` (`emails_batch`) ended after `took`,
+    /// accepted or refused.
+    pub fn provider_request(
+        &self,
+        endpoint: &'static str,
+        result: Result<(), &ProviderError>,
+        emails: usize,
+        took: Duration,
+    ) {
+        let (name, action, class) = match result {
             Ok(()) => {
                 tracing::debug!(emails, "batch accepted");
-                ("ok", "none")
+                ("ok", "none", "2xx")
             }
             Err(e) => {
                 tracing::warn!(error = e.name.as_str(), action = e.action.as_str(), emails, "batch request failed");
-                (e.name.label(), e.action.as_str())
+                (e.name.label(), e.action.as_str(), status_class(e.status))
             }
         };
-        self.provider_requests.with_label_values(&[name, action]).inc();
+        self.provider_requests.with_label_values(&[endpoint, class, name, action]).inc();
+        self.provider_duration.with_label_values(&[endpoint, class]).observe(took.as_secs_f64());
         self.batch_emails.observe(emails as f64);
     }
 
@@ -205,18 +273,13 @@ impl Metrics {
 
     /// Sending is paused (a provider quota is used up) or resumed, on every instance.
     pub fn set_paused(&self, paused: bool) {
-        if paused && self.paused.get() == 0 {
+        let was = self.paused_logged.swap(paused, std::sync::atomic::Ordering::Relaxed);
+        if paused && !was {
             tracing::error!("sending paused: the provider's quota is used up; nothing is dropped");
-        } else if !paused && self.paused.get() == 1 {
+        } else if !paused && was {
             tracing::warn!("sending resumed");
         }
         self.paused.set(i64::from(paused));
-    }
-
-    pub fn backlog(&self, partition: u16, unread: u64, unacked: u64) {
-        let p = partition.to_string();
-        self.backlog.with_label_values(&[p.as_str(), "unread"]).set(unread as i64);
-        self.backlog.with_label_values(&[p.as_str(), "unacked"]).set(unacked as i64);
     }
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or
@@ -259,6 +322,25 @@ impl Metrics {
             .collect()
     }
 
+    /// What the reclaimer's last look found stuck (replaces the previous look);
+    /// every kind of each of `campaigns` is exported, 0 when none is stuck.
+    pub fn set_stuck<'a>(&self, tally: &'a crate::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
+        let mut by: std::collections::BTreeMap<(&str, crate::stuck::Kind), u64> = Default::default();
+        for campaign in campaigns {
+            for kind in crate::stuck::Kind::ALL {
+                by.insert((campaign, kind), 0);
+            }
+        }
+        for ((campaign, _, kind), n) in tally {
+            *by.entry((campaign.as_str(), *kind)).or_default() += n;
+        }
+        let _exposition = self.exposition.lock().expect("exposition lock");
+        self.stuck.reset();
+        for ((campaign, kind), n) in by {
+            self.stuck.with_label_values(&[campaign, kind.as_str()]).set(n as i64);
+        }
+    }
+
     /// `n` deliveries were found without the record (or batch record) they should have.
     pub fn lost_batch(&self, n: u64) {
         self.records_lost.inc_by(n);
@@ -277,18 +359,25 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        let families = {
+            let _exposition = self.exposition.lock().expect("exposition lock");
+            self.registry.gather()
+        };
         let mut out = Vec::new();
-        TextEncoder::new().encode(&self.registry.gather(), &mut out).expect("text encoding cannot fail");
+        TextEncoder::new().encode(&families, &mut out).expect("text encoding cannot fail");
         String::from_utf8(out).expect("prometheus text is UTF-8")
     }
+}
 
-    /// The `/metrics` handler.
-    pub fn handle(&self, req: &HttpRequest) -> HttpResponse {
-        if req.uri().path() == "/metrics" {
-            http::text(hyper::StatusCode::OK, self.render())
-        } else {
-            http::text(hyper::StatusCode::NOT_FOUND, "not found\n")
-        }
+/// A status code's class, a bounded label (`none`: no answer came).
+fn status_class(status: Option<u16>) -> &'static str {
+    match status {
+        Some(200..=299) => "2xx",
+        Some(300..=399) => "3xx",
+        Some(400..=499) => "4xx",
+        Some(500..=599) => "5xx",
+        Some(_) => "other",
+        None => "none",
     }
 }
 

@@ -1,0 +1,179 @@
+//! Gauges read from Redis when Prometheus scrapes, so they are fresh and the same
+//! on every instance: what other processes did (a kick from the command line, a
+//! settle by another instance) shows at once. Per campaign period (within the
+//! retention): deliveries by state and duplicates offered; per partition: the
+//! stream, the group's lag and pending entries, sealed and due batches; dead
+//! letters and outcome-unknown entries; the shared pause.
+
+use std::time::Duration;
+
+use anyhow::anyhow;
+use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+use redis::aio::ConnectionLike;
+
+use super::Metrics;
+use crate::config::Config;
+use crate::db::{Counts, Store, streams};
+
+/// The gauges filled at scrape time.
+pub struct Gauges {
+    period_deliveries: IntGaugeVec,
+    period_duplicates: IntGaugeVec,
+    backlog: IntGaugeVec,
+    dead_letters: IntGaugeVec,
+    redis_up: IntGauge,
+    paused: IntGauge,
+}
+
+fn register(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    r.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+impl Gauges {
+    pub fn new(r: &Registry, paused: IntGauge) -> Gauges {
+        let redis_up =
+            IntGauge::new("mailstream_redis_up", "1 when the last scrape could read Redis").expect("valid metric");
+        r.register(Box::new(redis_up.clone())).expect("unique metric");
+        Gauges {
+            period_deliveries: register(
+                r,
+                "mailstream_period_deliveries",
+                "Deliveries of a campaign period by state (enqueued, pending, sent, failed, skipped, \
+                 outcome_unknown), read from Redis; the same on every instance",
+                &["campaign", "period", "state"],
+            ),
+            period_duplicates: register(
+                r,
+                "mailstream_period_duplicates",
+                "Offers to enqueue a delivery of the period that was already enqueued (kicked twice)",
+                &["campaign", "period"],
+            ),
+            backlog: register(
+                r,
+                "mailstream_backlog",
+                "Per partition: stream_length, unread (the group's lag), unacked (read, not sealed), \
+                 sealed_batches (unsettled), due_batches (a retry due or a holder's lease run out)",
+                &["partition", "kind"],
+            ),
+            dead_letters: register(
+                r,
+                "mailstream_dead_letters",
+                "Entries in the dead-letter streams: failed, and unknown (outcome_unknown)",
+                &["kind"],
+            ),
+            redis_up,
+            paused,
+        }
+    }
+}
+
+/// One partition's figures.
+#[derive(Debug, Default)]
+struct Partition {
+    stream_length: u64,
+    unread: u64,
+    unacked: u64,
+    sealed_batches: u64,
+    due_batches: u64,
+    dead: u64,
+    unknown: u64,
+    paused: bool,
+}
+
+/// Reads Redis and fills the gauges (all at once, after every read succeeded).
+/// On failure, or when Redis takes longer than `limit`, `mailstream_redis_up` is 0
+/// and the gauges keep their last values.
+pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: Duration) -> anyhow::Result<()> {
+    let read = async {
+        let mut periods = Vec::new();
+        for (campaign, period) in store.periods().await? {
+            let counts = store.counts(&campaign, &period).await?;
+            periods.push((campaign, period, counts));
+        }
+        let mut conn = store.conn().await?;
+        let mut partitions = Vec::new();
+        for p in 0..store.keys.partitions() {
+            partitions.push(partition(&mut conn, store, &config.redis.group, p).await?);
+        }
+        anyhow::Ok((periods, partitions))
+    };
+    let g = &metrics.redis;
+    let read = tokio::time::timeout(limit, read).await.unwrap_or_else(|_| Err(anyhow!("Redis did not answer in time")));
+    let (periods, partitions) = match read {
+        Ok(read) => read,
+        Err(e) => {
+            g.redis_up.set(0);
+            return Err(e);
+        }
+    };
+    let _exposition = metrics.exposition.lock().expect("exposition lock");
+    g.redis_up.set(1);
+    g.period_deliveries.reset();
+    g.period_duplicates.reset();
+    for (campaign, period, c) in &periods {
+        for (state, n) in states(c) {
+            g.period_deliveries.with_label_values(&[campaign, period, state]).set(n as i64);
+        }
+        g.period_duplicates.with_label_values(&[campaign, period]).set(c.duplicates as i64);
+    }
+    for (p, f) in partitions.iter().enumerate() {
+        let p = p.to_string();
+        for (kind, n) in [
+            ("stream_length", f.stream_length),
+            ("unread", f.unread),
+            ("unacked", f.unacked),
+            ("sealed_batches", f.sealed_batches),
+            ("due_batches", f.due_batches),
+        ] {
+            g.backlog.with_label_values(&[p.as_str(), kind]).set(n as i64);
+        }
+    }
+    g.dead_letters.with_label_values(&["failed"]).set(partitions.iter().map(|f| f.dead).sum::<u64>() as i64);
+    g.dead_letters.with_label_values(&["unknown"]).set(partitions.iter().map(|f| f.unknown).sum::<u64>() as i64);
+    g.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
+    Ok(())
+}
+
+/// A period's counts as (state, deliveries).
+fn states(c: &Counts) -> [(&'static str, u64); 6] {
+    [
+        ("enqueued", c.enqueued),
+        ("pending", c.pending()),
+        ("sent", c.sent),
+        ("failed", c.failed),
+        ("skipped", c.skipped),
+        ("outcome_unknown", c.outcome_unknown),
+    ]
+}
+
+async fn partition(conn: &mut impl ConnectionLike, store: &Store, group: &str, p: u16) -> anyhow::Result<Partition> {
+    let keys = &store.keys;
+    let stream = keys.stream(p);
+    let (unread, unacked) = match streams::group_info(conn, &stream, group).await? {
+        Some(g) => (g.lag, g.pending),
+        None => (0, 0),
+    };
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+    let now = secs * 1000 + micros / 1000;
+    let (stream_length, sealed_batches, due_batches, dead, unknown, paused): (u64, u64, u64, u64, u64, bool) =
+        redis::pipe()
+            .cmd("XLEN")
+            .arg(&stream)
+            .cmd("ZCARD")
+            .arg(keys.batches(p))
+            .cmd("ZCOUNT")
+            .arg(keys.batches(p))
+            .arg("-inf")
+            .arg(now)
+            .cmd("XLEN")
+            .arg(keys.dead(p))
+            .cmd("XLEN")
+            .arg(keys.unknown(p))
+            .cmd("EXISTS")
+            .arg(keys.paused(p))
+            .query_async(conn)
+            .await?;
+    Ok(Partition { stream_length, unread, unacked, sealed_batches, due_batches, dead, unknown, paused })
+}
