@@ -25,6 +25,8 @@ pub const ENV_REDIS_URL: &str = "MAILSTREAM_REDIS_URL";
 pub const ENV_WEBHOOK_SECRET: &str = "MAILSTREAM_WEBHOOK_SECRET";
 /// Environment variable holding the unsubscribe token secret(s).
 pub const ENV_UNSUBSCRIBE_SECRET: &str = "MAILSTREAM_UNSUBSCRIBE_SECRET";
+/// Environment variable holding the admin token(s) of the private listener.
+pub const ENV_ADMIN_TOKEN: &str = "MAILSTREAM_ADMIN_TOKEN";
 
 /// Everything `mailstream` reads from its config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -44,6 +46,8 @@ pub struct Config {
     pub unsubscribe: UnsubscribeConfig,
     #[serde(default)]
     pub slo: SloConfig,
+    #[serde(default)]
+    pub log: LogConfig,
     #[serde(default, rename = "campaign")]
     pub campaigns: Vec<CampaignConfig>,
     #[serde(default)]
@@ -170,6 +174,12 @@ pub struct HttpConfig {
     pub public_requests_per_second_per_source: u32,
     /// How long a public request may take, head to answer.
     pub public_timeout_ms: u64,
+    /// A file holding the token(s) for the delivery log on the private listener
+    /// (`/admin`); `MAILSTREAM_ADMIN_TOKEN` or the systemd credential `admin_token`
+    /// work too. Without one the delivery log is not served.
+    pub admin_token_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub admin_tokens: Vec<Secret>,
 }
 
 /// Resend's webhooks: where their signing secret comes from and how events act.
@@ -207,6 +217,33 @@ pub struct UnsubscribeConfig {
     pub secret_file: Option<PathBuf>,
     #[serde(skip)]
     pub secrets: Vec<Secret>,
+}
+
+/// How the daemon logs (to stderr; journald keeps it under systemd).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `error`, `warn`, `info`, `debug` or `trace`, or a tracing filter such as
+    /// `info,mailstream::dispatch=debug`; `MAILSTREAM_LOG` overrides it.
+    pub level: String,
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { level: "info".into(), format: LogFormat::Auto }
+    }
+}
+
+/// One JSON object per line, or lines for people.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Text on a terminal, JSON otherwise (under systemd, in a container).
+    #[default]
+    Auto,
+    Json,
+    Text,
 }
 
 /// The objectives `mailstream slo`, /metrics and the alert rules judge delivery by.
@@ -304,6 +341,8 @@ impl Default for HttpConfig {
             public_max_body_bytes: 1024 * 1024,
             public_requests_per_second_per_source: 5000,
             public_timeout_ms: 10_000,
+            admin_token_file: None,
+            admin_tokens: Vec::new(),
         }
     }
 }
@@ -394,6 +433,7 @@ impl Config {
         self.webhook.secrets = list(read(ENV_WEBHOOK_SECRET, &self.webhook.secret_file, "webhook_secret")?);
         self.unsubscribe.secrets =
             list(read(ENV_UNSUBSCRIBE_SECRET, &self.unsubscribe.secret_file, "unsubscribe_secret")?);
+        self.http.admin_tokens = list(read(ENV_ADMIN_TOKEN, &self.http.admin_token_file, "admin_token")?);
         Ok(())
     }
 
@@ -528,6 +568,14 @@ impl Config {
             ),
         );
 
+        check(
+            tracing_subscriber::EnvFilter::try_new(&self.log.level).is_ok(),
+            format!("log.level: not a level or filter (got {:?})", self.log.level),
+        );
+        check(
+            self.http.admin_tokens.iter().all(|t| t.expose().len() >= 16),
+            "http.admin_token_file: each admin token must be at least 16 characters".into(),
+        );
         let slo = &self.slo;
         check(
             (0.0..1.0).contains(&slo.failure_rate),

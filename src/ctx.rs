@@ -1,5 +1,5 @@
 //! The handles every task of a running daemon shares: config, Redis, this
-//! instance's name, metrics, the shared pause, failpoints and shutdown. Rooms
+//! instance's name, metrics, the shared pause, failpoints, shutdown and systemd. Rooms
 //! that need more (the client, the limiter, the queues) own it themselves.
 
 use std::sync::Arc;
@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::config::Config;
 use crate::db::Store;
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 use crate::outcome::Failpoint;
 use crate::pause::Pause;
 use crate::shutdown::Shutdown;
@@ -28,6 +29,8 @@ pub struct Ctx {
     pub failpoints: Failpoints,
     /// Shutdown as every task sees it (waits that are not loops select on it).
     pub shutdown: Shutdown,
+    /// systemd's notify socket (a no-op when not under systemd).
+    pub notify: Notifier,
 }
 
 impl Ctx {
@@ -41,7 +44,18 @@ impl Ctx {
         shutdown: &Shutdown,
     ) -> Ctx {
         let owner = owner_name(&consumer);
-        Ctx { config, store, consumer, owner, metrics, pause: Pause::default(), failpoints, shutdown: shutdown.clone() }
+        let notify = Notifier::from_env();
+        Ctx {
+            config,
+            store,
+            consumer,
+            owner,
+            metrics,
+            pause: Pause::default(),
+            failpoints,
+            shutdown: shutdown.clone(),
+            notify,
+        }
     }
 }
 

@@ -165,10 +165,33 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> HttpResponse {
 
 /// A plain-text response.
 pub fn text(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse {
-    let mut response = Response::new(Full::new(body.into()));
+    typed(status, body.into(), "text/plain; charset=utf-8")
+}
+
+/// An HTML response.
+pub fn html(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse {
+    typed(status, body.into(), "text/html; charset=utf-8")
+}
+
+fn typed(status: StatusCode, body: Bytes, content_type: &'static str) -> HttpResponse {
+    let mut response = Response::new(Full::new(body));
     *response.status_mut() = status;
+    response.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(content_type));
     response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, "text/plain; charset=utf-8".parse().expect("static header"));
-    response
+}
+
+/// `s` safe inside HTML text and attribute values.
+pub fn escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }

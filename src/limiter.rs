@@ -30,7 +30,7 @@ const LATE: Duration = Duration::from_millis(1);
 /// How long to wait before asking Redis again after it could not be asked.
 const REDIS_RETRY: Duration = Duration::from_millis(100);
 
-static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/limiter.lua")));
+pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/limiter.lua")));
 
 /// Team-wide request pacing.
 pub enum Limiter {

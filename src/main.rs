@@ -9,10 +9,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use mailstream::config::Config;
+use mailstream::config::{Config, LogConfig, LogFormat};
 use mailstream::db::Store;
 use mailstream::db::scripts::Suppressed;
 use mailstream::dead_letters;
+use mailstream::deliveries;
 use mailstream::demo::{self, DemoOptions};
 use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
@@ -80,6 +81,29 @@ enum Command {
     DeadLetters {
         #[command(subcommand)]
         action: DeadLetterAction,
+    },
+    /// The delivery log: who got what, and why not (addresses masked).
+    Deliveries {
+        #[arg(long)]
+        campaign: Option<String>,
+        #[arg(long)]
+        period: Option<String>,
+        #[arg(long)]
+        subscriber: Option<String>,
+        /// pending, processing, sealed, sent, skipped, failed, outcome_unknown or unknown; repeat for several.
+        #[arg(long = "status")]
+        statuses: Vec<String>,
+        /// Settled at or after: an RFC 3339 time or a span before now (90s, 30m, 2h, 7d).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Continue where the previous page ended (printed after it).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
     },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
     Resume,
@@ -175,11 +199,23 @@ enum DeadLetterAction {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = match cli.command {
-        Command::Run | Command::Emulator { .. } => "info",
-        _ => "warn",
+    // The daemon logs as its config says; the other commands print for people and
+    // log only warnings.
+    let log = match cli.command {
+        Command::Run => match Config::load(&cli.config) {
+            Ok(config) => config.log,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(2);
+            }
+        },
+        Command::Emulator { .. } => LogConfig::default(),
+        _ => LogConfig { level: "warn".into(), format: LogFormat::Text },
     };
-    init_logging(default_level);
+    if let Err(e) = mailstream::logging::init(&log, std::io::stderr, std::io::stderr().is_terminal()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -198,17 +234,6 @@ fn main() -> ExitCode {
             }
         }
     }
-}
-
-fn init_logging(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("MAILSTREAM_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
 }
 
 async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
@@ -319,6 +344,35 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
                         return Ok(ExitCode::FAILURE);
                     }
                 }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Deliveries { campaign, period, subscriber, statuses, since, limit, cursor, json } => {
+            let config = load()?;
+            let store = Store::open(&config).await?;
+            let since = since.map(|s| deliveries::parse_since(&s, chrono::Utc::now())).transpose()?;
+            let filter = deliveries::Filter { campaign, period, subscriber, statuses, since, limit };
+            let page = deliveries::page(&store, &filter, cursor.as_deref()).await?;
+            for r in &page.rows {
+                if json {
+                    println!("{}", serde_json::to_string(r)?);
+                } else {
+                    let events: Vec<&str> = r.events.keys().map(String::as_str).collect();
+                    println!(
+                        "{}  {}  {}  {}  requests={}  settled={}  events={}",
+                        r.id,
+                        r.status,
+                        r.why.as_deref().unwrap_or("-"),
+                        r.address.as_deref().unwrap_or("-"),
+                        r.sends,
+                        r.settled_at.as_deref().unwrap_or("-"),
+                        if events.is_empty() { "-".to_string() } else { events.join(",") },
+                    );
+                }
+            }
+            match &page.next {
+                Some(next) => eprintln!("{} shown; more with --cursor {next}", page.rows.len()),
+                None => eprintln!("{} shown; no more", page.rows.len()),
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -1,9 +1,11 @@
 //! The private listener (keep it off the internet): `/metrics` for Prometheus,
-//! with the gauges read from Redis refreshed at each scrape.
+//! with the gauges read from Redis refreshed at each scrape, and the delivery log
+//! under `/admin` (behind a token).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::admin::Admin;
 use crate::ctx::Ctx;
 use crate::http::{self, HttpRequest, HttpResponse};
 use crate::metrics;
@@ -18,16 +20,17 @@ pub fn serve(
     listener: tokio::net::TcpListener,
     shutdown: crate::shutdown::Shutdown,
 ) -> impl std::future::Future<Output = ()> + use<> {
-    let ctx = ctx.clone();
+    let (ctx, admin) = (ctx.clone(), Arc::new(Admin::new(&ctx.config.http.admin_tokens)));
     let handler = move |req: HttpRequest| {
-        let ctx = ctx.clone();
-        async move { route(&ctx, req).await }
+        let (ctx, admin) = (ctx.clone(), admin.clone());
+        async move { route(&ctx, &admin, req).await }
     };
     http::serve(listener, handler, shutdown, http::Limits::default())
 }
 
-async fn route(ctx: &Ctx, req: HttpRequest) -> HttpResponse {
+async fn route(ctx: &Ctx, admin: &Admin, req: HttpRequest) -> HttpResponse {
     match req.uri().path() {
+        p if p == "/admin" || p.starts_with("/admin/") => admin.route(&ctx.store, req).await,
         "/metrics" => {
             if let Err(e) = metrics::refresh(&ctx.metrics, &ctx.store, &ctx.config, REDIS_READ_LIMIT).await {
                 ctx.metrics.redis_error("scrape", &e);

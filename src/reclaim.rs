@@ -45,6 +45,8 @@ impl Reclaimer {
         let mut pass = 0u32;
         loop {
             ctx.failpoints.at(Failpoint::ReclaimTick).await;
+            // The watchdog hears from this loop: if it hangs, systemd restarts the daemon.
+            ctx.notify.alive();
             if !ctx.pause.is_paused() {
                 for p in 0..ctx.store.keys.partitions() {
                     if shutdown.is_triggered() {
@@ -59,11 +61,16 @@ impl Reclaimer {
                 }
             }
             if pass.is_multiple_of(TRIM_EVERY) {
+                let (mut unread, mut unacked) = (0, 0);
                 for p in 0..ctx.store.keys.partitions() {
-                    if let Err(e) = trim(ctx, p).await {
-                        ctx.metrics.redis_error("trim", &e);
+                    match trim(ctx, p).await {
+                        Ok(Some(group)) => (unread, unacked) = (unread + group.lag, unacked + group.pending),
+                        Ok(None) => {}
+                        Err(e) => ctx.metrics.redis_error("trim", &e),
                     }
                 }
+                let state = if ctx.pause.is_paused() { "paused (provider quota)" } else { "sending" };
+                ctx.notify.status(&format!("{state}; backlog: {unread} unread, {unacked} claimed or in batches"));
             }
             self.look_for_stuck().await;
             pass = pass.wrapping_add(1);
@@ -212,13 +219,13 @@ const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
 
 /// Trims the stream below the oldest entry this deployment's group still needs
 /// (the first pending one, or the first not yet read), and removes consumers of
-/// past processes.
-pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
+/// past processes. Returns the group's standing as it found it.
+pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<Option<streams::GroupInfo>> {
     let stream = ctx.store.keys.stream(p);
     let group = &ctx.config.redis.group;
     let mut conn = ctx.store.conn().await?;
     let Some(ours) = streams::group_info(&mut conn, &stream, group).await? else {
-        return Ok(());
+        return Ok(None);
     };
     if ours.foreign_groups && !FOREIGN_GROUPS_SEEN.swap(true, Ordering::Relaxed) {
         tracing::warn!(stream = %stream, "the stream has other consumer groups; trimming follows only {group}");
@@ -249,7 +256,7 @@ pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
             }
         }
     }
-    Ok(())
+    Ok(Some(ours))
 }
 
 /// Whether the "other consumer groups" warning was given (once per process).

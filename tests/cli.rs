@@ -299,6 +299,19 @@ async fn every_readme_command_line_works_as_written() {
     let slo = run(&path, &url, &["slo"], "");
     assert_eq!(slo.status.code(), Some(3), "{}", stdout(&slo));
     assert!(stdout(&slo).contains("objective breached"), "{}", stdout(&slo));
+    shown("mailstream deliveries --campaign weekly_digest --status failed --status outcome_unknown --config ...");
+    let log = run(
+        &path,
+        &url,
+        &["deliveries", "--campaign", "weekly_digest", "--status", "failed", "--status", "outcome_unknown"],
+        "",
+    );
+    assert!(stdout(&log).contains("failed  invalid_api_key"), "{}", stdout(&log));
+    shown("mailstream deliveries --subscriber u42 --json --config ...");
+    let mine = run(&path, &url, &["deliveries", "--subscriber", "u42", "--json"], "");
+    assert!(mine.status.success() && stdout(&mine).is_empty(), "u42 is not entitled: never enqueued");
+    let kicked = run(&path, &url, &["deliveries", "--subscriber", "u43", "--json"], "");
+    assert!(stdout(&kicked).contains("\"address\":\"d***@resend.dev\""), "{}", stdout(&kicked));
     shown("mailstream dead-letters list --unknown --config ...");
     assert!(run(&path, &url, &["dead-letters", "list", "--unknown"], "").status.success());
     shown("mailstream dead-letters retry weekly_digest:2026-W48:u42:team-7 --config ...");

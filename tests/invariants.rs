@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::*;
+use mailstream::config::{LogConfig, LogFormat};
 use mailstream::db::Counts;
 use mailstream::emulator::{EmulatorConfig, Faults};
 use mailstream::subscribers::{self, Subscriber};
@@ -26,11 +27,9 @@ fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let sink = buffer.clone();
         let writer = move || Sink(sink.clone());
-        tracing_subscriber::fmt()
-            .with_env_filter("mailstream=debug,mailstream::emulator=off")
-            .with_writer(writer)
-            .with_ansi(false)
-            .init();
+        // The daemon's own JSON logger, as under systemd.
+        let log = LogConfig { level: "mailstream=debug,mailstream::emulator=off".into(), format: LogFormat::Json };
+        mailstream::logging::init(&log, writer, false).unwrap();
         buffer
     })
     .clone()
@@ -271,6 +270,8 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let logs = String::from_utf8(logs.lock().unwrap().clone()).unwrap();
     assert!(logs.lines().count() > 10, "logs were captured: {logs}");
     for line in logs.lines() {
+        let json: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(json["timestamp"].is_string() && json["level"].is_string() && json["message"].is_string(), "{line}");
         assert!(personal(line).is_none(), "a log line holds an address: {line}");
     }
     for line in metrics.lines() {

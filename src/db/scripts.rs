@@ -52,6 +52,36 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     optout: Script::new(include_str!("../../lua/optout.lua")),
 });
 
+/// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
+/// one that does not compile stops the start, and the first calls need no NOSCRIPT
+/// round trip. `more` are scripts kept elsewhere (the limiter's). Returns how many.
+pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> RedisResult<usize> {
+    let s = &*SCRIPTS;
+    let ours = [
+        &s.enqueue,
+        &s.claim,
+        &s.seal,
+        &s.gate,
+        &s.take,
+        &s.reschedule,
+        &s.settle,
+        &s.decide,
+        &s.requeue,
+        &s.release,
+        &s.renew,
+        &s.pause,
+        &s.forget,
+        &s.suppress,
+        &s.cascade,
+        &s.event,
+        &s.optout,
+    ];
+    for script in ours.iter().chain(more) {
+        script.load_async(conn).await?;
+    }
+    Ok(ours.len() + more.len())
+}
+
 /// Enqueues deliveries of one partition and one campaign period; `true` where new.
 pub async fn enqueue(
     conn: &mut impl ConnectionLike,

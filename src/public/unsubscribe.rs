@@ -130,22 +130,22 @@ fn form_has_one_click(body: &[u8]) -> bool {
 
 /// The confirmation page a GET shows: a button that POSTs the one-click form.
 pub fn confirm_page(campaign: &str) -> HttpResponse {
-    html(
+    http::html(
         StatusCode::OK,
-        &format!(
+        format!(
             "<!doctype html><html><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width\">\
              <title>Unsubscribe</title></head><body><h1>Unsubscribe</h1>\
              <p>Stop receiving <b>{}</b>?</p>\
              <form method=\"post\"><input type=\"hidden\" name=\"List-Unsubscribe\" value=\"One-Click\">\
              <button type=\"submit\">Unsubscribe</button></form></body></html>",
-            campaign.replace('_', " ")
+            http::escape(&campaign.replace('_', " "))
         ),
     )
 }
 
 /// The answer after unsubscribing (also for a repeated one).
 pub fn done_page() -> HttpResponse {
-    html(
+    http::html(
         StatusCode::OK,
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Unsubscribed</title></head>\
          <body><h1>You are unsubscribed</h1><p>You will not receive these emails any more.</p></body></html>",
@@ -159,15 +159,7 @@ pub fn refusal(status: StatusCode) -> HttpResponse {
     } else {
         "This unsubscribe link is unknown or no longer valid."
     };
-    html(status, &format!("<!doctype html><html><body><p>{message}</p></body></html>"))
-}
-
-fn html(status: StatusCode, body: &str) -> HttpResponse {
-    let mut response = http::text(status, body.to_string());
-    response
-        .headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, "text/html; charset=utf-8".parse().expect("static header"));
-    response
+    http::html(status, format!("<!doctype html><html><body><p>{message}</p></body></html>"))
 }
 
 #[cfg(test)]

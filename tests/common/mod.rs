@@ -324,7 +324,11 @@ impl Logged {
 }
 
 /// The `127.0.0.1:PORT` a daemon logged for its metrics listener.
+/// The `addr` field of a log line, JSON (`"addr":"…"`) or text (`addr=…`).
 pub fn logged_addr(line: &str) -> String {
+    if let Ok(json) = serde_json::from_str::<serde_json::Value>(line) {
+        return json["addr"].as_str().expect("an addr field").to_string();
+    }
     let at = line.find("addr=").expect("an addr field") + "addr=".len();
     line[at..].split_whitespace().next().unwrap().trim_matches('"').to_string()
 }

@@ -1,0 +1,107 @@
+//! The daemon: builds the rooms from the config and starts their tasks (partition
+//! readers, the dispatcher, the reclaimer, the listeners), tells systemd when it is
+//! ready and when it stops, and returns once every task has stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::ctx::Failpoints;
+use crate::{
+    batcher, config::Config, consumer, ctx, db, dispatch, http, limiter, metrics::Metrics, private, public, reclaim,
+    render, sender, shutdown, shutdown::Shutdown,
+};
+
+/// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
+/// (metrics and admin) and public (webhooks, unsubscribe).
+#[derive(Default)]
+pub struct Listeners {
+    pub metrics: Option<TcpListener>,
+    pub public: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// Binds what the config asks for.
+    pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
+        let metrics = http::bind(config.http.metrics_listen, "metrics").await?;
+        Ok(Listeners { metrics, public: http::bind(config.http.public_listen, "public").await? })
+    }
+}
+
+/// Options a test or the demo may set that the config file does not carry.
+#[derive(Clone, Default)]
+pub struct RunOptions {
+    /// Shared metrics (the demo reads them); a fresh registry when `None`.
+    pub metrics: Option<Arc<Metrics>>,
+    /// How often the reclaimer looks for expired leases and due batches.
+    pub reclaim_every: Option<Duration>,
+    /// Seed for retry jitter (deterministic runs).
+    pub seed: Option<u64>,
+    /// Consumer name (and lease owner prefix); `host-$MAILSTREAM_INSTANCE` when `None`.
+    pub owner: Option<String>,
+    pub failpoints: Failpoints,
+}
+
+/// Runs the daemon until `shutdown`: partition readers, the dispatcher, the
+/// reclaimer and `/metrics`. Returns once every task has stopped.
+pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> anyhow::Result<()> {
+    run_with(config, listeners, shutdown, RunOptions::default()).await
+}
+
+/// [`run`] with options.
+pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
+    config.validate()?;
+    let (store, relaxed) = db::Store::open_for_daemon(&config).await?;
+    let scripts = db::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
+        .await
+        .context("loading the Lua scripts into Redis")?;
+    let renderer = render::Renderer::new(&config.templates).context("compiling templates")?;
+    let sender = sender::Sender::from_config(&config, o.seed)?;
+    let batcher = Arc::new(batcher::Batcher::from_config(&config));
+    let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
+    let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
+    ctx.metrics.set_durability_relaxed(relaxed);
+    ctx.metrics.configure(&ctx.config);
+    let (c, owner) = (&ctx.config, &ctx.owner);
+    tracing::info!(
+        %owner,
+        partitions = c.redis.partitions,
+        rps = c.resend.requests_per_second,
+        scripts,
+        "mailstream running"
+    );
+    // Redis answered, the scripts are loaded, the listeners were bound before `run`.
+    ctx.notify.ready(&format!(
+        "running as {owner}: {} partitions, {} requests/s",
+        c.redis.partitions, c.resend.requests_per_second
+    ));
+    let mut tasks = tokio::task::JoinSet::new();
+    if let Some(listener) = listeners.metrics {
+        tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
+    }
+    let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone()));
+    for p in 0..c.redis.partitions {
+        tasks.spawn(consumer.clone().read_partition(p));
+    }
+    let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
+    let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };
+    tasks.spawn(reclaimer.run(tick));
+    tasks.spawn(Arc::new(dispatch::Dispatcher::new(&ctx, batcher, sender)).run(ctx.clone()));
+    let mut down = shutdown.clone();
+    let notify = ctx.notify;
+    tasks.spawn(async move {
+        down.wait().await;
+        notify.stopping();
+    });
+    // The public listener outlives the drain: events and unsubscribes are not lost to a stop.
+    let (public_stop, public_down) = shutdown::channel();
+    let public = listeners.public.map(|listener| tokio::spawn(public::serve(&ctx, listener, public_down)));
+    shutdown::join_all(tasks).await;
+    public_stop.trigger();
+    if let Some(public) = public {
+        let _ = public.await;
+    }
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! The delivery log: "who got what, and why not?" from what Redis already holds.
+//! A delivery's key is its natural id (`campaign:period:subscriber:target`), so a
+//! filter on campaign, period or subscriber is a SCAN pattern over one partition's
+//! records (a subscriber's live in one partition); statuses and `since` are checked
+//! on each record. No index is kept: one would cost every delivery another entry in
+//! Redis for a page an operator opens in an incident, while SCAN reads at most
+//! [`SCAN_COUNT`] keys per step and never blocks Redis. Pages follow SCAN's cursor,
+//! so their order is Redis's, not time's. Addresses are shown masked.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::db::Store;
+use crate::outcome::DeliveryState;
+use crate::work::DeliveryRef;
+
+/// Keys SCAN looks at per step.
+pub const SCAN_COUNT: usize = 500;
+
+/// The statuses a delivery can be in (what `--status` accepts).
+pub const STATUSES: [&str; 8] =
+    ["pending", "processing", "sealed", "sent", "skipped", "failed", "outcome_unknown", "unknown"];
+
+/// Which deliveries to list.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub campaign: Option<String>,
+    pub period: Option<String>,
+    pub subscriber: Option<String>,
+    /// Any of these (empty: all).
+    pub statuses: Vec<String>,
+    /// Settled at or after this time (unsettled deliveries are left out).
+    pub since: Option<DateTime<Utc>>,
+    pub limit: usize,
+}
+
+/// One delivery as the log shows it.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Row {
+    pub id: String,
+    pub campaign: String,
+    pub period: String,
+    pub subscriber: String,
+    pub target: String,
+    /// One of [`STATUSES`]; `unknown` for a state this version does not know.
+    pub status: String,
+    /// The error name (failed, outcome_unknown) or the reason (skipped).
+    pub why: Option<String>,
+    pub provider_id: Option<String>,
+    pub settled_at: Option<String>,
+    /// Requests made for its batch, and times it was claimed.
+    pub sends: u64,
+    pub claims: u64,
+    /// Provider events (delivered, opened, bounced, ...) and when they came.
+    pub events: BTreeMap<String, String>,
+    /// The subscriber's address, masked (`a***@acme.example`).
+    pub address: Option<String>,
+}
+
+/// A page of rows and where the next one starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Page {
+    pub rows: Vec<Row>,
+    /// Pass back as `cursor` for the next page; none after the last.
+    pub next: Option<String>,
+}
+
+/// `a***@acme.example`: the first character and the domain.
+pub fn mask(address: &str) -> String {
+    match address.split_once('@') {
+        Some((local, domain)) => format!("{}***@{domain}", local.chars().next().unwrap_or('*')),
+        None => "***".to_string(),
+    }
+}
+
+/// SCAN MATCH treats `*?[]\` specially; a filter value is matched literally.
+fn glob_literal(s: &str) -> String {
+    s.chars().flat_map(|c| if "*?[]\\".contains(c) { vec!['\\', c] } else { vec![c] }).collect()
+}
+
+fn time(ms: &str) -> Option<String> {
+    ms.parse::<i64>().ok().and_then(DateTime::from_timestamp_millis).map(|t| t.to_rfc3339())
+}
+
+/// A record's fields as a row; `None` unless the key names a delivery.
+fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -> Row {
+    let status = match DeliveryState::parse(fields.get("state").map_or("", String::as_str)) {
+        DeliveryState::Unknown(_) => "unknown".to_string(),
+        known => known.as_str().to_string(),
+    };
+    let get = |f: &str| fields.get(f).cloned();
+    let number = |f: &str| fields.get(f).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Row {
+        id: d.id(),
+        campaign: d.campaign,
+        period: d.period,
+        subscriber: d.subscriber,
+        target: d.target,
+        status,
+        why: get("error").or_else(|| get("reason")),
+        provider_id: get("provider_id"),
+        settled_at: fields.get("settled_ms").and_then(|ms| time(ms)),
+        sends: number("sends"),
+        claims: number("claims"),
+        events: fields.iter().filter_map(|(k, v)| Some((k.strip_prefix("ev_")?.to_string(), time(v)?))).collect(),
+        address: email.map(mask),
+    }
+}
+
+fn wanted(filter: &Filter, fields: &BTreeMap<String, String>, r: &Row) -> bool {
+    let status_ok = filter.statuses.is_empty() || filter.statuses.contains(&r.status);
+    let since_ok = filter.since.is_none_or(|since| {
+        fields.get("settled_ms").and_then(|ms| ms.parse::<i64>().ok()).is_some_and(|ms| ms >= since.timestamp_millis())
+    });
+    status_ok && since_ok
+}
+
+/// Where a page starts: a partition, SCAN's cursor in it, and how many matches of
+/// that SCAN step the previous page already showed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Cursor {
+    partition: u16,
+    scan: u64,
+    skip: usize,
+}
+
+impl Cursor {
+    fn parse(s: &str) -> anyhow::Result<Cursor> {
+        let parts: Vec<&str> = s.split('-').collect();
+        let bad = || anyhow::anyhow!("not a cursor this log gave out: {s:?}");
+        let [p, scan, skip] = parts.as_slice() else { return Err(bad()) };
+        Ok(Cursor {
+            partition: p.parse().map_err(|_| bad())?,
+            scan: scan.parse().map_err(|_| bad())?,
+            skip: skip.parse().map_err(|_| bad())?,
+        })
+    }
+
+    fn render(&self) -> String {
+        format!("{}-{}-{}", self.partition, self.scan, self.skip)
+    }
+}
+
+/// One page of deliveries matching `filter`, from `cursor` (none: the start).
+pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyhow::Result<Page> {
+    anyhow::ensure!(filter.limit >= 1, "the limit must be at least 1");
+    for s in &filter.statuses {
+        anyhow::ensure!(STATUSES.contains(&s.as_str()), "no status {s:?}: one of {}", STATUSES.join(", "));
+    }
+    let keys = &store.keys;
+    let partitions: Vec<u16> = match &filter.subscriber {
+        Some(sub) => vec![keys.partition_of(sub)],
+        None => (0..keys.partitions()).collect(),
+    };
+    let mut at = match cursor {
+        Some(c) => Cursor::parse(c)?,
+        None => Cursor { partition: partitions[0], scan: 0, skip: 0 },
+    };
+    let part = |f: &Option<String>| f.as_deref().map_or("*".to_string(), glob_literal);
+    let id_pattern = format!("{}:{}:{}:*", part(&filter.campaign), part(&filter.period), part(&filter.subscriber));
+    let mut conn = store.conn().await?;
+    let mut rows = Vec::new();
+    let first = at.partition;
+    for &p in partitions.iter().filter(|&&p| p >= first) {
+        if p != at.partition {
+            at = Cursor { partition: p, scan: 0, skip: 0 };
+        }
+        let pattern = keys.delivery(p, &id_pattern);
+        loop {
+            let scan = redis::cmd("SCAN").arg(at.scan).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
+            let (next, found): (u64, Vec<String>) = conn.on_node_of(&keys.stream(p), &scan).await?;
+            let matched = read_rows(&mut conn, store, p, &found, filter).await?;
+            for (i, r) in matched.into_iter().enumerate().skip(at.skip) {
+                if rows.len() == filter.limit {
+                    let next = Cursor { skip: i, ..at };
+                    return Ok(Page { rows, next: Some(next.render()) });
+                }
+                rows.push(r);
+            }
+            at.skip = 0;
+            if next == 0 {
+                break;
+            }
+            at.scan = next;
+        }
+    }
+    Ok(Page { rows, next: None })
+}
+
+/// The rows of `found` (delivery keys of partition `p`) that `filter` wants, in order.
+async fn read_rows(
+    conn: &mut crate::db::Conn,
+    store: &Store,
+    p: u16,
+    found: &[String],
+    filter: &Filter,
+) -> anyhow::Result<Vec<Row>> {
+    let refs: Vec<DeliveryRef> =
+        found.iter().filter_map(|k| k.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id))).collect();
+    if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for d in &refs {
+        pipe.cmd("HGETALL").arg(store.keys.delivery(p, &d.id()));
+        pipe.cmd("HGET").arg(store.keys.subscriber(p, &d.subscriber)).arg("email");
+    }
+    let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
+    let mut out = Vec::new();
+    for (d, pair) in refs.into_iter().zip(replies.chunks(2)) {
+        let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&pair[0]).unwrap_or_default();
+        if fields.is_empty() {
+            continue; // expired between SCAN and now
+        }
+        let email: Option<String> = redis::from_redis_value_ref(&pair[1]).ok().flatten();
+        let r = row(d, &fields, email.as_deref());
+        if wanted(filter, &fields, &r) {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// One delivery in full: its row, every field of its record (no field holds an
+/// address), and what the record tells of its history, in time order.
+#[derive(Debug, Clone, Serialize)]
+pub struct Detail {
+    pub row: Row,
+    pub fields: BTreeMap<String, String>,
+    pub history: Vec<(String, String)>,
+}
+
+/// The delivery `id`, or `None` if there is no such record (never enqueued, or expired).
+pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
+    let d = DeliveryRef::parse(id).ok_or_else(|| anyhow::anyhow!("not a delivery id: {id:?}"))?;
+    let p = store.keys.partition_of(&d.subscriber);
+    let mut conn = store.conn().await?;
+    let (fields, email): (BTreeMap<String, String>, Option<String>) = redis::pipe()
+        .cmd("HGETALL")
+        .arg(store.keys.delivery(p, id))
+        .cmd("HGET")
+        .arg(store.keys.subscriber(p, &d.subscriber))
+        .arg("email")
+        .query_async(&mut conn)
+        .await?;
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let row = row(d, &fields, email.as_deref());
+    let mut history: Vec<(i64, String)> = Vec::new();
+    let ms = |f: &str| fields.get(f).and_then(|v| v.parse::<i64>().ok());
+    if let Some(at) = ms("lease_until") {
+        history.push((at, format!("claimed ({} claims); lease until", row.claims)));
+    }
+    if let Some(at) = ms("settled_ms") {
+        let why = row.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
+        history.push((at, format!("{} after {} request(s){why}", row.status, row.sends)));
+    }
+    for (k, v) in &fields {
+        if let (Some(kind), Ok(at)) = (k.strip_prefix("ev_"), v.parse::<i64>()) {
+            history.push((at, format!("provider event: {kind}")));
+        }
+    }
+    history.sort();
+    let history = history
+        .into_iter()
+        .map(|(at, what)| (DateTime::from_timestamp_millis(at).map(|t| t.to_rfc3339()).unwrap_or_default(), what))
+        .collect();
+    Ok(Some(Detail { row, fields, history }))
+}
+
+/// `2h`, `30m`, `7d`, `90s` before `now`, or an RFC 3339 time.
+pub fn parse_since(s: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let (n, unit) = s.split_at(s.len().saturating_sub(1));
+    let n: i64 = n.parse().map_err(|_| anyhow::anyhow!("--since: an RFC 3339 time or a span like 2h (got {s:?})"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => anyhow::bail!("--since: a span ends in s, m, h or d (got {s:?})"),
+    };
+    Ok(now - chrono::Duration::seconds(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_masked_and_filters_are_literal() {
+        assert_eq!(mask("ann@acme.example"), "a***@acme.example");
+        assert_eq!(mask("broken"), "***");
+        assert_eq!(glob_literal("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn an_unknown_state_is_shown_as_unknown() {
+        let d = DeliveryRef::new("c", "p", "s", "t");
+        let fields: BTreeMap<String, String> =
+            [("state", "from_the_future"), ("ev_delivered", "1700000000000"), ("sends", "x")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+        let r = row(d, &fields, Some("bob@b.example"));
+        assert_eq!((r.status.as_str(), r.sends, r.address.as_deref()), ("unknown", 0, Some("b***@b.example")));
+        assert_eq!(r.events.keys().collect::<Vec<_>>(), ["delivered"]);
+    }
+
+    #[test]
+    fn cursors_and_spans_round_trip() {
+        let c = Cursor { partition: 3, scan: 12345, skip: 7 };
+        assert_eq!(Cursor::parse(&c.render()).unwrap(), c);
+        assert!(Cursor::parse("3-x-1").is_err() && Cursor::parse("").is_err());
+        let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").unwrap().with_timezone(&Utc);
+        assert_eq!(parse_since("2h", now).unwrap().to_rfc3339(), "2026-11-30T10:00:00+00:00");
+        assert_eq!(parse_since("2026-11-29T00:00:00Z", now).unwrap().to_rfc3339(), "2026-11-29T00:00:00+00:00");
+        assert!(parse_since("2w", now).is_err() && parse_since("h", now).is_err());
+    }
+}

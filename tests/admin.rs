@@ -1,0 +1,373 @@
+//! The delivery log: filters over a seeded Redis (several statuses at once, paging
+//! to the end, a subscriber, `since`, a state this version does not know), the
+//! command line, the admin endpoint's token, and the HTML page driven in headless
+//! Chromium (sign in, filter by two statuses, page 2, one delivery, a screenshot).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use mailstream::config::Secret;
+use mailstream::deliveries::{self, Filter};
+use mailstream::emulator::EmulatorConfig;
+use mailstream::subscribers::{self, Subscriber};
+use mailstream::{Listeners, RunOptions};
+use serde_json::{Value, json};
+
+const SETTLE: Duration = Duration::from_secs(120);
+const TOKEN: &str = "an-admin-token-for-tests";
+
+/// 60 subscribers through one period: every 5th refused by Resend (failed), every
+/// 7th unsubscribed before the run (skipped), the rest sent; then the next period
+/// enqueued and not run (pending).
+async fn seeded() -> World {
+    let mut world = World::with(Default::default(), |c| c.http.admin_tokens = vec![Secret::new(TOKEN)]).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    let mut subs: Vec<Subscriber> = (0..60).map(subscriber).collect();
+    for (i, s) in subs.iter_mut().enumerate() {
+        if i % 5 == 0 {
+            s.email = format!("someone{i}@example.com"); // Resend refuses example.com
+        }
+    }
+    subscribers::upsert(&world.store, &subs).await.unwrap();
+    world.kick().await;
+    for s in subs.iter_mut().filter(|s| s.id.ends_with('7')) {
+        s.subscribed = false;
+    }
+    subscribers::upsert(&world.store, &subs).await.unwrap();
+    let daemon = world.daemon();
+    world.settled(SETTLE).await;
+    daemon.stop().await;
+    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    world
+}
+
+fn filter(statuses: &[&str]) -> Filter {
+    Filter { statuses: statuses.iter().map(|s| s.to_string()).collect(), limit: 1000, ..Default::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_log_filters_a_seeded_redis() {
+    let world = seeded().await;
+    let store = &world.store;
+    let counts = world.counts().await;
+    let page = |f: Filter| async move { deliveries::page(store, &f, None).await.unwrap() };
+
+    let failed = page(filter(&["failed"])).await;
+    assert_eq!(failed.rows.len() as u64, counts.failed);
+    assert!(failed.rows.iter().all(|r| r.status == "failed" && r.why.as_deref() == Some("validation_error")));
+    let skipped = page(filter(&["skipped"])).await;
+    assert_eq!(skipped.rows.len() as u64, counts.skipped);
+    assert!(counts.failed > 0 && counts.skipped > 0, "{counts:?}");
+    let both = page(filter(&["failed", "skipped"])).await;
+    assert_eq!(both.rows.len(), failed.rows.len() + skipped.rows.len());
+    let next = world.store.counts(CAMPAIGN, "2026-W49").await.unwrap();
+    assert_eq!(page(filter(&["pending"])).await.rows.len() as u64, next.enqueued, "the next period, not run");
+    assert_eq!(next.enqueued, 54, "the six who unsubscribed are left out");
+
+    // Pages of 7 over one period: every delivery once, then no cursor.
+    let mut seen = BTreeSet::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let f = Filter { campaign: Some(CAMPAIGN.into()), period: Some(PERIOD.into()), limit: 7, ..Default::default() };
+        let p = deliveries::page(store, &f, cursor.as_deref()).await.unwrap();
+        pages += 1;
+        assert!(p.rows.len() <= 7);
+        for r in &p.rows {
+            assert_eq!(r.period, PERIOD);
+            assert!(seen.insert(r.id.clone()), "{} twice", r.id);
+        }
+        match p.next {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!((seen.len(), pages >= 9), (60, true));
+
+    // One subscriber: both periods; addresses masked.
+    let f = Filter { subscriber: Some("user-000003".into()), limit: 10, ..Default::default() };
+    let one = deliveries::page(store, &f, None).await.unwrap();
+    assert_eq!(one.rows.len(), 2);
+    assert!(one.rows.iter().all(|r| r.address.as_deref() == Some("d***@resend.dev")), "{:?}", one.rows);
+    // Since: settled in the last hour (all of the first period), none from tomorrow.
+    let now = chrono::Utc::now();
+    let recent = Filter { since: Some(now - chrono::Duration::hours(1)), ..filter(&[]) };
+    assert_eq!(page(recent).await.rows.len(), 60);
+    let tomorrow = Filter { since: Some(now + chrono::Duration::days(1)), ..filter(&[]) };
+    assert!(page(tomorrow).await.rows.is_empty());
+
+    // A state written by some other version reads as unknown, never a crash.
+    let odd = delivery_of(&subscriber(4));
+    let mut conn = store.conn().await.unwrap();
+    let key = store.keys.delivery(store.keys.partition_of(&odd.subscriber), &odd.id());
+    let _: () = redis::cmd("HSET").arg(&key).arg("state").arg("from_the_future").query_async(&mut conn).await.unwrap();
+    let unknown = page(filter(&["unknown"])).await;
+    assert_eq!(unknown.rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(), [odd.id().as_str()]);
+    let detail = deliveries::get(store, &odd.id()).await.unwrap().unwrap();
+    assert_eq!(detail.row.status, "unknown");
+    assert!(deliveries::page(store, &filter(&["delivered"]), None).await.is_err(), "not a status");
+
+    // The command line, two statuses at once, one JSON object per line.
+    let out = Command::new(env!("CARGO_BIN_EXE_mailstream"))
+        .args(["deliveries", "--status", "failed", "--status", "skipped", "--json", "--limit", "500"])
+        .arg("--config")
+        .arg(config_for(&world))
+        .env("MAILSTREAM_REDIS_URL", world.redis.url())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> =
+        String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), both.rows.len());
+    assert!(String::from_utf8_lossy(&out.stdout).lines().all(|l| !l.contains("someone")), "addresses masked");
+}
+
+/// The shipped config, fitted to this world's Redis.
+fn config_for(world: &World) -> std::path::PathBuf {
+    let text = mailstream::config::EXAMPLE.replacen("durability = \"strict\"", "durability = \"relaxed\"", 1).replacen(
+        "partitions = 4",
+        &format!("partitions = {}", world.config.redis.partitions),
+        1,
+    );
+    let path =
+        std::env::temp_dir().join(format!("mailstream-admin-{}-{}.toml", std::process::id(), world.redis.port()));
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+async fn daemon_with_metrics(world: &World) -> (Daemon, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let listeners = Listeners { metrics: Some(listener), public: None };
+    (Daemon::start_listening(world.config.clone(), RunOptions::default(), listeners), url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_endpoint_refuses_a_missing_or_wrong_token() {
+    let world = seeded().await;
+    let (daemon, url) = daemon_with_metrics(&world).await;
+    mailstream::resend::client::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let api = format!("{url}/admin/api/deliveries?status=failed&status=skipped");
+    let get = |auth: Option<&str>| {
+        let mut r = http.get(&api);
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.send()
+    };
+    assert_eq!(get(None).await.unwrap().status(), 401);
+    assert_eq!(get(Some("Bearer not-the-token-at-all")).await.unwrap().status(), 401);
+    assert_eq!(get(Some(&format!("Bearer {TOKEN}x"))).await.unwrap().status(), 401);
+    let forged = http.get(&api).header("cookie", "mailstream_admin=00ff").send().await.unwrap();
+    assert_eq!(forged.status(), 401);
+    let ok = get(Some(&format!("Bearer {TOKEN}"))).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let page: Value = ok.json().await.unwrap();
+    let counts = world.counts().await;
+    assert_eq!(page["rows"].as_array().unwrap().len() as u64, counts.failed + counts.skipped);
+    // The HTML page without a token asks for one.
+    let html = http.get(format!("{url}/admin/deliveries")).send().await.unwrap();
+    assert_eq!(html.status(), 401);
+    assert!(html.text().await.unwrap().contains("id=\"login\""));
+    daemon.stop().await;
+
+    // No token configured: the log is off.
+    let mut off = world.config.clone();
+    off.http.admin_tokens.clear();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let off_url = format!("http://{}", listener.local_addr().unwrap());
+    let listeners = Listeners { metrics: Some(listener), public: None };
+    let daemon = Daemon::start_listening(off, RunOptions::default(), listeners);
+    let r = http.get(format!("{off_url}/admin/api/deliveries")).header("authorization", format!("Bearer {TOKEN}"));
+    assert_eq!(r.send().await.unwrap().status(), 404);
+    daemon.stop().await;
+}
+
+/// A minimal W3C WebDriver client over chromedriver's HTTP API.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    driver: std::process::Child,
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let which = |name: &str| -> String {
+            let found = ["/usr/bin", "/usr/local/bin", "/snap/bin"].iter().map(|d| format!("{d}/{name}"));
+            found.into_iter().find(|p| std::path::Path::new(p).exists()).unwrap_or_else(|| {
+                panic!("{name} is needed: apt-get install chromium chromium-driver (.ci/run installs them)")
+            })
+        };
+        let port = mailstream::redis_server::free_port().unwrap();
+        let driver = Command::new(which("chromedriver"))
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        mailstream::resend::client::install_crypto_provider();
+        let http = reqwest::Client::new();
+        let status = format!("http://127.0.0.1:{port}/status");
+        let ready = eventually(Duration::from_secs(30), || {
+            let (http, status) = (http.clone(), status.clone());
+            async move {
+                let v: Value = http.get(&status).send().await.ok()?.json().await.ok()?;
+                v["value"]["ready"].as_bool().filter(|r| *r)
+            }
+        })
+        .await;
+        assert!(ready.is_some(), "chromedriver starts");
+        let caps = json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
+            "binary": which("chromium"),
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1000"]
+        }}}});
+        let session: Value = http
+            .post(format!("http://127.0.0.1:{port}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = session["value"]["sessionId"].as_str().unwrap_or_else(|| panic!("a session: {session}")).to_string();
+        Browser { http, base: format!("http://127.0.0.1:{port}/session/{id}"), driver }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let mut r = self.http.request(method.clone(), format!("{}{path}", self.base));
+        if method != reqwest::Method::GET {
+            r = r.json(&body);
+        }
+        let v: Value = r.send().await.unwrap().json().await.unwrap();
+        assert!(v["value"]["error"].is_null(), "{path}: {v}");
+        v["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", json!({"url": url})).await;
+    }
+
+    async fn find_all(&self, css: &str) -> Vec<String> {
+        let found = self.call(reqwest::Method::POST, "/elements", json!({"using": "css selector", "value": css})).await;
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e.as_object().unwrap().values().next().unwrap().as_str().unwrap().to_string())
+            .collect()
+    }
+
+    async fn find(&self, css: &str) -> String {
+        self.find_all(css).await.into_iter().next().unwrap_or_else(|| panic!("no element {css}"))
+    }
+
+    async fn click(&self, css: &str) {
+        let e = self.find(css).await;
+        self.call(reqwest::Method::POST, &format!("/element/{e}/click"), json!({})).await;
+    }
+
+    /// Clicks something that loads another page, and waits until that page is loaded.
+    async fn click_to_navigate(&self, css: &str) {
+        let before = self.call(reqwest::Method::GET, "/url", json!({})).await;
+        self.click(css).await;
+        let loaded = eventually(Duration::from_secs(30), || {
+            let before = before.clone();
+            async move {
+                let url = self.call(reqwest::Method::GET, "/url", json!({})).await;
+                let state = self
+                    .call(
+                        reqwest::Method::POST,
+                        "/execute/sync",
+                        json!({"script": "return document.readyState", "args": []}),
+                    )
+                    .await;
+                (url != before && state == "complete").then_some(())
+            }
+        })
+        .await;
+        assert!(loaded.is_some(), "clicking {css} loaded another page");
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let e = self.find(css).await;
+        self.call(reqwest::Method::POST, &format!("/element/{e}/value"), json!({"text": text})).await;
+    }
+
+    async fn text(&self, css: &str) -> String {
+        let e = self.find(css).await;
+        self.call(reqwest::Method::GET, &format!("/element/{e}/text"), json!({})).await.as_str().unwrap().to_string()
+    }
+
+    async fn screenshot(&self, name: &str) -> std::path::PathBuf {
+        let png = self.call(reqwest::Method::GET, "/screenshot", json!({})).await;
+        let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, png.as_str().unwrap()).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-artifacts");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    async fn quit(mut self) {
+        let _ = self.http.delete(&self.base).send().await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_log_page_works_in_headless_chromium() {
+    let world = seeded().await;
+    let (daemon, url) = daemon_with_metrics(&world).await;
+    let counts = world.counts().await;
+    let browser = Browser::start().await;
+
+    // Sign in.
+    browser.go(&format!("{url}/admin/login")).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click_to_navigate("#sign-in").await;
+    assert!(browser.find_all("#filters").await.len() == 1, "signed in: the filters show");
+    // Pages of 5; filter by two statuses.
+    browser.go(&format!("{url}/admin/deliveries?limit=5")).await;
+    browser.click("#status-failed").await;
+    browser.click("#status-skipped").await;
+    browser.click_to_navigate("#apply").await;
+    let first: Vec<String> = row_texts(&browser).await;
+    assert_eq!(first.len(), 5);
+    assert!(first.iter().all(|r| r.contains("failed") || r.contains("skipped")), "{first:?}");
+    browser.screenshot("delivery-log-page-1.png").await;
+    // Page 2: five more, none repeated.
+    browser.click_to_navigate("#next").await;
+    let second = row_texts(&browser).await;
+    assert!(!second.is_empty() && second.iter().all(|r| !first.contains(r)), "{first:?} then {second:?}");
+    assert!(second.iter().all(|r| r.contains("failed") || r.contains("skipped")));
+    assert!((first.len() + second.len()) as u64 <= counts.failed + counts.skipped);
+    // One delivery.
+    browser.click_to_navigate("tr.delivery a.open").await;
+    let title = browser.text("#delivery").await;
+    assert!(title.starts_with(&format!("{CAMPAIGN}:{PERIOD}:")), "{title}");
+    let summary = browser.text("#summary").await;
+    assert!(summary.contains("***@"), "the address, masked: {summary}");
+    assert!(!summary.contains("someone"), "{summary}");
+    let shot = browser.screenshot("delivery-log-detail.png").await;
+    println!("screenshots saved: {} (and delivery-log-page-1.png)", shot.display());
+    assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a real screenshot");
+    browser.quit().await;
+    daemon.stop().await;
+}
+
+async fn row_texts(browser: &Browser) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in browser.find_all("tr.delivery").await {
+        let t = browser.call(reqwest::Method::GET, &format!("/element/{e}/text"), json!({})).await;
+        out.push(t.as_str().unwrap().to_string());
+    }
+    out
+}
