@@ -211,6 +211,7 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
 async fn limiter_cost() -> anyhow::Result<(u32, u64, u64, f64)> {
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let mut config = Config::example();
+    config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     config.redis.url = Secret::new(redis.url());
     let store = Store::open(&config).await?;
     // A rate above the calls' so that every call takes a slot (the write the sender makes).
@@ -236,7 +237,8 @@ async fn limiter_cost() -> anyhow::Result<(u32, u64, u64, f64)> {
 }
 
 fn config_text(redis_url: &str, emulator_url: &str, rps: u32, cluster: bool) -> String {
-    let mut text = EXAMPLE.to_string();
+    // The benchmark kicks by hand; the shipped schedule would fire by the wall clock.
+    let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
     for (from, to) in [
         ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis_url}\"\ncluster = {cluster}")),
         ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator_url}\"")),

@@ -73,6 +73,7 @@ fn main() -> ExitCode {
 async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let mut config = Config::example();
+    config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     config.redis.url = Secret::new(redis.url());
     let store = Store::open(&config).await?;
     let subs: Vec<Subscriber> = (0..DELIVERIES).map(Subscriber::synthetic).collect();
@@ -88,6 +89,7 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("config.toml");
     let text = mailstream::config::EXAMPLE
+        .replacen("schedule = \"0 9 * * MON\"", "", 1)
         .replacen("url = \"redis://127.0.0.1:6379\"", &format!("url = \"{}\"", redis.url()), 1)
         .replacen("metrics_listen = \"127.0.0.1:9464\"", "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"\npublic_requests_per_second_per_source = 1000000", 1);
     std::fs::write(&config_path, text)?;

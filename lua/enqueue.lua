@@ -2,31 +2,41 @@
 -- A delivery's record is named by its natural dedup key (campaign:period:subscriber:target),
 -- so HSETNX on it is the dedup check, and the record and its stream entry are written in this
 -- one atomic step: a double kick, a retried kick or two daemons kicking at once enqueue once.
--- The record has no expiry until it is settled (nothing expires while unsettled). The period
--- is listed in the partition's periods index (what /metrics and `mailstream slo` report on),
--- and the counts hash keeps how many were new and how many were duplicates.
+-- The record has no expiry until it is settled (nothing expires while unsettled). A delivery
+-- due later (a campaign sent at each recipient's local hour) waits in the partition's due set,
+-- scored by its release time, instead of the stream; the reclaimer releases it (due.lua). The
+-- period is listed in the partition's periods index (what /metrics and `mailstream slo` report
+-- on), and the counts hash keeps how many were new and how many were duplicates.
 --
--- KEYS[1] stream, KEYS[2] counts hash, KEYS[3] periods index; then per item KEYS[3+i] delivery key
--- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id
+-- KEYS[1] stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] due set;
+--   then per item KEYS[4+i] delivery key
+-- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, release ms
+--   (0: now)
 -- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
 local retention = tonumber(ARGV[1])
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local result, added = {}, 0
-for i = 4, #KEYS do
+for i = 5, #KEYS do
+  local id, release = ARGV[3 + 2 * (i - 5)], tonumber(ARGV[4 + 2 * (i - 5)])
   if redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
-    redis.call('XADD', KEYS[1], '*', 'delivery', ARGV[i - 1])
+    if release > now then
+      redis.call('HSET', KEYS[i], 'release_ms', release)
+      redis.call('ZADD', KEYS[4], release, id)
+    else
+      redis.call('XADD', KEYS[1], '*', 'delivery', id)
+    end
     added = added + 1
     result[#result + 1] = 1
   else
     result[#result + 1] = 0
   end
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
 if added > 0 then
   redis.call('HINCRBY', KEYS[2], 'enqueued', added)
 end
-if added < #KEYS - 3 then
-  redis.call('HINCRBY', KEYS[2], 'duplicates', #KEYS - 3 - added)
+if added < #KEYS - 4 then
+  redis.call('HINCRBY', KEYS[2], 'duplicates', #KEYS - 4 - added)
 end
 redis.call('EXPIRE', KEYS[2], retention)
 -- Scored by the last enqueue; a period drops out once its counts have expired.

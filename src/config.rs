@@ -276,6 +276,23 @@ pub struct CampaignConfig {
     /// Overrides `resend.from` for this campaign.
     #[serde(default)]
     pub from: Option<String>,
+    /// A cron expression (`minute hour day month weekday`, e.g. `0 9 * * MON`) in the
+    /// campaign's `time_zone`: `mailstream run` kicks the period of each fire.
+    #[serde(default)]
+    pub schedule: Option<String>,
+    /// A fire missed while no daemon ran is still kicked this long after its time;
+    /// later, it is logged and counted as missed.
+    #[serde(default = "default_catch_up_hours")]
+    pub catch_up_hours: u64,
+    /// `HH:MM`: each delivery is released at this hour in its subscriber's
+    /// `time_zone` (the campaign's when the subscriber has none), the first such
+    /// time at or after the kick, within the period.
+    #[serde(default)]
+    pub deliver_at_local: Option<String>,
+}
+
+fn default_catch_up_hours() -> u64 {
+    6
 }
 
 fn default_time_zone() -> String {
@@ -654,6 +671,26 @@ impl Config {
             if let Some(from) = &c.from {
                 check(from.contains('@'), format!("{at}.from: must be an address (got {from:?})"));
             }
+            if let Some(expr) = &c.schedule {
+                let parsed = parse_cron(expr);
+                check(
+                    parsed.is_ok(),
+                    format!(
+                        "{at}.schedule: {} (got {expr:?}; e.g. \"0 9 * * MON\")",
+                        parsed.err().map(|e| e.to_string()).unwrap_or_default()
+                    ),
+                );
+            }
+            check(
+                (1..=24 * 7).contains(&c.catch_up_hours),
+                format!("{at}.catch_up_hours: must be 1..=168 (got {})", c.catch_up_hours),
+            );
+            if let Some(at_local) = &c.deliver_at_local {
+                check(
+                    parse_local_time(at_local).is_some(),
+                    format!("{at}.deliver_at_local: must be HH:MM, 00:00 to 23:59 (got {at_local:?})"),
+                );
+            }
             check(
                 d.retention_days * 86_400 > c.period.max_length_seconds(),
                 format!(
@@ -700,6 +737,16 @@ impl CampaignConfig {
     pub fn tz(&self) -> Tz {
         self.time_zone.parse().unwrap_or(chrono_tz::Asia::Tokyo)
     }
+}
+
+/// Parses a cron expression (5 fields, or 6 with seconds first).
+pub fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
+    <croner::Cron as std::str::FromStr>::from_str(expr).map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+/// `HH:MM`, a wall-clock time.
+pub fn parse_local_time(s: &str) -> Option<chrono::NaiveTime> {
+    chrono::NaiveTime::parse_from_str(s.trim(), "%H:%M").ok()
 }
 
 /// Names used inside Redis keys and as Resend tag values: ASCII letters, digits, `_`, `-`.

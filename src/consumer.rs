@@ -9,7 +9,9 @@ use std::time::Duration;
 use redis::streams::StreamReadReply;
 
 use crate::batcher::Batcher;
+use crate::config::Config;
 use crate::ctx::Ctx;
+use crate::db::Store;
 use crate::db::ensure_group;
 use crate::db::scripts::{self, Claim, Decision};
 use crate::db::streams::{Entry, entry_of};
@@ -19,6 +21,45 @@ use crate::render::{RenderInput, Renderer};
 use crate::sender;
 use crate::subscribers::{self, Resolved};
 use crate::work::{DeliveryRef, Ready};
+
+/// The email object `delivery` is sent as, exactly as it will be sealed: the
+/// campaign's template over the subscriber's data, with the unsubscribe headers.
+pub fn compose(
+    config: &Config,
+    renderer: &Renderer,
+    tokens: &Tokens,
+    delivery: &DeliveryRef,
+    email: &str,
+    data: &serde_json::Value,
+) -> Result<String, Reason> {
+    let campaign = config.campaign(&delivery.campaign).ok_or(Reason::UnknownCampaign)?;
+    let headers = unsubscribe::headers(config, tokens, &delivery.subscriber, &delivery.campaign);
+    let (target, subscriber_id) = (&delivery.target, &delivery.subscriber);
+    let input = RenderInput { delivery, target, subscriber_id, data, headers: &headers };
+    let from = campaign.from.as_deref().unwrap_or(&config.resend.from);
+    renderer.render(&campaign.template, from, email, &input).map_err(|e| {
+        tracing::warn!(campaign = %delivery.campaign, error = %e.kind(), "template failed to render");
+        Reason::RenderError
+    })
+}
+
+/// What `mailstream preview` shows: the email a delivery would be sealed as now, or
+/// why it would not be sent. Reads the subscriber as the consumer does; writes nothing.
+pub async fn preview(store: &Store, config: &Config, delivery: &DeliveryRef) -> anyhow::Result<Result<String, Reason>> {
+    let p = store.keys.partition_of(&delivery.subscriber);
+    let mut conn = store.conn().await?;
+    let row: subscribers::Row = redis::cmd("HMGET")
+        .arg(store.keys.subscriber(p, &delivery.subscriber))
+        .arg(&subscribers::resolve_fields(&delivery.campaign))
+        .query_async(&mut conn)
+        .await?;
+    let renderer = Renderer::new(&config.templates)?;
+    let tokens = Tokens::new(&config.unsubscribe.secrets);
+    Ok(match subscribers::resolve(row) {
+        Resolved::Send { email, data } => compose(config, &renderer, &tokens, delivery, &email, &data),
+        Resolved::Skip(reason) | Resolved::Fail(reason) => Err(reason),
+    })
+}
 
 /// Reads, claims, resolves and renders; hands what is ready to the batcher.
 pub struct Consumer {
@@ -180,20 +221,9 @@ impl Consumer {
                     continue;
                 }
             };
-            let Some(campaign) = ctx.config.campaign(&delivery.campaign) else {
-                decisions.push(decide(Outcome::Failed, Reason::UnknownCampaign));
-                continue;
-            };
-            let headers = unsubscribe::headers(&ctx.config, &self.tokens, &delivery.subscriber, &delivery.campaign);
-            let (target, subscriber_id) = (&delivery.target, &delivery.subscriber);
-            let input = RenderInput { delivery, target, subscriber_id, data: &data, headers: &headers };
-            let from = campaign.from.as_deref().unwrap_or(&ctx.config.resend.from);
-            match self.renderer.render(&campaign.template, from, &email, &input) {
+            match compose(&ctx.config, &self.renderer, &self.tokens, delivery, &email, &data) {
                 Ok(json) => ready.push(Ready { entry: entry.to_string(), delivery: (*delivery).clone(), json }),
-                Err(e) => {
-                    tracing::warn!(campaign = %delivery.campaign, error = %e.kind(), "template failed to render");
-                    decisions.push(decide(Outcome::Failed, Reason::RenderError));
-                }
+                Err(reason) => decisions.push(decide(Outcome::Failed, reason)),
             }
         }
 

@@ -1,5 +1,5 @@
 //! The daemon: builds the rooms from the config and starts their tasks (partition
-//! readers, the dispatcher, the reclaimer, the listeners), tells systemd when it is
+//! readers, the dispatcher, the reclaimer, the scheduler, the listeners), tells systemd when it is
 //! ready and when it stops, and returns once every task has stopped.
 
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use tokio::net::TcpListener;
 use crate::ctx::Failpoints;
 use crate::{
     batcher, config::Config, consumer, ctx, db, dispatch, http, limiter, metrics::Metrics, private, public, reclaim,
-    render, sender, shutdown, shutdown::Shutdown,
+    render, schedule, sender, shutdown, shutdown::Shutdown,
 };
 
 /// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
@@ -88,6 +88,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
     let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };
     tasks.spawn(reclaimer.run(tick));
+    tasks.spawn(schedule::Scheduler::new(ctx.clone()).run(Duration::from_secs(1)));
     tasks.spawn(Arc::new(dispatch::Dispatcher::new(&ctx, batcher, sender)).run(ctx.clone()));
     let mut down = shutdown.clone();
     let notify = ctx.notify;

@@ -1,7 +1,8 @@
 //! `mailstream demo`: a full weekly run on the embedded default config, with
 //! nothing installed but `redis-server`: a private Redis, the Resend emulator
-//! in-process, N subscribers, the kick fired twice (the second adds nothing),
-//! and the daemon until every delivery is settled. Then a summary, checked.
+//! in-process, N subscribers, the kick fired twice (the second adds nothing), or
+//! with `--scheduled` fired by the daemon's scheduler a minute ahead, and the
+//! daemon until every delivery is settled. Then a summary, checked.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use chrono::{Datelike, Timelike};
 use serde::Serialize;
 
 use crate::config::{Config, Secret};
@@ -30,11 +32,21 @@ pub struct DemoOptions {
     pub campaign: String,
     /// Print progress lines while running.
     pub progress: bool,
+    /// Leave the kick to the daemon's scheduler: the campaign is scheduled for the
+    /// next minute (at least 15 s away) and the demo waits for the fire.
+    pub scheduled: bool,
 }
 
 impl Default for DemoOptions {
     fn default() -> Self {
-        DemoOptions { subscribers: 5000, rps: 10, redis_url: None, campaign: "weekly_digest".into(), progress: true }
+        DemoOptions {
+            subscribers: 5000,
+            rps: 10,
+            redis_url: None,
+            campaign: "weekly_digest".into(),
+            progress: true,
+            scheduled: false,
+        }
     }
 }
 
@@ -44,7 +56,10 @@ pub struct DemoReport {
     pub subscribers: u64,
     pub period: String,
     pub enqueued: u64,
+    /// Offers of an already enqueued delivery by the second kick (none with `--scheduled`).
     pub duplicates_suppressed: u64,
+    /// The kick was fired by the daemon's scheduler: the runs of the period's fan-out.
+    pub scheduled_fanouts: Option<u64>,
     pub sent: u64,
     pub failed: u64,
     pub skipped: u64,
@@ -104,7 +119,10 @@ impl DemoReport {
         if self.webhooks.rejected > 0 {
             p.push(format!("{} webhook requests were rejected", self.webhooks.rejected));
         }
-        if self.duplicates_suppressed != self.enqueued {
+        if let Some(runs) = self.scheduled_fanouts.filter(|&runs| runs != 1) {
+            p.push(format!("the scheduled period was fanned out {runs} times, not once"));
+        }
+        if self.scheduled_fanouts.is_none() && self.duplicates_suppressed != self.enqueued {
             p.push(format!(
                 "the second kick should have found all {} deliveries already enqueued, found {}",
                 self.enqueued, self.duplicates_suppressed
@@ -117,6 +135,7 @@ impl DemoReport {
 /// Runs the demo, writing progress and the summary to `out`.
 pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result<DemoReport> {
     let mut config = Config::example();
+    config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     // Kept until the end of the run: dropping it stops the private Redis.
     let mut _private_redis = None;
     match &opts.redis_url {
@@ -180,22 +199,68 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     subscribers::upsert(&store, &subscribers).await?;
     drop(subscribers);
 
-    let kicked = Instant::now();
-    let first = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
-    let kick_seconds = kicked.elapsed().as_secs_f64();
-    writeln!(out, "  kick 1: {} new, {} duplicates ({kick_seconds:.2} s)", first.new, first.duplicates)?;
-    let second = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
-    writeln!(out, "  kick 2: {} new, {} duplicates", second.new, second.duplicates)?;
-
     let (stop, down) = shutdown::channel();
-    let started = Instant::now();
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let daemon = tokio::spawn(crate::run_with(
-        config.clone(),
-        Listeners { metrics: None, public: Some(public) },
-        down,
-        RunOptions { metrics: Some(metrics.clone()), ..Default::default() },
-    ));
+    let run = |config: Config, public| {
+        let options = RunOptions { metrics: Some(metrics.clone()), ..Default::default() };
+        tokio::spawn(crate::run_with(config, Listeners { metrics: None, public: Some(public) }, down, options))
+    };
+    let mut scheduled_fanouts = None;
+    let (first, second, kick_seconds, started, daemon) = if opts.scheduled {
+        // The next whole minute at least 15 s away, as a daily cron in the campaign's zone.
+        let now = store.time().await?;
+        let mut fire = now + chrono::Duration::seconds(75);
+        fire = fire
+            - chrono::Duration::seconds(i64::from(fire.second()))
+            - chrono::Duration::nanoseconds(fire.nanosecond().into());
+        let local = fire.with_timezone(&campaign.tz());
+        // Yearly (this date), so its previous fire is a year back, beyond the retention.
+        let cron = format!("{} {} {} {} *", local.minute(), local.hour(), local.day(), local.month());
+        for c in config.campaigns.iter_mut().filter(|c| c.name == campaign.name) {
+            c.schedule = Some(cron.clone());
+        }
+        writeln!(
+            out,
+            "  schedule \"{cron}\" ({}): the daemon's scheduler fires at {} ({} UTC); waiting",
+            campaign.time_zone,
+            local.format("%H:%M:%S %Z"),
+            fire.format("%H:%M:%S")
+        )?;
+        let daemon = run(config.clone(), public);
+        let fanout = store.keys.fanout(&campaign.name, &period);
+        let mut conn = store.conn().await?;
+        let waited = Instant::now();
+        loop {
+            let state: Option<String> = redis::cmd("HGET").arg(&fanout).arg("state").query_async(&mut conn).await?;
+            if state.as_deref() == Some("done") || daemon.is_finished() || waited.elapsed() > Duration::from_secs(150) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let record: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&fanout).query_async(&mut conn).await?;
+        let field = |f: &str| record.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let took = field("done_ms").saturating_sub(field("started_ms"));
+        let started_at = chrono::DateTime::from_timestamp_millis(field("started_ms") as i64).unwrap_or_default();
+        writeln!(
+            out,
+            "  the scheduler fired at {} UTC: {} new in {took} ms (fan-out record: state {}, runs {})",
+            started_at.format("%H:%M:%S%.3f"),
+            field("new"),
+            record.get("state").map_or("-", String::as_str),
+            field("runs")
+        )?;
+        scheduled_fanouts = Some(field("runs"));
+        let first = kick::KickReport { new: field("new"), ..Default::default() };
+        (first, kick::KickReport::default(), took as f64 / 1000.0, Instant::now(), daemon)
+    } else {
+        let kicked = Instant::now();
+        let first = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+        let kick_seconds = kicked.elapsed().as_secs_f64();
+        writeln!(out, "  kick 1: {} new, {} duplicates ({kick_seconds:.2} s)", first.new, first.duplicates)?;
+        let second = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+        writeln!(out, "  kick 2: {} new, {} duplicates", second.new, second.duplicates)?;
+        (first, second, kick_seconds, Instant::now(), run(config.clone(), public))
+    };
 
     let ceiling = f64::from(opts.rps) * config.resend.batch_size as f64;
     let expected = first.new as f64 / ceiling;
@@ -244,6 +309,7 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         period,
         enqueued: counts.enqueued,
         duplicates_suppressed: second.duplicates,
+        scheduled_fanouts,
         sent: counts.sent,
         failed: counts.failed,
         skipped: counts.skipped,

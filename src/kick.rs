@@ -1,16 +1,22 @@
 //! The kick: fans a campaign period out over the subscriber registry (or over
 //! NDJSON records given with the kick) through enqueue.lua, each (campaign,
-//! subscriber, target, period) at most once however often it is kicked.
+//! subscriber, target, period) at most once however often it is kicked. A
+//! registry fan-out keeps a record (fanout.lua): one holder at a time, a cursor
+//! per partition, so several schedulers fan out once and a crash resumes. A
+//! dry run reads what a kick would do and writes nothing.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveTime, Utc};
+use chrono_tz::Tz;
 use serde::Serialize;
 
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
-use crate::db::scripts;
+use crate::db::scripts::{self, Fanout, FanoutOf, FanoutPage};
 use crate::subscribers::{self, Subscriber, field};
 use crate::work::DeliveryRef;
 
@@ -29,6 +35,25 @@ pub struct KickReport {
     pub duplicates: u64,
     /// Subscribers skipped because they were not entitled or had unsubscribed.
     pub not_eligible: u64,
+    /// SSCAN pages read by this run.
+    pub scans: u64,
+    /// Continued a fan-out that had stopped halfway.
+    pub resumed: bool,
+    /// Stopped before the end (a test's stop, or another holder took over).
+    pub abandoned: bool,
+    /// Another holder (named) is fanning this period out: nothing was done.
+    pub standby: Option<String>,
+    /// The period was already fanned out (a scheduler does not do it again).
+    pub already_done: bool,
+}
+
+impl KickReport {
+    fn add(&mut self, other: &KickReport) {
+        self.new += other.new;
+        self.duplicates += other.duplicates;
+        self.not_eligible += other.not_eligible;
+        self.scans += other.scans;
+    }
 }
 
 /// Which periods a kick may enqueue.
@@ -87,121 +112,407 @@ pub async fn period_for(
     choose_period(campaign, explicit, rule, now, config.retention())
 }
 
-/// Fans `campaign` out over the whole registry for `period`.
+/// How long a fan-out's holder keeps its record without recording a page.
+const FANOUT_LEASE_MS: u64 = 30_000;
+
+/// Test and progress hooks of a fan-out.
+#[derive(Clone, Default)]
+pub struct FanoutOptions {
+    /// Subscribers scanned so far, for a progress display.
+    pub scanned: Option<Arc<AtomicU64>>,
+    /// Stop after this many pages in all, as a crash would (tests of resuming).
+    pub stop_after_pages: Option<u64>,
+}
+
+/// Fans `campaign` out over the whole registry for `period`, as an operator's kick:
+/// through the period's fan-out record, so a kick already running elsewhere is left
+/// to finish (`standby`), one that died halfway is resumed, and a finished one is
+/// done again (new subscribers get theirs; the rest are duplicates).
 pub async fn kick_registry(store: &Store, config: &Config, campaign: &str, period: &str) -> anyhow::Result<KickReport> {
-    let retention = config.retention().as_secs();
-    let mut tasks = tokio::task::JoinSet::new();
-    for p in 0..store.keys.partitions() {
-        let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
-        tasks.spawn(async move { kick_partition(&store, p, &campaign, &period, retention).await });
+    let owner = crate::ctx::owner_name("kick");
+    kick_with(store, config, FanoutOf { campaign, period, owner: &owner }, true, &FanoutOptions::default()).await
+}
+
+/// [`kick_registry`] as `owner`; `restart` says whether a finished fan-out is done
+/// again (an operator's kick) or left alone (a scheduler's).
+pub async fn kick_with(
+    store: &Store,
+    config: &Config,
+    run: FanoutOf<'_>,
+    restart: bool,
+    options: &FanoutOptions,
+) -> anyhow::Result<KickReport> {
+    let mut report =
+        KickReport { campaign: run.campaign.to_string(), period: run.period.to_string(), ..Default::default() };
+    match acquire(store, config, run, restart).await? {
+        Fanout::Acquired { resumed, cursors } => fan_out(store, config, run, resumed, cursors, options).await,
+        Fanout::Held { owner } => {
+            report.standby = Some(owner);
+            Ok(report)
+        }
+        Fanout::Done => {
+            report.already_done = true;
+            Ok(report)
+        }
     }
-    let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
+}
+
+/// Takes the period's fan-out record for `owner` (see [`kick_with`]).
+pub async fn acquire(store: &Store, config: &Config, run: FanoutOf<'_>, restart: bool) -> anyhow::Result<Fanout> {
+    let mut conn = store.conn().await?;
+    let retention = config.retention().as_secs();
+    scripts::fanout_acquire(&mut conn, &store.keys, run, FANOUT_LEASE_MS, restart, retention)
+        .await
+        .context("fanout.lua")
+}
+
+/// Fans out a period whose record `owner` acquired, from `cursors` (one per
+/// partition; `None`: finished), and marks it done at the end.
+pub async fn fan_out(
+    store: &Store,
+    config: &Config,
+    run: FanoutOf<'_>,
+    resumed: bool,
+    cursors: Vec<Option<u64>>,
+    options: &FanoutOptions,
+) -> anyhow::Result<KickReport> {
+    let FanoutOf { campaign, period, owner } = run;
+    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let mut report =
+        KickReport { campaign: campaign.to_string(), period: period.to_string(), resumed, ..Default::default() };
+    let release = LocalHour::of(c, store.time().await?, period)?;
+    let job = Arc::new(Job {
+        store: store.clone(),
+        campaign: campaign.to_string(),
+        period: period.to_string(),
+        owner: owner.to_string(),
+        retention: config.retention().as_secs(),
+        release,
+        options: options.clone(),
+        pages: AtomicU64::new(0),
+    });
+    let mut tasks = tokio::task::JoinSet::new();
+    for (p, cursor) in cursors.into_iter().enumerate() {
+        if let Some(cursor) = cursor {
+            let job = job.clone();
+            tasks.spawn(async move { job.partition(p as u16, cursor).await });
+        }
+    }
+    let mut complete = true;
     while let Some(done) = tasks.join_next().await {
         let part = done.context("kick task panicked")??;
-        report.new += part.new;
-        report.duplicates += part.duplicates;
-        report.not_eligible += part.not_eligible;
+        complete &= part.complete;
+        report.add(&part.report);
+    }
+    if complete {
+        let mut conn = store.conn().await?;
+        scripts::fanout_finish(&mut conn, &store.keys, run).await.context("fanout.lua")?;
+    } else {
+        report.abandoned = true;
     }
     Ok(report)
 }
 
-async fn kick_partition(
+/// Each delivery's release time for a campaign sent at its recipients' local hour.
+#[derive(Debug, Clone, Copy)]
+pub struct LocalHour {
+    pub at: NaiveTime,
+    /// For subscribers without a (valid) zone of their own.
+    pub default_tz: Tz,
+    /// The kick's time, or the period's start if later.
+    pub from: DateTime<Utc>,
+    /// The period's end: a local hour beyond it is released at once.
+    pub until: DateTime<Utc>,
+}
+
+impl LocalHour {
+    /// The release rule of `campaign` for `period` kicked at `now` (None: at once).
+    pub fn of(campaign: &CampaignConfig, now: DateTime<Utc>, period: &str) -> anyhow::Result<Option<LocalHour>> {
+        let Some(at) = campaign.deliver_at_local.as_deref() else { return Ok(None) };
+        let at = crate::config::parse_local_time(at).context("deliver_at_local")?;
+        let (kind, tz) = (campaign.period, campaign.tz());
+        let start = kind.start(period, tz).with_context(|| format!("period {period} has no start"))?;
+        let until = kind
+            .next(period, tz)
+            .and_then(|next| kind.start(&next, tz))
+            .with_context(|| format!("period {period} has no end"))?;
+        // Not before the kick (nothing is released before it is enqueued), nor before
+        // the period starts (a period kicked ahead of time).
+        Ok(Some(LocalHour { at, default_tz: tz, from: now.max(start), until }))
+    }
+
+    /// When a subscriber in `zone` (an IANA name, or none) gets theirs, in ms.
+    pub fn release_ms(&self, zone: Option<&str>) -> u64 {
+        let tz = zone.and_then(|z| z.parse::<Tz>().ok()).unwrap_or(self.default_tz);
+        crate::period::release_at(self.at, tz, self.from, self.until).timestamp_millis().max(0) as u64
+    }
+}
+
+/// One fan-out run, shared by its partition tasks.
+struct Job {
+    store: Store,
+    campaign: String,
+    period: String,
+    owner: String,
+    retention: u64,
+    release: Option<LocalHour>,
+    options: FanoutOptions,
+    /// Pages recorded by this run, all partitions.
+    pages: AtomicU64,
+}
+
+/// What a partition task did, and whether it reached the end of its partition.
+struct PartitionRun {
+    report: KickReport,
+    complete: bool,
+}
+
+impl Job {
+    /// Scans partition `p`'s subscribers from `cursor`, a page at a time: each page is
+    /// enqueued, then recorded with the cursor after it, so a run that stops resumes
+    /// with the next page.
+    async fn partition(&self, p: u16, mut cursor: u64) -> anyhow::Result<PartitionRun> {
+        let (store, keys) = (&self.store, &self.store.keys);
+        let mut conn = store.conn().await?;
+        let mut report = KickReport::default();
+        let mut seen = HashSet::new();
+        loop {
+            if self.options.stop_after_pages.is_some_and(|n| self.pages.load(Ordering::SeqCst) >= n) {
+                return Ok(PartitionRun { report, complete: false });
+            }
+            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(keys.subscribers(p))
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .context("scanning subscribers")?;
+            report.scans += 1;
+            // SSCAN may return an id twice while the set rehashes.
+            let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
+            let mut page = KickReport::default();
+            let target = Target { campaign: &self.campaign, period: &self.period, release: self.release };
+            enqueue_eligible(&mut conn, store, p, &target, &ids, self.retention, &mut page).await?;
+            if let Some(scanned) = &self.options.scanned {
+                scanned.fetch_add(ids.len() as u64, Ordering::Relaxed);
+            }
+            let recorded = FanoutPage {
+                new: page.new,
+                duplicates: page.duplicates,
+                not_eligible: page.not_eligible,
+                scanned: ids.len() as u64,
+            };
+            let at = (next != 0).then_some(next);
+            let (campaign, period) = (self.campaign.as_str(), self.period.as_str());
+            let run = FanoutOf { campaign, period, owner: &self.owner };
+            let held = scripts::fanout_progress(&mut conn, keys, run, FANOUT_LEASE_MS, p, at, recorded)
+                .await
+                .context("fanout.lua")?;
+            self.pages.fetch_add(1, Ordering::SeqCst);
+            report.add(&page);
+            if !held {
+                tracing::warn!(campaign, period, partition = p, "another holder took over this fan-out; leaving it");
+                return Ok(PartitionRun { report, complete: false });
+            }
+            match at {
+                Some(next) => cursor = next,
+                None => return Ok(PartitionRun { report, complete: true }),
+            }
+        }
+    }
+}
+
+/// Which campaign period a kick enqueues, and when its deliveries are released.
+struct Target<'a> {
+    campaign: &'a str,
+    period: &'a str,
+    release: Option<LocalHour>,
+}
+
+/// Enqueues a delivery per target of each eligible subscriber of `ids` (partition
+/// `p`), at its release time, adding what happened to `report`.
+async fn enqueue_eligible(
+    conn: &mut crate::db::conn::Conn,
     store: &Store,
     p: u16,
-    campaign: &str,
-    period: &str,
+    target: &Target<'_>,
+    ids: &[String],
     retention: u64,
-) -> anyhow::Result<KickReport> {
-    let mut conn = store.conn().await?;
-    let mut report = KickReport::default();
-    let mut seen = HashSet::new();
-    let mut cursor: u64 = 0;
-    let mut pending: Vec<DeliveryRef> = Vec::new();
-    loop {
-        let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
-            .arg(store.keys.subscribers(p))
-            .arg(cursor)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await
-            .context("scanning subscribers")?;
-        // SSCAN may return an id twice while the set rehashes.
-        let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
-        cursor = next;
-        if ids.is_empty() {
-            // SSCAN may answer a page with no ids and a cursor to go on with.
-            if cursor == 0 {
-                break;
+    report: &mut KickReport,
+) -> anyhow::Result<()> {
+    let verdicts = read_subscribers(conn, store, p, target.campaign, ids).await?;
+    let mut items = Vec::new();
+    for (id, verdict) in ids.iter().zip(verdicts) {
+        match verdict {
+            Verdict::Eligible { targets, zone } => {
+                let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
+                items.extend(targets.iter().map(|t| (DeliveryRef::new(target.campaign, target.period, id, t), at)));
             }
-            continue;
-        }
-        eligible(&mut conn, store, p, campaign, period, &ids, &mut pending, &mut report).await?;
-        while pending.len() >= ENQUEUE_CHUNK {
-            let rest = pending.split_off(ENQUEUE_CHUNK);
-            enqueue_chunk(&mut conn, store, p, &pending, retention, &mut report).await?;
-            pending = rest;
-        }
-        if cursor == 0 {
-            break;
+            Verdict::NotEligible(_) => report.not_eligible += 1,
         }
     }
-    enqueue_chunk(&mut conn, store, p, &pending, retention, &mut report).await?;
-    Ok(report)
+    for chunk in items.chunks(ENQUEUE_CHUNK) {
+        let added = scripts::enqueue_at(conn, &store.keys, p, chunk, retention).await.context("enqueue.lua")?;
+        let new = added.iter().filter(|&&a| a).count() as u64;
+        report.new += new;
+        report.duplicates += added.len() as u64 - new;
+    }
+    Ok(())
 }
 
-/// Reads subscribers `ids` of partition `p` and queues a delivery per target of each
-/// eligible one (entitled, subscribed, not suppressed, not opted out of `campaign`).
-/// Checked here to keep them out of the streams, and checked again at send time,
-/// which is what guarantees it.
-#[allow(clippy::too_many_arguments)]
-async fn eligible(
+/// Why a subscriber gets no delivery of a campaign.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NotEligible {
+    NotEntitled,
+    Unsubscribed,
+    Suppressed,
+    OptedOut,
+    /// No record (removed since the scan saw its id).
+    Missing,
+}
+
+impl NotEligible {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotEligible::NotEntitled => "not_entitled",
+            NotEligible::Unsubscribed => "unsubscribed",
+            NotEligible::Suppressed => "suppressed",
+            NotEligible::OptedOut => "opted_out",
+            NotEligible::Missing => "missing",
+        }
+    }
+}
+
+/// What the kick makes of one subscriber record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Eligible { targets: Vec<String>, zone: Option<String> },
+    NotEligible(NotEligible),
+}
+
+/// Reads subscribers `ids` of partition `p` and judges each for `campaign`
+/// (entitled, subscribed, not suppressed, not opted out). Checked here to keep the
+/// ineligible out of the streams, and checked again at send time, which is what
+/// guarantees it.
+async fn read_subscribers(
     conn: &mut crate::db::conn::Conn,
     store: &Store,
     p: u16,
     campaign: &str,
-    period: &str,
     ids: &[String],
-    pending: &mut Vec<DeliveryRef>,
-    report: &mut KickReport,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Verdict>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut pipe = redis::pipe();
     let opted_out = field::opted_out(campaign);
     for id in ids {
-        let fields = [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, &opted_out];
+        let fields =
+            [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, &opted_out, field::TIME_ZONE];
         pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&fields);
     }
-    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
-    let rows: Vec<Row> = if ids.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    for (id, (targets, entitled, subscribed, suppressed, off)) in ids.iter().zip(rows) {
-        let eligible = subscribers::is_set(entitled.as_deref())
-            && subscribers::is_set(subscribed.as_deref())
-            && suppressed.is_none()
-            && off.is_none();
-        if !eligible {
-            report.not_eligible += 1;
-            continue;
-        }
-        for target in subscribers::targets(targets.as_deref()) {
-            pending.push(DeliveryRef::new(campaign, period, id, target));
-        }
-    }
-    Ok(())
+    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<Row> = pipe.query_async(conn).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(targets, entitled, subscribed, suppressed, off, zone)| {
+            let why = if entitled.is_none() && subscribed.is_none() {
+                Some(NotEligible::Missing)
+            } else if !subscribers::is_set(entitled.as_deref()) {
+                Some(NotEligible::NotEntitled)
+            } else if suppressed.is_some() {
+                Some(NotEligible::Suppressed)
+            } else if !subscribers::is_set(subscribed.as_deref()) {
+                Some(NotEligible::Unsubscribed)
+            } else if off.is_some() {
+                Some(NotEligible::OptedOut)
+            } else {
+                None
+            };
+            match why {
+                Some(why) => Verdict::NotEligible(why),
+                None => Verdict::Eligible {
+                    targets: subscribers::targets(targets.as_deref()).map(str::to_string).collect(),
+                    zone,
+                },
+            }
+        })
+        .collect())
 }
 
-async fn enqueue_chunk(
-    conn: &mut crate::db::conn::Conn,
-    store: &Store,
-    p: u16,
-    items: &[DeliveryRef],
-    retention: u64,
-    report: &mut KickReport,
-) -> anyhow::Result<()> {
-    let added = scripts::enqueue(conn, &store.keys, p, items, retention).await.context("enqueue.lua")?;
-    let new = added.iter().filter(|&&a| a).count() as u64;
-    report.new += new;
-    report.duplicates += added.len() as u64 - new;
-    Ok(())
+/// What a kick would do, found without writing anything.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DryRun {
+    pub campaign: String,
+    pub period: String,
+    pub subscribers: u64,
+    /// Deliveries a kick would enqueue now.
+    pub new: u64,
+    /// Deliveries already enqueued for the period.
+    pub already_enqueued: u64,
+    /// Subscribers left out, by reason.
+    pub not_eligible: BTreeMap<&'static str, u64>,
+    /// For a local-hour campaign: new deliveries by release hour (UTC, RFC 3339).
+    pub by_release_hour: BTreeMap<String, u64>,
+}
+
+/// Reads the registry as a kick of `period` would, and writes nothing.
+pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &str) -> anyhow::Result<DryRun> {
+    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let release = LocalHour::of(c, store.time().await?, period)?;
+    let mut out = DryRun { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
+    let mut conn = store.conn().await?;
+    for p in 0..store.keys.partitions() {
+        let mut cursor = 0u64;
+        let mut seen = HashSet::new();
+        loop {
+            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(store.keys.subscribers(p))
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
+            out.subscribers += ids.len() as u64;
+            let verdicts = read_subscribers(&mut conn, store, p, campaign, &ids).await?;
+            let mut wanted = Vec::new();
+            for (id, verdict) in ids.iter().zip(verdicts) {
+                match verdict {
+                    Verdict::Eligible { targets, zone } => {
+                        let release = release.map(|r| r.release_ms(zone.as_deref()));
+                        wanted.extend(targets.iter().map(|t| (DeliveryRef::new(campaign, period, id, t), release)));
+                    }
+                    Verdict::NotEligible(why) => *out.not_eligible.entry(why.as_str()).or_default() += 1,
+                }
+            }
+            if !wanted.is_empty() {
+                let mut pipe = redis::pipe();
+                for (d, _) in &wanted {
+                    pipe.cmd("EXISTS").arg(store.keys.delivery(p, &d.id()));
+                }
+                let exists: Vec<bool> = pipe.query_async(&mut conn).await?;
+                for ((_, release), exists) in wanted.iter().zip(exists) {
+                    if exists {
+                        out.already_enqueued += 1;
+                        continue;
+                    }
+                    out.new += 1;
+                    if let Some(ms) = release {
+                        let hour =
+                            DateTime::from_timestamp_millis(*ms as i64 / 3_600_000 * 3_600_000).unwrap_or_default();
+                        *out.by_release_hour.entry(hour.format("%Y-%m-%dT%H:00:00Z").to_string()).or_default() += 1;
+                    }
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Upserts NDJSON subscriber records, then enqueues `campaign` for the eligible ones only.
@@ -220,12 +531,13 @@ pub async fn kick_list(
     let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
     let mut conn = store.conn().await?;
     let retention = config.retention().as_secs();
+    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let release = LocalHour::of(c, store.time().await?, period)?;
     for (p, ids) in by_partition.iter().enumerate() {
         // As written a moment ago, suppressions and opt-outs included.
         for chunk in ids.chunks(ENQUEUE_CHUNK) {
-            let mut pending = Vec::new();
-            eligible(&mut conn, store, p as u16, campaign, period, chunk, &mut pending, &mut report).await?;
-            enqueue_chunk(&mut conn, store, p as u16, &pending, retention, &mut report).await?;
+            let target = Target { campaign, period, release };
+            enqueue_eligible(&mut conn, store, p as u16, &target, chunk, retention, &mut report).await?;
         }
     }
     Ok(report)

@@ -32,6 +32,7 @@ pub mod redis_server;
 pub mod render;
 pub mod resend;
 pub mod retry;
+pub mod schedule;
 pub mod sender;
 pub mod shutdown;
 pub mod slo;

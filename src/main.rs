@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 use mailstream::config::{Config, LogConfig, LogFormat};
 use mailstream::db::Store;
-use mailstream::db::scripts::Suppressed;
+use mailstream::db::scripts::{FanoutOf, Suppressed};
 use mailstream::dead_letters;
 use mailstream::deliveries;
 use mailstream::demo::{self, DemoOptions};
@@ -56,6 +56,9 @@ enum Command {
         entitled: bool,
         #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
         subscribed: bool,
+        /// The subscriber's IANA time zone (for campaigns delivered at a local hour).
+        #[arg(long)]
+        time_zone: Option<String>,
         /// Read NDJSON subscriber records from this file, or `-` for stdin.
         #[arg(long, conflicts_with_all = ["id", "email"])]
         ndjson: Option<String>,
@@ -76,6 +79,36 @@ enum Command {
         /// Accept an empty `--audience` (otherwise an error: an empty export usually means a failed one).
         #[arg(long)]
         allow_empty: bool,
+        /// Write nothing: print how many deliveries would be new, already enqueued, not
+        /// eligible (by reason), and per release hour for a local-hour campaign.
+        #[arg(long, conflicts_with = "audience")]
+        dry_run: bool,
+        /// One JSON object on the last line (and no progress display).
+        #[arg(long)]
+        json: bool,
+    },
+    /// The next fires of every scheduled campaign, in its zone and in UTC, with the period each kicks.
+    Schedule {
+        #[arg(long, default_value_t = 5)]
+        next: usize,
+        /// One JSON object on the last line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Render the exact email a delivery would be sealed as now, without enqueuing anything.
+    Preview {
+        #[arg(long)]
+        campaign: String,
+        #[arg(long)]
+        subscriber: String,
+        /// The subscriber's target (default: their first).
+        #[arg(long)]
+        target: Option<String>,
+        /// Default: the current period.
+        #[arg(long)]
+        period: Option<String>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: PreviewFormat,
     },
     /// Look at and requeue deliveries that failed (or whose outcome is unknown).
     DeadLetters {
@@ -148,7 +181,20 @@ enum Command {
         /// Use this Redis (under a fresh key prefix) instead of starting a private one.
         #[arg(long)]
         redis_url: Option<String>,
+        /// Let the daemon's scheduler kick: the campaign is scheduled a minute ahead.
+        #[arg(long)]
+        scheduled: bool,
     },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum PreviewFormat {
+    /// Subject, headers and the text part.
+    Text,
+    /// The HTML part.
+    Html,
+    /// The email object exactly as it would be sealed.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -258,7 +304,7 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Subscribe { id, email, targets, entitled, subscribed, ndjson } => {
+        Command::Subscribe { id, email, targets, entitled, subscribed, time_zone, ndjson } => {
             let config = load()?;
             let list = match ndjson {
                 Some(source) => subscribers::parse_ndjson(&read_source(&source)?)?,
@@ -269,6 +315,7 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
                     entitled,
                     subscribed,
                     data: None,
+                    time_zone,
                 }],
             };
             let store = Store::open(&config).await?;
@@ -276,7 +323,7 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             println!("{} subscribers written", list.len());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Kick { campaign, period, audience: source, allow_any_period, allow_empty } => {
+        Command::Kick { campaign, period, audience: source, allow_any_period, allow_empty, dry_run, json } => {
             let config = load()?;
             let c = config
                 .campaign(&campaign)
@@ -297,14 +344,59 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             let store = Store::open(&config).await?;
             let rule = if allow_any_period { kick::PeriodRule::AnyWithinRetention } else { kick::PeriodRule::NearNow };
             let period = kick::period_for(&store, &config, c, period.as_deref(), rule).await?;
+            if dry_run {
+                let d = kick::dry_run(&store, &config, &campaign, &period).await?;
+                println!(
+                    "dry run, nothing written: campaign {} period {}: {} subscribers; {} deliveries would be new, {} already enqueued",
+                    d.campaign, d.period, d.subscribers, d.new, d.already_enqueued
+                );
+                for (why, n) in &d.not_eligible {
+                    println!("  not eligible, {why}: {n}");
+                }
+                for (hour, n) in &d.by_release_hour {
+                    println!("  released at {hour}: {n}");
+                }
+                if json {
+                    println!("{}", serde_json::to_string(&d)?);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let report = match list {
                 Some(list) => kick::kick_list(&store, &config, &campaign, &period, &list).await?,
-                None => kick::kick_registry(&store, &config, &campaign, &period).await?,
+                None => {
+                    let scanned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+                    let options = kick::FanoutOptions { scanned: Some(scanned.clone()), ..Default::default() };
+                    let shown = (!json).then(|| progress::show(&store, scanned));
+                    let owner = mailstream::ctx::owner_name("kick");
+                    let report = kick::kick_with(
+                        &store,
+                        &config,
+                        FanoutOf { campaign: &campaign, period: &period, owner: &owner },
+                        true,
+                        &options,
+                    )
+                    .await;
+                    if let Some(shown) = shown {
+                        shown.finish().await;
+                    }
+                    report?
+                }
             };
-            println!(
-                "campaign {} period {}: {} new, {} duplicates, {} not eligible",
-                report.campaign, report.period, report.new, report.duplicates, report.not_eligible
-            );
+            if let Some(holder) = &report.standby {
+                println!(
+                    "campaign {} period {}: being kicked by {holder}; standing by",
+                    report.campaign, report.period
+                );
+            } else {
+                let resumed = if report.resumed { " (resumed where a stopped kick left off)" } else { "" };
+                println!(
+                    "campaign {} period {}: {} new, {} duplicates, {} not eligible{resumed}",
+                    report.campaign, report.period, report.new, report.duplicates, report.not_eligible
+                );
+            }
+            if json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::DeadLetters { action } => {
@@ -420,6 +512,65 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Schedule { next, json } => {
+            let config = load()?;
+            let now = chrono::Utc::now();
+            let mut campaigns = Vec::new();
+            for c in &config.campaigns {
+                let Some(schedule) = mailstream::schedule::Schedule::of(c)? else { continue };
+                let fires = schedule.fires(c, now, next);
+                println!("{} ({}, {}): {}", c.name, c.time_zone, c.schedule.as_deref().unwrap_or(""), c.period.name());
+                for f in &fires {
+                    println!("  {}  {}  period {}", f.local, f.utc, f.period);
+                }
+                campaigns.push(serde_json::json!({"name": c.name, "time_zone": c.time_zone, "fires": fires}));
+            }
+            if campaigns.is_empty() {
+                println!("no campaign has a schedule");
+            }
+            if json {
+                println!("{}", serde_json::json!({ "campaigns": campaigns }));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Preview { campaign, subscriber, target, period, format } => {
+            let config = load()?;
+            let c = config.campaign(&campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+            let store = Store::open(&config).await?;
+            let period =
+                kick::period_for(&store, &config, c, period.as_deref(), kick::PeriodRule::AnyWithinRetention).await?;
+            let target = match target {
+                Some(t) => t,
+                None => subscribers::first_target(&store, &subscriber).await?,
+            };
+            let delivery = mailstream::work::DeliveryRef::new(&campaign, &period, &subscriber, &target);
+            let email = match mailstream::consumer::preview(&store, &config, &delivery).await? {
+                Ok(json) => json,
+                Err(reason) => {
+                    println!("{} would not be sent: {}", delivery.id(), reason.as_str());
+                    return Ok(ExitCode::FAILURE);
+                }
+            };
+            let value: serde_json::Value = serde_json::from_str(&email)?;
+            match format {
+                PreviewFormat::Json => println!("{email}"),
+                PreviewFormat::Html => println!("{}", value["html"].as_str().unwrap_or("")),
+                PreviewFormat::Text => {
+                    println!("delivery: {}", delivery.id());
+                    for field in ["from", "subject"] {
+                        println!("{field}: {}", value[field].as_str().unwrap_or(""));
+                    }
+                    println!("to: {}", value["to"]);
+                    if let Some(headers) = value["headers"].as_object() {
+                        for (k, v) in headers {
+                            println!("{k}: {}", v.as_str().unwrap_or(""));
+                        }
+                    }
+                    println!("\n{}", value["text"].as_str().unwrap_or(""));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Slo { campaign, period, json } => {
             let config = load()?;
             let report = async {
@@ -457,8 +608,8 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             Emulator::new(emulator_config).serve(listener, signals()?).await;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Demo { subscribers, rps, json, redis_url } => {
-            let opts = DemoOptions { subscribers, rps, redis_url, ..Default::default() };
+        Command::Demo { subscribers, rps, json, redis_url, scheduled } => {
+            let opts = DemoOptions { subscribers, rps, redis_url, scheduled, ..Default::default() };
             let mut out = std::io::stdout();
             let report = demo::run(&opts, &mut out).await?;
             if json {
@@ -466,6 +617,76 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
             }
             Ok(if report.problems().is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
+    }
+}
+
+/// How far a kick has got: a bar on a terminal, a line every few seconds otherwise.
+mod progress {
+    use std::io::IsTerminal;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{Duration, Instant};
+
+    use mailstream::db::Store;
+
+    /// Kicks over fewer subscribers than this show nothing.
+    const SHOW_FROM: u64 = 5000;
+
+    pub struct Shown(Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>);
+
+    impl Shown {
+        pub async fn finish(self) {
+            if let Some((task, stop)) = self.0 {
+                let _ = stop.send(());
+                let _ = task.await;
+            }
+        }
+    }
+
+    /// Shows `scanned` against the registry's size until finished.
+    pub fn show(store: &Store, scanned: Arc<AtomicU64>) -> Shown {
+        let store = store.clone();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let Ok(total) = store.subscriber_count().await else { return };
+            if total < SHOW_FROM {
+                return;
+            }
+            let terminal = std::io::stderr().is_terminal();
+            let bar = terminal.then(|| {
+                let bar = indicatif::ProgressBar::new(total);
+                let style = indicatif::ProgressStyle::with_template(
+                    "kick [{bar:40}] {pos}/{len} subscribers, {per_sec}, ETA {eta}",
+                );
+                bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()).progress_chars("=> "));
+                bar
+            });
+            let started = Instant::now();
+            let every = if terminal { Duration::from_millis(100) } else { Duration::from_secs(5) };
+            loop {
+                let done = tokio::select! {
+                    _ = &mut stopped => true,
+                    _ = tokio::time::sleep(every) => false,
+                };
+                let n = scanned.load(Ordering::Relaxed);
+                match &bar {
+                    Some(bar) => bar.set_position(n),
+                    None if !done => {
+                        let rate = n as f64 / started.elapsed().as_secs_f64().max(0.001);
+                        let eta = total.saturating_sub(n) as f64 / rate.max(1.0);
+                        eprintln!("kick: {n}/{total} subscribers ({rate:.0}/s, ETA {eta:.0} s)");
+                    }
+                    None => {}
+                }
+                if done {
+                    if let Some(bar) = bar {
+                        bar.finish_and_clear();
+                    }
+                    return;
+                }
+            }
+        });
+        Shown(Some((task, stop)))
     }
 }
 

@@ -1,8 +1,9 @@
 //! Periods: the ISO week, day or month an instant falls in, counted in a
 //! campaign's time zone. A period is part of every dedup key, so "once per
 //! week" means once per ISO week as the campaign's audience lives it.
+//! Also when a wall-clock hour comes in a zone (for local-hour delivery).
 
-use chrono::{DateTime, Datelike, NaiveDate, TimeZone, Utc};
+use chrono::{DateTime, Datelike, Days, NaiveDate, NaiveTime, TimeZone, Utc};
 use chrono_tz::Tz;
 use serde::Deserialize;
 
@@ -121,6 +122,26 @@ fn midnight(day: NaiveDate, tz: Tz) -> Option<DateTime<Utc>> {
     (0..4)
         .find_map(|h| tz.from_local_datetime(&(local + chrono::Duration::hours(h))).earliest())
         .map(|t| t.with_timezone(&Utc))
+}
+
+/// The first instant at or after `from` when the wall clock in `tz` reads `at`
+/// (a time skipped by DST: the first instant after the gap; a repeated one: its
+/// first occurrence); if that is not before `until`, `from` (send at once).
+pub fn release_at(at: NaiveTime, tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> DateTime<Utc> {
+    let mut day = from.with_timezone(&tz).date_naive();
+    for _ in 0..3 {
+        let wall = day.and_time(at);
+        let instant = tz
+            .from_local_datetime(&wall)
+            .earliest()
+            .or_else(|| tz.from_local_datetime(&(wall + chrono::Duration::hours(1))).earliest())
+            .map(|t| t.with_timezone(&Utc));
+        if let Some(t) = instant.filter(|t| *t >= from) {
+            return if t < until { t } else { from };
+        }
+        day = day.checked_add_days(Days::new(1)).unwrap_or(day);
+    }
+    from
 }
 
 #[cfg(test)]

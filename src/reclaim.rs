@@ -58,6 +58,9 @@ impl Reclaimer {
                     if let Err(e) = self.expired_leases(p).await {
                         ctx.metrics.redis_error("autoclaim", &e);
                     }
+                    if let Err(e) = release_due(ctx, p).await {
+                        ctx.metrics.redis_error("due", &e);
+                    }
                 }
             }
             if pass.is_multiple_of(TRIM_EVERY) {
@@ -211,6 +214,19 @@ impl Reclaimer {
         sender::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
         Ok(())
     }
+}
+
+/// Deliveries released from a due set per partition per pass.
+const RELEASE_PER_PASS: usize = 1000;
+
+/// Releases the deliveries of partition `p` whose local hour has come into its stream.
+async fn release_due(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
+    let mut conn = ctx.store.conn().await?;
+    let released = scripts::release_due(&mut conn, &ctx.store.keys, p, 0, RELEASE_PER_PASS).await?;
+    if released > 0 {
+        tracing::info!(partition = p, released, "deliveries released at their local hour");
+    }
+    Ok(())
 }
 
 /// A consumer (a past process) idle this long with nothing pending is removed

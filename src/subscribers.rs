@@ -33,6 +33,10 @@ pub struct Subscriber {
     /// Free-form values for the template (`subscriber.data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Map<String, serde_json::Value>>,
+    /// An IANA zone (`Europe/Berlin`) for campaigns delivered at a local hour; a
+    /// missing or unknown one means the campaign's zone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
 }
 
 fn yes() -> bool {
@@ -68,6 +72,7 @@ impl Subscriber {
             entitled: true,
             subscribed: true,
             data: None,
+            time_zone: None,
         }
     }
 
@@ -136,6 +141,10 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
             Some(data) => pipe.hset(&key, field::DATA, serde_json::to_string(data)?).ignore(),
             None => pipe.hdel(&key, field::DATA).ignore(),
         };
+        match &s.time_zone {
+            Some(zone) => pipe.hset(&key, field::TIME_ZONE, zone).ignore(),
+            None => pipe.hdel(&key, field::TIME_ZONE).ignore(),
+        };
         match reason {
             Some(reason) => pipe.hset(&key, field::SUPPRESSED, reason).ignore(),
             None => pipe.hdel(&key, field::SUPPRESSED).ignore(),
@@ -144,6 +153,15 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
     }
     let _: () = pipe.query_async(conn).await?;
     Ok(())
+}
+
+/// The first target of subscriber `id` (what a preview shows when none is named).
+pub async fn first_target(store: &Store, id: &str) -> anyhow::Result<String> {
+    let mut conn = store.conn().await?;
+    let targets: Option<String> =
+        conn.hget(store.keys.subscriber(store.keys.partition_of(id), id), field::TARGETS).await?;
+    let Some(stored) = targets else { bail!("no subscriber {id:?} in the registry") };
+    Ok(self::targets(Some(&stored)).next().unwrap_or(DEFAULT_TARGET).to_string())
 }
 
 /// The fields of a subscriber record (`{prefix}:{p}:subscriber:<id>`, a hash).
@@ -159,6 +177,8 @@ pub mod field {
     pub const DATA: &str = "data";
     /// Present when the address is suppressed (bounced, complained): why.
     pub const SUPPRESSED: &str = "suppressed";
+    /// The subscriber's IANA zone, for deliveries at a local hour.
+    pub const TIME_ZONE: &str = "time_zone";
 
     /// Present (when, ms) when the subscriber turned `campaign` off (one-click unsubscribe).
     pub fn opted_out(campaign: &str) -> String {

@@ -25,7 +25,8 @@ fn bin() -> Command {
 
 /// The shipped config with some lines replaced, written to a scratch file.
 fn config_file(name: &str, replace: &[(&str, &str)]) -> PathBuf {
-    let mut text = EXAMPLE.to_string();
+    // Tests kick by hand; the shipped schedule would fire by the wall clock.
+    let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
     for (from, to) in replace {
         assert!(text.contains(from), "config.toml has no {from:?}");
         text = text.replacen(from, to, 1);
@@ -267,6 +268,28 @@ async fn every_readme_command_line_works_as_written() {
     let ndjson = std::env::temp_dir().join(format!("mailstream-readme-{}.ndjson", std::process::id()));
     std::fs::write(&ndjson, "{\"id\":\"u43\",\"email\":\"delivered+u43@resend.dev\",\"targets\":[\"team-7\"],\"entitled\":true,\"subscribed\":true,\"data\":{\"name\":\"Ann\"}}\n").unwrap();
     assert!(run(&path, &url, &["subscribe", "--ndjson", ndjson.to_str().unwrap()], "").status.success());
+    shown("mailstream schedule --next 3 --json --config ...");
+    let schedule = run(&path, &url, &["schedule", "--next", "3", "--json"], "");
+    assert!(stdout(&schedule).contains("no campaign has a schedule"), "the tests' config has none");
+    let shipped = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config.toml");
+    let fires = run(&shipped, &url, &["schedule", "--next", "3", "--json"], "");
+    let json: serde_json::Value = serde_json::from_str(stdout(&fires).lines().last().unwrap()).unwrap();
+    let first = &json["campaigns"][0]["fires"][0];
+    assert!(first["local"].as_str().unwrap().ends_with("T09:00:00+09:00"), "{json}");
+    assert!(first["utc"].as_str().unwrap().ends_with("T00:00:00+00:00"), "{json}");
+    shown("mailstream kick --campaign weekly_digest --dry-run");
+    let dry = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--dry-run"], "");
+    assert!(
+        stdout(&dry).contains("nothing written") && stdout(&dry).contains("1 deliveries would be new"),
+        "{}",
+        stdout(&dry)
+    );
+    assert!(stdout(&dry).contains("not eligible, not_entitled: 1"), "{}", stdout(&dry));
+    shown("mailstream preview --campaign weekly_digest --subscriber u42");
+    let preview = run(&path, &url, &["preview", "--campaign", "weekly_digest", "--subscriber", "u43"], "");
+    assert!(stdout(&preview).contains("subject: Your weekly digest"), "{}", stdout(&preview));
+    let not_entitled = run(&path, &url, &["preview", "--campaign", "weekly_digest", "--subscriber", "u42"], "");
+    assert!(stdout(&not_entitled).contains("would not be sent: not_entitled"), "{}", stdout(&not_entitled));
     shown("mailstream kick --campaign weekly_digest");
     shown("mailstream kick --campaign weekly_digest --period 2026-W40 --allow-any-period");
     let kicked = run(&path, &url, &["kick", "--campaign", "weekly_digest"], "");
@@ -325,6 +348,14 @@ async fn every_readme_command_line_works_as_written() {
     shown("mailstream slo --campaign weekly_digest --period 2026-W48 --json --config ...");
     let quiet = run(&path, &url, &["slo", "--campaign", "weekly_digest", "--period", "2026-W48", "--json"], "");
     assert_eq!(quiet.status.code(), Some(0), "a period with nothing in it: {}", stdout(&quiet));
+    shown("mailstream subscribe --id u44 --email bo@acme.example --time-zone Europe/Berlin");
+    let zoned = run(
+        &path,
+        &url,
+        &["subscribe", "--id", "u44", "--email", "bo@acme.example", "--time-zone", "Europe/Berlin"],
+        "",
+    );
+    assert!(zoned.status.success());
     let _ = std::fs::remove_file(ndjson);
 }
 

@@ -48,7 +48,10 @@ async fn concurrent_kicks_enqueue_once() {
     );
     let (c, d) = (c.unwrap(), d.unwrap());
     assert_eq!(a.new + b.new + c.new + d.new, 500);
-    assert_eq!(a.duplicates + b.duplicates + c.duplicates + d.duplicates, 3 * 500);
+    // A registry kick that finds the other one running stands by (it does nothing).
+    let ran = [&a, &b, &c, &d].iter().filter(|r| r.standby.is_none()).count() as u64;
+    assert!(ran >= 3, "{a:?} {b:?}");
+    assert_eq!(a.duplicates + b.duplicates + c.duplicates + d.duplicates, (ran - 1) * 500);
     assert_eq!(world.counts().await.enqueued, 500);
     // A different period is a different delivery.
     let next = kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();

@@ -128,7 +128,20 @@ impl Keys {
         self.tagged(p, "periods")
     }
 
-    /// Hash: a subscriber (address, targets, entitled, subscribed, data).
+    /// Sorted set: delivery ids waiting for their release time (a campaign sent at each
+    /// recipient's local hour), scored by it in Redis-clock ms; due.lua moves them into
+    /// the stream.
+    pub fn due(&self, p: u16) -> String {
+        self.tagged(p, "due")
+    }
+
+    /// Hash: one campaign period's fan-out over the registry (owner, lease, a cursor
+    /// per partition, counts), so it runs once and resumes where it stopped.
+    pub fn fanout(&self, campaign: &str, period: &str) -> String {
+        format!("{}:fanout:{campaign}:{period}", self.prefix)
+    }
+
+    /// Hash: a subscriber (address, targets, entitled, subscribed, data, time_zone).
     pub fn subscriber(&self, p: u16, id: &str) -> String {
         self.tagged(p, &format!("subscriber:{id}"))
     }

@@ -295,6 +295,17 @@ impl Store {
         Ok(removed)
     }
 
+    /// How many subscribers the registry holds (all partitions).
+    pub async fn subscriber_count(&self) -> anyhow::Result<u64> {
+        let mut conn = self.conn().await?;
+        let mut n = 0;
+        for p in 0..self.keys.partitions() {
+            let size: u64 = conn.scard(self.keys.subscribers(p)).await?;
+            n += size;
+        }
+        Ok(n)
+    }
+
     /// Every `(campaign, period)` enqueued within the retention, in order.
     pub async fn periods(&self) -> anyhow::Result<Vec<(String, String)>> {
         let mut conn = self.conn().await?;

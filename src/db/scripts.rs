@@ -30,6 +30,8 @@ struct Scripts {
     cascade: Script,
     event: Script,
     optout: Script,
+    due: Script,
+    fanout: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -50,6 +52,8 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     cascade: Script::new(include_str!("../../lua/cascade.lua")),
     event: Script::new(include_str!("../../lua/event.lua")),
     optout: Script::new(include_str!("../../lua/optout.lua")),
+    due: Script::new(include_str!("../../lua/due.lua")),
+    fanout: Script::new(include_str!("../../lua/fanout.lua")),
 });
 
 /// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
@@ -75,6 +79,8 @@ pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> Redis
         &s.cascade,
         &s.event,
         &s.optout,
+        &s.due,
+        &s.fanout,
     ];
     for script in ours.iter().chain(more) {
         script.load_async(conn).await?;
@@ -90,20 +96,141 @@ pub async fn enqueue(
     items: &[DeliveryRef],
     retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
-    let Some(first) = items.first() else { return Ok(Vec::new()) };
+    let now: Vec<(DeliveryRef, u64)> = items.iter().map(|d| (d.clone(), 0)).collect();
+    enqueue_at(conn, keys, partition, &now, retention_secs).await
+}
+
+/// [`enqueue`] with a release time (Redis-clock ms) per delivery: one in the future
+/// waits in the partition's due set, 0 (or a past time) goes to the stream now.
+pub async fn enqueue_at(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    items: &[(DeliveryRef, u64)],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    let Some((first, _)) = items.first() else { return Ok(Vec::new()) };
     let mut call = SCRIPTS.enqueue.prepare_invoke();
     call.key(keys.stream(partition))
         .key(keys.counts(partition, &first.campaign, &first.period))
         .key(keys.periods(partition))
+        .key(keys.due(partition))
         .arg(retention_secs)
         .arg(format!("{}:{}", first.campaign, first.period));
-    for item in items {
+    for (item, release_ms) in items {
         debug_assert!(item.campaign == first.campaign && item.period == first.period, "one campaign period per call");
         let id = item.id();
-        call.key(keys.delivery(partition, &id)).arg(id);
+        call.key(keys.delivery(partition, &id)).arg(id).arg(release_ms);
     }
     let added: Vec<i64> = call.invoke_async(conn).await?;
     Ok(added.into_iter().map(|a| a == 1).collect())
+}
+
+/// Moves up to `limit` deliveries whose release time has come (at `now_ms`, or Redis's
+/// clock when 0) from partition `p`'s due set into its stream; returns how many.
+pub async fn release_due(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    now_ms: u64,
+    limit: usize,
+) -> RedisResult<u64> {
+    SCRIPTS.due.key(keys.due(partition)).key(keys.stream(partition)).arg(now_ms).arg(limit).invoke_async(conn).await
+}
+
+/// What acquiring a fan-out record found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fanout {
+    /// Ours now; `resumed` when it continues a fan-out that stopped halfway; one SSCAN
+    /// cursor per partition (`None`: that partition is finished).
+    Acquired { resumed: bool, cursors: Vec<Option<u64>> },
+    /// Another holder is fanning it out.
+    Held { owner: String },
+    /// Already fanned out.
+    Done,
+}
+
+/// One campaign period's fan-out, as run by `owner`.
+#[derive(Debug, Clone, Copy)]
+pub struct FanoutOf<'a> {
+    pub campaign: &'a str,
+    pub period: &'a str,
+    pub owner: &'a str,
+}
+
+/// Takes the fan-out record of a campaign period for its owner (`restart`: start again
+/// if it is done, as an operator's kick does; a scheduler never does).
+pub async fn fanout_acquire(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    run: FanoutOf<'_>,
+    lease_ms: u64,
+    restart: bool,
+    retention_secs: u64,
+) -> RedisResult<Fanout> {
+    let row: Vec<String> = SCRIPTS
+        .fanout
+        .key(keys.fanout(run.campaign, run.period))
+        .arg("acquire")
+        .arg(run.owner)
+        .arg(lease_ms)
+        .arg(if restart { "1" } else { "0" })
+        .arg(keys.partitions())
+        .arg(retention_secs)
+        .invoke_async(conn)
+        .await?;
+    Ok(match row.first().map(String::as_str) {
+        Some("acquired") => Fanout::Acquired {
+            resumed: row.get(1).map(String::as_str) == Some("1"),
+            cursors: row[2..].iter().map(|c| c.parse().ok()).collect(),
+        },
+        Some("held") => Fanout::Held { owner: row.get(1).cloned().unwrap_or_default() },
+        _ => Fanout::Done,
+    })
+}
+
+/// What one page of a fan-out did, recorded with the cursor it ended at.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FanoutPage {
+    pub new: u64,
+    pub duplicates: u64,
+    pub not_eligible: u64,
+    pub scanned: u64,
+}
+
+/// Records a page of partition `p` (`cursor` None: the partition is finished) and
+/// renews the lease; `false` if the record is no longer the run's owner's.
+pub async fn fanout_progress(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    run: FanoutOf<'_>,
+    lease_ms: u64,
+    p: u16,
+    cursor: Option<u64>,
+    page: FanoutPage,
+) -> RedisResult<bool> {
+    let held: i64 = SCRIPTS
+        .fanout
+        .key(keys.fanout(run.campaign, run.period))
+        .arg("progress")
+        .arg(run.owner)
+        .arg(lease_ms)
+        .arg(p)
+        .arg(cursor.map_or("done".to_string(), |c| c.to_string()))
+        .arg(page.new)
+        .arg(page.duplicates)
+        .arg(page.not_eligible)
+        .arg(page.scanned)
+        .invoke_async(conn)
+        .await?;
+    Ok(held == 1)
+}
+
+/// Marks the fan-out done; `false` if the record is no longer the run's owner's.
+pub async fn fanout_finish(conn: &mut impl ConnectionLike, keys: &Keys, run: FanoutOf<'_>) -> RedisResult<bool> {
+    let key = keys.fanout(run.campaign, run.period);
+    let held: i64 = SCRIPTS.fanout.key(key).arg("finish").arg(run.owner).arg(0).invoke_async(conn).await?;
+    Ok(held == 1)
 }
 
 /// What a claim found.

@@ -54,7 +54,8 @@ impl Gauges {
                 r,
                 "mailstream_backlog",
                 "Per partition: stream_length, unread (the group's lag), unacked (read, not sealed), \
-                 sealed_batches (unsettled), due_batches (a retry due or a holder's lease run out)",
+                 sealed_batches (unsettled), due_batches (a retry due or a holder's lease run out), scheduled \
+                 (waiting for a recipient's local hour)",
                 &["partition", "kind"],
             ),
             dead_letters: register(
@@ -77,6 +78,7 @@ struct Partition {
     unacked: u64,
     sealed_batches: u64,
     due_batches: u64,
+    scheduled: u64,
     dead: u64,
     unknown: u64,
     paused: bool,
@@ -126,6 +128,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
             ("unacked", f.unacked),
             ("sealed_batches", f.sealed_batches),
             ("due_batches", f.due_batches),
+            ("scheduled", f.scheduled),
         ] {
             g.backlog.with_label_values(&[p.as_str(), kind]).set(n as i64);
         }
@@ -157,23 +160,25 @@ async fn partition(conn: &mut impl ConnectionLike, store: &Store, group: &str, p
     };
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     let now = secs * 1000 + micros / 1000;
-    let (stream_length, sealed_batches, due_batches, dead, unknown, paused): (u64, u64, u64, u64, u64, bool) =
-        redis::pipe()
-            .cmd("XLEN")
-            .arg(&stream)
-            .cmd("ZCARD")
-            .arg(keys.batches(p))
-            .cmd("ZCOUNT")
-            .arg(keys.batches(p))
-            .arg("-inf")
-            .arg(now)
-            .cmd("XLEN")
-            .arg(keys.dead(p))
-            .cmd("XLEN")
-            .arg(keys.unknown(p))
-            .cmd("EXISTS")
-            .arg(keys.paused(p))
-            .query_async(conn)
-            .await?;
-    Ok(Partition { stream_length, unread, unacked, sealed_batches, due_batches, dead, unknown, paused })
+    type Figures = (u64, u64, u64, u64, u64, bool, u64);
+    let (stream_length, sealed_batches, due_batches, dead, unknown, paused, scheduled): Figures = redis::pipe()
+        .cmd("XLEN")
+        .arg(&stream)
+        .cmd("ZCARD")
+        .arg(keys.batches(p))
+        .cmd("ZCOUNT")
+        .arg(keys.batches(p))
+        .arg("-inf")
+        .arg(now)
+        .cmd("XLEN")
+        .arg(keys.dead(p))
+        .cmd("XLEN")
+        .arg(keys.unknown(p))
+        .cmd("EXISTS")
+        .arg(keys.paused(p))
+        .cmd("ZCARD")
+        .arg(keys.due(p))
+        .query_async(conn)
+        .await?;
+    Ok(Partition { stream_length, unread, unacked, sealed_batches, due_batches, scheduled, dead, unknown, paused })
 }

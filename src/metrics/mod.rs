@@ -10,8 +10,8 @@ mod process;
 use std::time::Duration;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub use self::from_redis::refresh;
@@ -53,6 +53,9 @@ pub struct Metrics {
     stuck_after: Gauge,
     ceiling: Gauge,
     build_info: IntGaugeVec,
+    schedule_fires: IntCounterVec,
+    schedule_last: GaugeVec,
+    schedule_next: GaugeVec,
     /// Held while gauges are replaced and while the registry is gathered, so a
     /// scrape never sees half of a refresh.
     exposition: std::sync::Mutex<()>,
@@ -68,6 +71,12 @@ fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntC
 
 fn gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn float_gauges(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
     registry.register(Box::new(g.clone())).expect("unique metric");
     g
 }
@@ -203,6 +212,24 @@ impl Metrics {
                 "The most emails per second the configured rate allows (requests per second x batch size)",
             ),
             build_info: gauges(&r, "mailstream_build_info", "Always 1; the running version", &["version"]),
+            schedule_fires: counter(
+                &r,
+                "mailstream_schedule_fires_total",
+                "Scheduled fires, by campaign and result (fired, caught_up, missed, standby)",
+                &["campaign", "result"],
+            ),
+            schedule_last: float_gauges(
+                &r,
+                "mailstream_schedule_last_fire_timestamp_seconds",
+                "The latest scheduled fire time at or before now, per campaign (Unix seconds)",
+                &["campaign"],
+            ),
+            schedule_next: float_gauges(
+                &r,
+                "mailstream_schedule_next_fire_timestamp_seconds",
+                "The next scheduled fire time, per campaign (Unix seconds)",
+                &["campaign"],
+            ),
             exposition: std::sync::Mutex::new(()),
             paused_logged: std::sync::atomic::AtomicBool::new(false),
             redis_errors: counter(
@@ -320,6 +347,25 @@ impl Metrics {
             .map(|why| (why.as_str().to_string(), self.suppressions.with_label_values(&[why.as_str()]).get()))
             .filter(|(_, n)| *n > 0)
             .collect()
+    }
+
+    /// A scheduled fire of `campaign` came to `result` (fired, caught_up, missed, standby).
+    pub fn schedule_fire(&self, campaign: &str, result: &'static str) {
+        self.schedule_fires.with_label_values(&[campaign, result]).inc();
+    }
+
+    /// A campaign's latest and next fire times.
+    pub fn schedule_times(
+        &self,
+        campaign: &str,
+        last: Option<chrono::DateTime<chrono::Utc>>,
+        next: Option<chrono::DateTime<chrono::Utc>>,
+    ) {
+        for (g, t) in [(&self.schedule_last, last), (&self.schedule_next, next)] {
+            if let Some(t) = t {
+                g.with_label_values(&[campaign]).set(t.timestamp() as f64);
+            }
+        }
     }
 
     /// What the reclaimer's last look found stuck (replaces the previous look);

@@ -103,6 +103,10 @@ impl World {
         config.delivery.retry_max_ms = 200;
         config.delivery.block_ms = 200;
         config.http.metrics_listen = None;
+        // Tests kick by hand; the shipped schedule would fire by the wall clock.
+        for c in &mut config.campaigns {
+            c.schedule = None;
+        }
         tweak(&mut config);
         config.validate().expect("test config is valid");
         let store = Store::connect(&config).await.expect("store connects");
@@ -393,4 +397,12 @@ pub async fn sealed_batch(
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
     ("B1".into(), items)
+}
+
+/// A daily cron (in the example campaign's zone, Asia/Tokyo) whose latest fire was
+/// three hours ago: past a one-hour catch-up window, within the retention.
+pub fn daily_three_hours_ago() -> String {
+    use chrono::Timelike;
+    let then = (chrono::Utc::now() - chrono::Duration::hours(3)).with_timezone(&chrono_tz::Asia::Tokyo);
+    format!("{} {} * * *", then.minute(), then.hour())
 }
