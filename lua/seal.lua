@@ -6,23 +6,35 @@
 -- `sizes` keeps each member's length so the last gate can drop a member byte-exactly.
 -- The batch record has no expiry: it lives until it is settled.
 --
--- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] stream, KEYS[3+i] delivery key of member i
+-- A batch may carry both lanes of its partition (receipts first, the spare room filled with
+-- digest emails): each member's entry is acknowledged on its own lane's stream.
+--
+-- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] digest stream, KEYS[4] transactional stream,
+--   KEYS[4+i] delivery key of member i
 -- ARGV[1] batch id, ARGV[2] idempotency key, ARGV[3] owner, ARGV[4] group, ARGV[5] lease ms;
---   then per member: stream entry id, delivery id, email JSON
+--   then per member: stream entry id, delivery id, email JSON, A/B variant ('' for none; kept
+--   on the record, counted as an exposure by settle.lua once the provider accepted it)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
 local bid, ikey, owner, group, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local sealed, entries, ids, items, sizes = {}, {}, {}, {}, {}
-for i = 4, #KEYS do
-  local m = i - 3
-  local base = 5 + 3 * (m - 1)
+local sealed, entries, tx_entries, ids, items, sizes = {}, {}, {}, {}, {}, {}
+for i = 5, #KEYS do
+  local m = i - 4
+  local base = 5 + 4 * (m - 1)
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
   if d[1] == 'processing' and d[2] == owner then
     redis.call('HSET', KEYS[i], 'state', 'sealed', 'batch', bid)
+    if ARGV[base + 4] ~= '' then
+      redis.call('HSET', KEYS[i], 'variant', ARGV[base + 4])
+    end
     redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
     sealed[#sealed + 1] = m
-    entries[#entries + 1] = ARGV[base + 1]
+    if string.sub(ARGV[base + 2], 1, 14) == 'transactional:' then
+      tx_entries[#tx_entries + 1] = ARGV[base + 1]
+    else
+      entries[#entries + 1] = ARGV[base + 1]
+    end
     ids[#ids + 1] = ARGV[base + 2]
     items[#items + 1] = ARGV[base + 3]
     sizes[#sizes + 1] = #ARGV[base + 3]
@@ -31,7 +43,12 @@ end
 if #sealed == 0 then
   return {}
 end
-redis.call('XACK', KEYS[3], group, unpack(entries))
+if #entries > 0 then
+  redis.call('XACK', KEYS[3], group, unpack(entries))
+end
+if #tx_entries > 0 then
+  redis.call('XACK', KEYS[4], group, unpack(tx_entries))
+end
 redis.call('HSET', KEYS[1], 'key', ikey, 'body', '[' .. table.concat(items, ',') .. ']',
   'sizes', table.concat(sizes, ' '), 'members', table.concat(ids, ' '),
   'first_sealed_ms', now, 'sealed_ms', now, 'owner', owner, 'state', 'sealed',

@@ -1,7 +1,8 @@
 -- settle.lua: record the final outcome of each member of a sealed batch, then delete the
 -- batch (its body holds addresses). Idempotent: a batch already settled is left alone, and
 -- only members still sealed into this batch change. A settled record expires after the
--- retention (its TTL starts here); failed members go to the dead-letter stream and
+-- retention (its TTL starts here); a sent member with an A/B variant counts as that
+-- variant's exposure (`exposed:<variant>` in the counts hash); failed members go to the dead-letter stream and
 -- outcome_unknown ones to the unknown stream, with the number of requests made.
 --
 -- Three kinds of callers. The provider's 2xx answer for the batch's key is authoritative, so
@@ -56,6 +57,13 @@ for i = 5 + c, #KEYS do
     redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
     redis.call('EXPIRE', KEYS[i], retention)
     redis.call('HINCRBY', KEYS[4 + ci], state, 1)
+    if state == 'sent' then
+      -- An A/B exposure counts only once the provider accepted the email.
+      local variant = redis.call('HGET', KEYS[i], 'variant')
+      if variant then
+        redis.call('HINCRBY', KEYS[4 + ci], 'exposed:' .. variant, 1)
+      end
+    end
     redis.call('EXPIRE', KEYS[4 + ci], retention)
     if state == 'failed' then
       redis.call('XADD', KEYS[3], 'MINID', '~', now - retention * 1000, '*',

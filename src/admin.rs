@@ -49,13 +49,15 @@ impl Admin {
     /// Whether the request carries a valid token or session (compared in constant time).
     fn allowed(&self, req: &HttpRequest) -> bool {
         let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let bearer = header(hyper::header::AUTHORIZATION).strip_prefix("Bearer ").unwrap_or("").trim();
+        let bearer = http::bearer(req);
         let cookie = header(hyper::header::COOKIE)
             .split(';')
             .filter_map(|c| c.trim().strip_prefix(COOKIE).and_then(|c| c.strip_prefix('=')))
             .next()
             .unwrap_or("");
-        self.tokens.iter().any(|t| same(bearer, t.expose()) || same(cookie, &Self::session(t)))
+        self.tokens
+            .iter()
+            .any(|t| http::same_secret(bearer, t.expose()) || http::same_secret(cookie, &Self::session(t)))
     }
 
     /// Answers a request under `/admin`.
@@ -106,7 +108,7 @@ impl Admin {
             return login_page(StatusCode::OK, "Sign in with an admin token.");
         }
         let token = form_urlencoded::parse(req.body()).find(|(k, _)| k == "token").map(|(_, v)| v.to_string());
-        let known = token.and_then(|p| self.tokens.iter().find(|t| same(&p, t.expose())));
+        let known = token.and_then(|p| self.tokens.iter().find(|t| http::same_secret(&p, t.expose())));
         match known {
             Some(t) => {
                 let mut response = redirect("/admin/deliveries");
@@ -117,17 +119,6 @@ impl Admin {
             None => login_page(StatusCode::UNAUTHORIZED, "That token is not valid."),
         }
     }
-}
-
-/// Whether `presented` equals `known`, in time that does not depend on where they
-/// differ (both are MACed with a key of `known`'s, then compared by `verify_slice`).
-fn same(presented: &str, known: &str) -> bool {
-    let mac = |s: &str| {
-        let mut m = Hmac::<Sha256>::new_from_slice(known.as_bytes()).expect("HMAC takes any key length");
-        m.update(s.as_bytes());
-        m
-    };
-    !presented.is_empty() && mac(presented).verify_slice(&mac(known).finalize().into_bytes()).is_ok()
 }
 
 fn json<T: serde::Serialize>(value: &T) -> HttpResponse {

@@ -1,8 +1,11 @@
-//! The batcher: queues only. Rendered emails wait in per-partition queues (a
-//! batch is sealed within one partition, so its Lua scripts touch one hash
-//! slot); each request slot takes up to `batch_size` emails of one partition,
-//! so under backlog every slot carries a full batch. Batches due for a resend
-//! go first. Bounded queues push back on the readers. Pacing is dispatch's.
+//! The batcher: queues only. Rendered emails wait in per-lane, per-partition
+//! queues (a batch is sealed within one partition, so its Lua scripts touch one
+//! hash slot); each request slot takes up to `batch_size` emails of one
+//! partition, so under backlog every slot carries a full batch. Transactional
+//! emails go first (their batch's spare room filled with digest emails of the
+//! same partition), then batches due for a resend, then digests.
+//! Bounded queues push back on the readers (each lane has its own room, so a
+//! digest backlog never holds a receipt's reader back). Pacing is dispatch's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -11,15 +14,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::work::{DeliveryRef, Ready, Sealed, Work};
+use crate::work::{DeliveryRef, Lane, Ready, Sealed, Work};
 
 /// Queues between the readers and the request slots, and the batches in hand.
 pub struct Batcher {
     batch_size: usize,
     queues: Mutex<Queues>,
     changed: Notify,
-    /// Free places per partition queue; readers wait here when sending falls behind.
-    space: Vec<Semaphore>,
+    /// Free places per lane and partition queue; readers wait here when sending falls behind.
+    space: [Vec<Semaphore>; 2],
     /// Set at shutdown: nothing more is queued (pushers get their items back).
     closed: AtomicBool,
     /// Sealed batches this instance is sending or waiting to send, by id: their leases
@@ -28,8 +31,8 @@ pub struct Batcher {
 }
 
 struct Queues {
-    /// Per partition: emails with the time they were queued.
-    fresh: Vec<VecDeque<(Instant, Ready)>>,
+    /// Per lane, per partition: emails with the time they were queued.
+    fresh: [Vec<VecDeque<(Instant, Ready)>>; 2],
     resend: VecDeque<Sealed>,
 }
 
@@ -53,48 +56,49 @@ impl Batcher {
         Batcher {
             batch_size,
             queues: Mutex::new(Queues {
-                fresh: (0..partitions).map(|_| VecDeque::new()).collect(),
+                fresh: [(); 2].map(|_| (0..partitions).map(|_| VecDeque::new()).collect()),
                 resend: VecDeque::new(),
             }),
             changed: Notify::new(),
-            space: (0..partitions).map(|_| Semaphore::new(capacity)).collect(),
+            space: [(); 2].map(|_| (0..partitions).map(|_| Semaphore::new(capacity)).collect()),
             closed: AtomicBool::new(false),
             in_hand: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Queues emails of partition `p`, waiting for room; gives them back once closed.
-    pub async fn push(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+    /// Queues emails of partition `p` in `lane`, waiting for room; gives them back once closed.
+    pub async fn push(&self, p: u16, lane: Lane, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
         if items.is_empty() {
             return Ok(());
         }
-        match self.space[usize::from(p)].acquire_many(items.len() as u32).await {
+        match self.space[lane.index()][usize::from(p)].acquire_many(items.len() as u32).await {
             Ok(permits) => permits.forget(),
             Err(_) => return Err(items),
         }
-        self.enqueue(p, items)
+        self.enqueue(p, lane, items)
     }
 
-    /// Queues emails of partition `p` if there is room now; gives them back if not.
-    pub fn try_push(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+    /// Queues emails of partition `p` in `lane` if there is room now; gives them back if not.
+    pub fn try_push(&self, p: u16, lane: Lane, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
         if items.is_empty() {
             return Ok(());
         }
-        match self.space[usize::from(p)].try_acquire_many(items.len() as u32) {
+        match self.space[lane.index()][usize::from(p)].try_acquire_many(items.len() as u32) {
             Ok(permits) => permits.forget(),
             Err(_) => return Err(items),
         }
-        self.enqueue(p, items)
+        self.enqueue(p, lane, items)
     }
 
-    fn enqueue(&self, p: u16, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+    fn enqueue(&self, p: u16, lane: Lane, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+        debug_assert!(items.iter().all(|r| r.delivery.lane() == lane), "one lane per push");
         let mut q = self.queues.lock().expect("batcher lock");
         // Checked under the lock `drain` takes, so nothing lands after the last drain.
         if self.closed.load(Ordering::SeqCst) {
             return Err(items);
         }
         let now = Instant::now();
-        q.fresh[usize::from(p)].extend(items.into_iter().map(|r| (now, r)));
+        q.fresh[lane.index()][usize::from(p)].extend(items.into_iter().map(|r| (now, r)));
         drop(q);
         self.changed.notify_one();
         Ok(())
@@ -110,7 +114,7 @@ impl Batcher {
     pub fn close(&self) {
         let _q = self.queues.lock().expect("batcher lock");
         self.closed.store(true, Ordering::SeqCst);
-        for s in &self.space {
+        for s in self.space.iter().flatten() {
             s.close();
         }
     }
@@ -119,11 +123,13 @@ impl Batcher {
     pub fn drain(&self) -> Drained {
         let mut q = self.queues.lock().expect("batcher lock");
         let mut fresh = Vec::new();
-        for (p, queue) in q.fresh.iter_mut().enumerate() {
-            if !queue.is_empty() {
-                let items: Vec<Ready> = queue.drain(..).map(|(_, r)| r).collect();
-                self.space[p].add_permits(items.len());
-                fresh.push((p as u16, items));
+        for (lane, queues) in q.fresh.iter_mut().enumerate() {
+            for (p, queue) in queues.iter_mut().enumerate() {
+                if !queue.is_empty() {
+                    let items: Vec<Ready> = queue.drain(..).map(|(_, r)| r).collect();
+                    self.space[lane][p].add_permits(items.len());
+                    fresh.push((p as u16, items));
+                }
             }
         }
         Drained { fresh, resend: q.resend.drain(..).collect() }
@@ -132,18 +138,18 @@ impl Batcher {
     /// Emails and batches waiting.
     pub fn queued(&self) -> (usize, usize) {
         let q = self.queues.lock().expect("batcher lock");
-        (q.fresh.iter().map(VecDeque::len).sum(), q.resend.len())
+        (q.fresh.iter().flatten().map(VecDeque::len).sum(), q.resend.len())
     }
 
-    /// The deliveries waiting in partition `p`'s queue (claimed by this instance).
+    /// The deliveries waiting in partition `p`'s queues (claimed by this instance).
     pub fn claimed(&self, p: u16) -> Vec<DeliveryRef> {
         let q = self.queues.lock().expect("batcher lock");
-        q.fresh[usize::from(p)].iter().map(|(_, r)| r.delivery.clone()).collect()
+        q.fresh.iter().flat_map(|lane| lane[usize::from(p)].iter()).map(|(_, r)| r.delivery.clone()).collect()
     }
 
-    /// Free places in partition `p`'s queue.
-    pub fn room(&self, p: u16) -> usize {
-        self.space[usize::from(p)].available_permits()
+    /// Free places in partition `p`'s queue of `lane`.
+    pub fn room(&self, p: u16, lane: Lane) -> usize {
+        self.space[lane.index()][usize::from(p)].available_permits()
     }
 
     /// Marks a sealed batch as in hand (being sent, or waiting for its slot).
@@ -174,7 +180,7 @@ impl Batcher {
             let notified = self.changed.notified();
             {
                 let q = self.queues.lock().expect("batcher lock");
-                if !q.resend.is_empty() || q.fresh.iter().any(|f| !f.is_empty()) {
+                if !q.resend.is_empty() || q.fresh.iter().flatten().any(|f| !f.is_empty()) {
                     return;
                 }
             }
@@ -182,29 +188,42 @@ impl Batcher {
         }
     }
 
-    /// Takes the next request's worth: a resend first, else up to `batch_size` emails
-    /// of one partition: the one waiting longest among those with a full batch, or,
-    /// when none has, the one waiting longest. Oldest-first keeps every partition
-    /// moving under backlog (the fullest-first rule let one partition that refilled
-    /// within a slot take every slot, while the others' leases ran out).
+    /// Takes the next request's worth: transactional emails first (the partition that
+    /// has waited longest, whatever its size: a receipt does not wait for a full
+    /// batch), then a resend, else up to `batch_size` digest emails of one partition:
+    /// the one waiting longest among those with a full batch, or, when none has, the
+    /// one waiting longest. Oldest-first keeps every partition moving under backlog
+    /// (the fullest-first rule let one partition that refilled within a slot take
+    /// every slot, while the others' leases ran out).
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
-        if let Some(sealed) = q.resend.pop_front() {
-            return Some(Work::Resend(sealed));
-        }
-        let oldest = |full: bool| {
-            q.fresh
+        let oldest = |queues: &[VecDeque<(Instant, Ready)>], full: bool| {
+            queues
                 .iter()
                 .enumerate()
                 .filter(|(_, f)| if full { f.len() >= self.batch_size } else { !f.is_empty() })
                 .min_by_key(|(_, f)| f.front().map(|(at, _)| *at))
                 .map(|(p, _)| p)
         };
-        let p = oldest(true).or_else(|| oldest(false))?;
-        let queue = &mut q.fresh[p];
-        let n = queue.len().min(self.batch_size);
-        let items: Vec<Ready> = queue.drain(..n).map(|(_, r)| r).collect();
-        self.space[p].add_permits(n);
+        let (tx, digest) = (Lane::Transactional.index(), Lane::Digest.index());
+        let p = match oldest(&q.fresh[tx], false) {
+            Some(p) => p,
+            None => {
+                if let Some(sealed) = q.resend.pop_front() {
+                    return Some(Work::Resend(sealed));
+                }
+                oldest(&q.fresh[digest], true).or_else(|| oldest(&q.fresh[digest], false))?
+            }
+        };
+        // The partition's receipts first, the spare room filled with its digest emails:
+        // a receipt costs the digest no request slot.
+        let mut items = Vec::with_capacity(self.batch_size);
+        for lane in [tx, digest] {
+            let queue = &mut q.fresh[lane][p];
+            let n = queue.len().min(self.batch_size - items.len());
+            items.extend(queue.drain(..n).map(|(_, r)| r));
+            self.space[lane][p].add_permits(n);
+        }
         Some(Work::Fresh(p as u16, items))
     }
 }
@@ -214,15 +233,22 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
+    use bytes::Bytes;
+
     use super::*;
     use crate::work::DeliveryRef;
 
     fn ready(n: usize) -> Vec<Ready> {
+        lane_ready("c", n)
+    }
+
+    fn lane_ready(campaign: &str, n: usize) -> Vec<Ready> {
         (0..n)
             .map(|i| Ready {
                 entry: format!("0-{i}"),
-                delivery: DeliveryRef::new("c", "p", &format!("s{i}"), "t"),
+                delivery: DeliveryRef::new(campaign, "p", &format!("s{i}"), "t"),
                 json: "{}".into(),
+                variant: None,
             })
             .collect()
     }
@@ -238,9 +264,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn full_batches_first_oldest_first_never_over_the_batch_size() {
         let b = Batcher::new(3, 100, 300);
-        b.push(0, ready(30)).await.unwrap();
+        b.push(0, Lane::Digest, ready(30)).await.unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
-        b.push(2, ready(250)).await.unwrap();
+        b.push(2, Lane::Digest, ready(250)).await.unwrap();
         // Partition 2 has full batches; then partition 0's 30 have waited longest.
         assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
         assert!(b.take().is_none());
@@ -250,7 +276,7 @@ mod tests {
     async fn a_partition_that_refills_at_once_does_not_take_every_slot() {
         let b = Batcher::new(3, 100, 200);
         for p in 0..3 {
-            b.push(p, ready(200)).await.unwrap();
+            b.push(p, Lane::Digest, ready(200)).await.unwrap();
             tokio::time::advance(Duration::from_millis(1)).await;
         }
         let mut served = Vec::new();
@@ -258,20 +284,48 @@ mod tests {
             let Some(Work::Fresh(p, items)) = b.take() else { panic!("work") };
             served.push(p);
             // Its reader refills the queue before the next slot.
-            b.push(p, ready(items.len())).await.unwrap();
+            b.push(p, Lane::Digest, ready(items.len())).await.unwrap();
             tokio::time::advance(Duration::from_millis(1)).await;
         }
         // Oldest first: each partition's 200 (two slots' worth) go before the refills.
         assert_eq!(served, vec![0, 0, 1, 1, 2, 2]);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn transactional_mail_takes_the_next_slot_before_resends_and_full_digests() {
+        let b = Batcher::new(2, 100, 300);
+        b.push(0, Lane::Digest, ready(300)).await.unwrap();
+        b.push_resend(Sealed {
+            partition: 1,
+            id: "b1".into(),
+            key: "k".into(),
+            body: Bytes::new(),
+            members: Vec::new(),
+            tries: 1,
+            maybe_sent: false,
+        });
+        tokio::time::advance(Duration::from_millis(5)).await;
+        // A digest backlog does not hold a receipt's reader back: each lane has its room.
+        b.try_push(1, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 3)).unwrap();
+        let Some(Work::Fresh(1, items)) = b.take() else { panic!("the receipts first") };
+        assert!(items.len() == 3 && items.iter().all(|r| r.delivery.lane() == Lane::Transactional));
+        assert!(matches!(b.take(), Some(Work::Resend(s)) if s.id == "b1"));
+        assert!(matches!(b.take(), Some(Work::Fresh(0, items)) if items.len() == 100));
+        // Receipts in partition 0: their batch is topped up with that partition's digest.
+        b.try_push(0, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 2)).unwrap();
+        let Some(Work::Fresh(0, items)) = b.take() else { panic!("the receipts first") };
+        let lanes: Vec<Lane> = items.iter().map(|r| r.delivery.lane()).collect();
+        assert_eq!((lanes.len(), lanes[..2].iter().all(|l| *l == Lane::Transactional)), (100, true));
+        assert_eq!(b.queued(), (102, 0));
+    }
+
     #[tokio::test]
     async fn a_full_queue_holds_its_reader_back() {
         let b = Arc::new(Batcher::new(1, 100, 150));
-        b.push(0, ready(100)).await.unwrap();
+        b.push(0, Lane::Digest, ready(100)).await.unwrap();
         let pushing = {
             let b = b.clone();
-            tokio::spawn(async move { b.push(0, ready(100)).await })
+            tokio::spawn(async move { b.push(0, Lane::Digest, ready(100)).await })
         };
         tokio::task::yield_now().await;
         assert!(!pushing.is_finished(), "no room for 100 more");
@@ -283,15 +337,15 @@ mod tests {
     #[tokio::test]
     async fn a_closed_batcher_gives_items_back_and_drains() {
         let b = Arc::new(Batcher::new(2, 100, 100));
-        b.push(1, ready(100)).await.unwrap();
+        b.push(1, Lane::Digest, ready(100)).await.unwrap();
         let waiting = {
             let b = b.clone();
-            tokio::spawn(async move { b.push(1, ready(10)).await })
+            tokio::spawn(async move { b.push(1, Lane::Digest, ready(10)).await })
         };
         tokio::task::yield_now().await;
         b.close();
         assert_eq!(waiting.await.unwrap().unwrap_err().len(), 10, "a waiting pusher gets its items back");
-        assert_eq!(b.try_push(0, ready(5)).unwrap_err().len(), 5);
+        assert_eq!(b.try_push(0, Lane::Digest, ready(5)).unwrap_err().len(), 5);
         let drained = b.drain();
         assert_eq!(drained.fresh.len(), 1);
         assert_eq!((drained.fresh[0].0, drained.fresh[0].1.len()), (1, 100));

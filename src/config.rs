@@ -27,6 +27,10 @@ pub const ENV_WEBHOOK_SECRET: &str = "MAILSTREAM_WEBHOOK_SECRET";
 pub const ENV_UNSUBSCRIBE_SECRET: &str = "MAILSTREAM_UNSUBSCRIBE_SECRET";
 /// Environment variable holding the admin token(s) of the private listener.
 pub const ENV_ADMIN_TOKEN: &str = "MAILSTREAM_ADMIN_TOKEN";
+/// The bearer token of the ingest API (`POST /v1/deliveries`).
+pub const ENV_INGEST_TOKEN: &str = "MAILSTREAM_INGEST_TOKEN";
+/// The secret render-hook requests are signed with.
+pub const ENV_RENDER_HOOK_SECRET: &str = "MAILSTREAM_RENDER_HOOK_SECRET";
 
 /// Everything `mailstream` reads from its config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -52,6 +56,61 @@ pub struct Config {
     pub campaigns: Vec<CampaignConfig>,
     #[serde(default)]
     pub templates: BTreeMap<String, TemplateConfig>,
+    /// A folder of `NAME.subject`, `NAME.html` and `NAME.text` files, each set a
+    /// template called NAME beside the inline ones (relative to the config file).
+    #[serde(default)]
+    pub templates_dir: Option<PathBuf>,
+    #[serde(default)]
+    pub render_hook: RenderHookSecret,
+}
+
+/// The secret every render hook's requests are signed with (HMAC-SHA256): from
+/// `MAILSTREAM_RENDER_HOOK_SECRET`, `secret_file` or the credential `render_hook_secret`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RenderHookSecret {
+    pub secret_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub secret: Option<Secret>,
+}
+
+/// A campaign's render hook: an endpoint of the application that, at send time,
+/// says per delivery what to send (address, data, variant) or why to skip it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenderHookConfig {
+    pub url: String,
+    /// Per request; a request that takes longer is retried, then deferred.
+    #[serde(default = "default_hook_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Quick retries within one attempt before the deliveries are deferred.
+    #[serde(default = "default_hook_retries")]
+    pub retries: u32,
+}
+
+fn default_hook_timeout_ms() -> u64 {
+    3000
+}
+
+fn default_hook_retries() -> u32 {
+    1
+}
+
+/// A campaign's A/B test: off unless `enabled`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VariantsConfig {
+    #[serde(default)]
+    pub enabled: bool,
+    #[serde(default)]
+    pub arms: Vec<crate::render::VariantConfig>,
+}
+
+impl VariantsConfig {
+    /// The variants in use (none while not enabled).
+    pub fn active(&self) -> &[crate::render::VariantConfig] {
+        if self.enabled { &self.arms } else { &[] }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -180,6 +239,12 @@ pub struct HttpConfig {
     pub admin_token_file: Option<PathBuf>,
     #[serde(skip)]
     pub admin_tokens: Vec<Secret>,
+    /// The ingest API (`POST /v1/deliveries` on the public listener) needs a bearer
+    /// token of at least 16 characters: `MAILSTREAM_INGEST_TOKEN`, this file, or the
+    /// credential `ingest_token`. Without one the API is off (404).
+    pub ingest_token_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub ingest_tokens: Vec<Secret>,
 }
 
 /// Resend's webhooks: where their signing secret comes from and how events act.
@@ -289,6 +354,10 @@ pub struct CampaignConfig {
     /// time at or after the kick, within the period.
     #[serde(default)]
     pub deliver_at_local: Option<String>,
+    #[serde(default)]
+    pub render_hook: Option<RenderHookConfig>,
+    #[serde(default)]
+    pub variants: VariantsConfig,
 }
 
 fn default_catch_up_hours() -> u64 {
@@ -360,6 +429,8 @@ impl Default for HttpConfig {
             public_timeout_ms: 10_000,
             admin_token_file: None,
             admin_tokens: Vec::new(),
+            ingest_token_file: None,
+            ingest_tokens: Vec::new(),
         }
     }
 }
@@ -404,9 +475,53 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.to_owned(), cause })?;
         let mut config = Config::parse(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
+        if let Some(dir) = config.templates_dir.clone() {
+            let dir = if dir.is_relative() { path.parent().unwrap_or(Path::new(".")).join(dir) } else { dir };
+            config.load_templates(&dir)?;
+        }
         config.apply_env(|name| std::env::var(name).ok())?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// Adds the templates of `dir` (`NAME.subject`, `NAME.html`, `NAME.text`, all three
+    /// per name), each compiled here so an error names its file and line.
+    pub fn load_templates(&mut self, dir: &Path) -> Result<(), ConfigError> {
+        let entries = std::fs::read_dir(dir).map_err(|cause| ConfigError::Read { path: dir.to_owned(), cause })?;
+        let mut parts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        let mut errors = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|cause| ConfigError::Read { path: dir.to_owned(), cause })?.path();
+            let (Some(name), Some(suffix)) = (
+                path.file_stem().and_then(|s| s.to_str()),
+                path.extension().and_then(|s| s.to_str()).filter(|s| ["subject", "html", "text"].contains(s)),
+            ) else {
+                continue;
+            };
+            let source =
+                std::fs::read_to_string(&path).map_err(|cause| ConfigError::Read { path: path.clone(), cause })?;
+            let mut env = minijinja::Environment::new();
+            if let Err(e) = env.add_template_owned(format!("{name}.{suffix}"), source.clone()) {
+                let line = e.line().map(|l| format!(":{l}")).unwrap_or_default();
+                errors.push(format!("{}{line}: {}", path.display(), e.detail().unwrap_or(&e.to_string())));
+            }
+            parts.entry(name.to_string()).or_default().insert(suffix.to_string(), source);
+        }
+        for (name, mut p) in parts {
+            let missing: Vec<&str> = ["subject", "html", "text"].into_iter().filter(|s| !p.contains_key(*s)).collect();
+            if !missing.is_empty() {
+                errors.push(format!("{}: template {name:?} has no {}", dir.display(), missing.join(", ")));
+                continue;
+            }
+            if self.templates.contains_key(&name) {
+                errors.push(format!("{}: template {name:?} is also defined in [templates]", dir.display()));
+                continue;
+            }
+            let mut take = |s: &str| p.remove(s).unwrap_or_default();
+            let t = TemplateConfig { subject: take("subject"), html: take("html"), text: take("text") };
+            self.templates.insert(name, t);
+        }
+        if errors.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(errors)) }
     }
 
     /// Parses TOML without validating or reading the environment.
@@ -451,6 +566,9 @@ impl Config {
         self.unsubscribe.secrets =
             list(read(ENV_UNSUBSCRIBE_SECRET, &self.unsubscribe.secret_file, "unsubscribe_secret")?);
         self.http.admin_tokens = list(read(ENV_ADMIN_TOKEN, &self.http.admin_token_file, "admin_token")?);
+        self.http.ingest_tokens = list(read(ENV_INGEST_TOKEN, &self.http.ingest_token_file, "ingest_token")?);
+        self.render_hook.secret = read(ENV_RENDER_HOOK_SECRET, &self.render_hook.secret_file, "render_hook_secret")?
+            .map(|s| Secret::new(s.trim()));
         Ok(())
     }
 
@@ -483,8 +601,8 @@ impl Config {
         check(
             r.pool_size as u32 > 2 * u32::from(r.partitions) + 4,
             format!(
-                "redis.pool_size: must exceed 2 x redis.partitions + 4, as each partition reader keeps a connection \
-                 for its blocking reads and takes another to claim (got {} for {} partitions)",
+                "redis.pool_size: must exceed 2 x redis.partitions + 4, as each partition keeps a connection per \
+                 lane (digest, transactional) for its blocking reads, and claims take others (got {} for {} partitions)",
                 r.pool_size, r.partitions
             ),
         );
@@ -661,6 +779,43 @@ impl Config {
             );
             check(names.insert(c.name.as_str()), format!("{at}.name: {:?} is defined twice", c.name));
             check(
+                c.name != crate::work::TRANSACTIONAL,
+                format!("{at}.name: {:?} is reserved for transactional sends", c.name),
+            );
+            if let Some(hook) = &c.render_hook {
+                check(
+                    hook.url.starts_with("http://") || hook.url.starts_with("https://"),
+                    format!("{at}.render_hook.url: must be an http(s) URL (got {:?})", hook.url),
+                );
+                check(
+                    (100..=60_000).contains(&hook.timeout_ms),
+                    format!("{at}.render_hook.timeout_ms: must be 100..=60000 (got {})", hook.timeout_ms),
+                );
+                check(hook.retries <= 10, format!("{at}.render_hook.retries: must be 0..=10 (got {})", hook.retries));
+                // The deliveries stay claimed while the hook is asked: the asking must end
+                // well within their lease, or another instance would take them over.
+                check(
+                    (hook.timeout_ms + 1000) * (u64::from(hook.retries) + 1) <= d.lease_seconds * 1000,
+                    format!(
+                        "{at}.render_hook: (timeout_ms + 1000) x (retries + 1) must fit in delivery.lease_seconds ({} s)",
+                        d.lease_seconds
+                    ),
+                );
+            }
+            let mut arms = std::collections::BTreeSet::new();
+            for (j, v) in c.variants.arms.iter().enumerate() {
+                check(
+                    is_tag_value(&v.name) && v.name.len() <= 64,
+                    format!("{at}.variants.arms[{j}].name: use ASCII letters, digits, '_' or '-' (got {:?})", v.name),
+                );
+                check(
+                    arms.insert(v.name.as_str()),
+                    format!("{at}.variants.arms[{j}].name: {:?} is defined twice", v.name),
+                );
+                check(v.weight > 0, format!("{at}.variants.arms[{j}].weight: must be at least 1"));
+            }
+            check(!c.variants.enabled || !c.variants.arms.is_empty(), format!("{at}.variants: enabled without arms"));
+            check(
                 self.templates.contains_key(&c.template),
                 format!("{at}.template: no [templates.{}] is defined", c.template),
             );
@@ -705,7 +860,27 @@ impl Config {
                 errors.push(format!("templates.{name}: {e}"));
             }
         }
+        if let Err(e) = self.renderer() {
+            errors.push(format!("variants: {e}"));
+        }
+        if self.campaigns.iter().any(|c| c.render_hook.is_some()) {
+            let ok = self.render_hook.secret.as_ref().is_some_and(|s| s.expose().len() >= 16);
+            errors.extend((!ok).then(|| {
+                format!("render_hook: a campaign has a render hook, so a secret of at least 16 characters is needed ({ENV_RENDER_HOOK_SECRET}, render_hook.secret_file or the credential render_hook_secret)")
+            }));
+        }
+        for (i, t) in self.http.ingest_tokens.iter().enumerate() {
+            if t.expose().len() < 16 {
+                errors.push(format!("ingest token #{}: must be at least 16 characters", i + 1));
+            }
+        }
         if errors.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(errors)) }
+    }
+
+    /// The templates and every campaign's variants, compiled.
+    pub fn renderer(&self) -> Result<crate::render::Renderer, minijinja::Error> {
+        let campaigns = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
+        crate::render::Renderer::with_variants(&self.templates, campaigns)
     }
 
     /// The campaign called `name`.
@@ -821,6 +996,7 @@ mod tests {
         let data = serde_json::json!({ "name": "Ann" });
         let input = crate::render::RenderInput {
             delivery: &d,
+            variant: None,
             target: "team-1",
             subscriber_id: "u42",
             data: &data,
@@ -850,6 +1026,70 @@ mod tests {
         assert!(err.contains("campaign[0].time_zone"), "{err}");
     }
 
+    fn temp_dir(name: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("mailstream-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn templates_load_from_a_folder_and_a_broken_one_names_its_file_and_line() {
+        let dir = temp_dir("templates");
+        std::fs::write(dir.join("receipt.subject"), "Receipt {{ subscriber.data.order }}").unwrap();
+        std::fs::write(dir.join("receipt.html"), "<p>Thanks</p>").unwrap();
+        std::fs::write(dir.join("receipt.text"), "Thanks").unwrap();
+        std::fs::write(dir.join("README.md"), "not a template").unwrap();
+        let mut config = Config::example();
+        config.load_templates(&dir).unwrap();
+        assert!(config.templates.contains_key("receipt") && config.templates.contains_key("weekly_digest"));
+        config.validate().unwrap();
+
+        std::fs::write(dir.join("broken.subject"), "s").unwrap();
+        std::fs::write(dir.join("broken.html"), "<p>\n{% if %}\n").unwrap();
+        std::fs::write(dir.join("broken.text"), "t").unwrap();
+        std::fs::write(dir.join("half.subject"), "s").unwrap();
+        let err = Config::example().load_templates(&dir).unwrap_err().to_string();
+        assert!(err.contains("broken.html:2"), "{err}");
+        assert!(err.contains("template \"half\" has no html, text"), "{err}");
+        let mut clash = Config::example();
+        std::fs::remove_file(dir.join("broken.html")).unwrap();
+        std::fs::remove_file(dir.join("half.subject")).unwrap();
+        for part in ["subject", "html", "text"] {
+            std::fs::write(dir.join(format!("weekly_digest.{part}")), "x").unwrap();
+        }
+        std::fs::write(dir.join("broken.html"), "ok").unwrap();
+        let err = clash.load_templates(&dir).unwrap_err().to_string();
+        assert!(err.contains("\"weekly_digest\" is also defined in [templates]"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_shipped_template_files_compile() {
+        let mut config = Config::example();
+        config.templates.clear();
+        config.load_templates(&Path::new(env!("CARGO_MANIFEST_DIR")).join("templates")).unwrap();
+        assert!(config.templates.contains_key("weekly_digest"));
+        config.renderer().unwrap();
+    }
+
+    #[test]
+    fn render_hooks_need_a_secret_and_variants_need_arms() {
+        let mut config = Config::example();
+        config.campaigns[0].render_hook =
+            Some(RenderHookConfig { url: "http://127.0.0.1:1/render".into(), timeout_ms: 1000, retries: 1 });
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("MAILSTREAM_RENDER_HOOK_SECRET"), "{err}");
+        config.render_hook.secret = Some(Secret::new("0123456789abcdef"));
+        config.validate().unwrap();
+        config.campaigns[0].variants.enabled = true;
+        config.validate().unwrap();
+        config.campaigns[0].variants.arms.clear();
+        assert!(config.validate().unwrap_err().to_string().contains("enabled without arms"));
+        config.campaigns[0].name = "transactional".into();
+        assert!(config.validate().unwrap_err().to_string().contains("reserved"));
+    }
+
     #[test]
     fn missing_template_is_named() {
         let mut config = Config::example();
@@ -872,5 +1112,20 @@ mod tests {
         let debug = format!("{config:?}");
         assert!(!debug.contains("re_from_env") && !debug.contains("hunter2"), "{debug}");
         assert_eq!(config.redis.url.redacted_url(), "redis://***@10.0.0.1:6380");
+    }
+
+    #[test]
+    fn the_ingest_token_and_the_hook_secret_come_from_credentials() {
+        let dir = temp_dir("credentials");
+        std::fs::write(dir.join("ingest_token"), "tok-0123456789abcdef\n").unwrap();
+        std::fs::write(dir.join("render_hook_secret"), "hook-0123456789abcdef\n").unwrap();
+        let mut config = Config::example();
+        let credentials = dir.to_string_lossy().to_string();
+        config.apply_env(|name| (name == "CREDENTIALS_DIRECTORY").then(|| credentials.clone())).unwrap();
+        assert_eq!(config.http.ingest_tokens[0].expose(), "tok-0123456789abcdef");
+        assert_eq!(config.render_hook.secret.as_ref().unwrap().expose(), "hook-0123456789abcdef");
+        let debug = format!("{config:?}");
+        assert!(!debug.contains("tok-0123") && !debug.contains("hook-0123"), "{debug}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -9,9 +9,10 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 use crate::ctx::Failpoints;
+use crate::work::Lane;
 use crate::{
     batcher, config::Config, consumer, ctx, db, dispatch, http, limiter, metrics::Metrics, private, public, reclaim,
-    render, schedule, sender, shutdown, shutdown::Shutdown,
+    schedule, sender, shutdown, shutdown::Shutdown,
 };
 
 /// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
@@ -57,7 +58,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let scripts = db::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
         .await
         .context("loading the Lua scripts into Redis")?;
-    let renderer = render::Renderer::new(&config.templates).context("compiling templates")?;
+    let renderer = config.renderer().context("compiling templates")?;
     let sender = sender::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(batcher::Batcher::from_config(&config));
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
@@ -81,9 +82,11 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     if let Some(listener) = listeners.metrics {
         tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
     }
-    let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone()));
+    let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
     for p in 0..c.redis.partitions {
-        tasks.spawn(consumer.clone().read_partition(p));
+        for lane in Lane::ALL {
+            tasks.spawn(consumer.clone().read_partition(p, lane));
+        }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
     let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };

@@ -81,7 +81,7 @@ pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow
     for id in ids {
         let result = match DeliveryRef::parse(id) {
             Some(d) => {
-                let p = store.keys.partition_of(&d.subscriber);
+                let p = store.keys.partition_of(d.home());
                 scripts::requeue(&mut conn, &store.keys, p, &d, allow_unknown)
                     .await
                     .with_context(|| format!("requeue of {id}"))?

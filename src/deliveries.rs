@@ -235,18 +235,25 @@ pub struct Detail {
 /// The delivery `id`, or `None` if there is no such record (never enqueued, or expired).
 pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     let d = DeliveryRef::parse(id).ok_or_else(|| anyhow::anyhow!("not a delivery id: {id:?}"))?;
-    let p = store.keys.partition_of(&d.subscriber);
+    let p = store.keys.partition_of(d.home());
     let mut conn = store.conn().await?;
-    let (fields, email): (BTreeMap<String, String>, Option<String>) = redis::pipe()
-        .cmd("HGETALL")
-        .arg(store.keys.delivery(p, id))
-        .cmd("HGET")
-        .arg(store.keys.subscriber(p, &d.subscriber))
-        .arg("email")
-        .query_async(&mut conn)
-        .await?;
+    let mut fields: BTreeMap<String, String> =
+        redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await?;
     if fields.is_empty() {
         return Ok(None);
+    }
+    // A transactional request keeps its inline address: shown masked, like every address.
+    let request: Option<crate::ingest::Request> = fields.get("request").and_then(|r| serde_json::from_str(r).ok());
+    let email: Option<String> = match &request {
+        Some(r) if r.to.is_some() => r.to.clone(),
+        _ => {
+            let sp = store.keys.partition_of(&d.subscriber);
+            redis::cmd("HGET").arg(store.keys.subscriber(sp, &d.subscriber)).arg("email").query_async(&mut conn).await?
+        }
+    };
+    if let Some(mut r) = request {
+        r.to = r.to.as_deref().map(mask);
+        fields.insert("request".into(), serde_json::to_string(&r).unwrap_or_default());
     }
     let row = row(d, &fields, email.as_deref());
     let mut history: Vec<(i64, String)> = Vec::new();

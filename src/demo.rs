@@ -74,7 +74,23 @@ pub struct DemoReport {
     pub webhooks: WebhookTally,
     /// Addresses suppressed by those webhooks, by reason.
     pub suppressed: BTreeMap<String, u64>,
+    /// Receipts sent through the transactional lane while the digest drained.
+    pub transactional: Transactional,
 }
+
+/// The transactional sends of the run and how long each took from enqueue to the
+/// provider's acceptance (settled), on Redis's clock.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Transactional {
+    pub enqueued: u64,
+    pub sent: u64,
+    pub p50_latency_ms: u64,
+    pub p99_latency_ms: u64,
+    pub max_latency_ms: u64,
+}
+
+/// Receipts the demo sends while the digest drains.
+const TRANSACTIONAL_SENDS: u64 = 20;
 
 /// Webhook requests, as the daemon counted them.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -110,10 +126,17 @@ impl DemoReport {
         if self.provider.duplicate_sends > 0 {
             p.push(format!("{} emails were sent twice", self.provider.duplicate_sends));
         }
-        if self.provider.emails_accepted != self.sent {
+        if self.provider.emails_accepted != self.sent + self.transactional.sent {
             p.push(format!(
                 "the provider accepted {} emails but {} deliveries are recorded as sent",
-                self.provider.emails_accepted, self.sent
+                self.provider.emails_accepted,
+                self.sent + self.transactional.sent
+            ));
+        }
+        if self.transactional.sent != self.transactional.enqueued {
+            p.push(format!(
+                "{} of {} transactional sends were sent",
+                self.transactional.sent, self.transactional.enqueued
             ));
         }
         if self.webhooks.rejected > 0 {
@@ -262,14 +285,30 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
         (first, second, kick_seconds, Instant::now(), run(config.clone(), public))
     };
 
+    let tx_day = store.time().await?.format("%Y-%m-%d").to_string();
     let ceiling = f64::from(opts.rps) * config.resend.batch_size as f64;
     let expected = first.new as f64 / ceiling;
     let deadline = Duration::from_secs_f64(expected * 3.0 + 60.0);
     let mut last_print = Instant::now();
     let mut counts;
+    // Receipts through the transactional lane, spread over the digest's expected run.
+    let every = Duration::from_secs_f64((expected / (TRANSACTIONAL_SENDS + 2) as f64).max(0.05));
+    let mut receipts = 0u64;
     loop {
         counts = store.counts(&campaign.name, &period).await?;
-        if counts.settled() >= counts.enqueued || started.elapsed() > deadline || daemon.is_finished() {
+        let digest_done = counts.settled() >= counts.enqueued;
+        if receipts < TRANSACTIONAL_SENDS && !digest_done && started.elapsed() >= every * (receipts as u32 + 1) {
+            let item = serde_json::json!({
+                "idempotency_key": format!("demo-receipt-{receipts}"),
+                "to": format!("delivered+receipt-{receipts}@resend.dev"),
+                "subject": "Your receipt",
+                "text": "Thank you for your order.",
+            });
+            crate::ingest::enqueue(&store, &config, vec![item]).await?;
+            receipts += 1;
+        }
+        let tx = store.counts(crate::work::TRANSACTIONAL, &tx_day).await?;
+        if (digest_done && tx.settled() >= receipts) || started.elapsed() > deadline || daemon.is_finished() {
             break;
         }
         if opts.progress && last_print.elapsed() >= Duration::from_secs(1) {
@@ -298,6 +337,8 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
     stop_emulator.trigger();
     let _ = emulator_task.await;
     let counts = store.counts(&campaign.name, &period).await.unwrap_or(counts);
+    let keys: Vec<String> = (0..receipts).map(|i| format!("demo-receipt-{i}")).collect();
+    let transactional = transactional_latencies(&store, &tx_day, &keys).await?;
     if opts.redis_url.is_some() {
         // Someone else's Redis: take the demo's keys (addresses included) away again.
         let removed = store.delete_all().await?;
@@ -328,9 +369,40 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
             WebhookTally { received: verified + duplicates + rejected + invalid, verified, rejected, duplicates }
         },
         suppressed: metrics.suppressions_by_reason(),
+        transactional,
     };
     summary(out, &report)?;
     Ok(report)
+}
+
+/// Transactional sends to inline addresses enqueued on `day` under `keys`: how many
+/// were sent, and their enqueue → accepted latencies, from their records.
+pub async fn transactional_latencies(store: &Store, day: &str, keys: &[String]) -> anyhow::Result<Transactional> {
+    let mut conn = store.conn().await?;
+    let mut latencies = Vec::new();
+    for k in keys {
+        let d = crate::work::DeliveryRef::new(crate::work::TRANSACTIONAL, day, "-", k);
+        let key = store.keys.delivery(store.keys.partition_of(d.home()), &d.id());
+        let (state, enqueued_ms, settled_ms): (Option<String>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(key)
+            .arg("state")
+            .arg("enqueued_ms")
+            .arg("settled_ms")
+            .query_async(&mut conn)
+            .await?;
+        if let (Some("sent"), Some(from), Some(to)) = (state.as_deref(), enqueued_ms, settled_ms) {
+            latencies.push(to.saturating_sub(from));
+        }
+    }
+    latencies.sort_unstable();
+    let at = |q: f64| latencies.get(((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied();
+    Ok(Transactional {
+        enqueued: keys.len() as u64,
+        sent: latencies.len() as u64,
+        p50_latency_ms: at(0.5).unwrap_or(0),
+        p99_latency_ms: at(0.99).unwrap_or(0),
+        max_latency_ms: latencies.last().copied().unwrap_or(0),
+    })
 }
 
 fn progress(out: &mut (dyn Write + Send), started: Instant, c: &Counts, s: &Stats) -> std::io::Result<()> {
@@ -367,6 +439,12 @@ fn summary(out: &mut (dyn Write + Send), r: &DemoReport) -> std::io::Result<()> 
         out,
         "  provider: {} requests, {} emails accepted, {} duplicate sends, {} rate-limited, at most {} requests in any second",
         p.requests, p.emails_accepted, p.duplicate_sends, p.rate_limited, p.max_requests_in_1s
+    )?;
+    let t = &r.transactional;
+    writeln!(
+        out,
+        "  transactional: {} receipts sent during the digest of {} enqueued; enqueue to accepted p50 {} ms, p99 {} ms, max {} ms",
+        t.sent, t.enqueued, t.p50_latency_ms, t.p99_latency_ms, t.max_latency_ms
     )?;
     let w = &r.webhooks;
     let suppressed: Vec<String> = r.suppressed.iter().map(|(why, n)| format!("{n} {why}")).collect();

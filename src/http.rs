@@ -195,3 +195,21 @@ pub fn escape(s: &str) -> String {
     }
     out
 }
+
+/// Whether `presented` equals `known`, in time that does not depend on where they
+/// differ (both are MACed with a key of `known`'s, then compared by `verify_slice`).
+pub fn same_secret(presented: &str, known: &str) -> bool {
+    use hmac::{Hmac, Mac};
+    let mac = |s: &str| {
+        let mut m = Hmac::<sha2::Sha256>::new_from_slice(known.as_bytes()).expect("HMAC takes any key length");
+        m.update(s.as_bytes());
+        m
+    };
+    !presented.is_empty() && mac(presented).verify_slice(&mac(known).finalize().into_bytes()).is_ok()
+}
+
+/// The token of an `Authorization: Bearer <token>` header, or "".
+pub fn bearer(req: &HttpRequest) -> &str {
+    let header = req.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
+    header.strip_prefix("Bearer ").unwrap_or("").trim()
+}

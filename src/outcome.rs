@@ -113,12 +113,20 @@ pub enum Reason {
     /// In a batch that may have been sent, beside a member no longer wanted: the batch
     /// was not resent, so nobody can say whether this one was delivered.
     Withheld,
+    /// The application's render hook said it has no address for the recipient.
+    NoAddress,
+    /// The render hook said there is nothing to report this period.
+    NothingToReport,
+    /// The render hook skipped it for a reason of its own (kept bounded: `hook_skipped`).
+    HookSkipped,
+    /// The render hook did not answer for it before the delivery deadline.
+    HookUnavailable,
     /// The provider refused it, by this name.
     Provider(ErrorName),
 }
 
 impl Reason {
-    const LOCAL: [Reason; 13] = [
+    const LOCAL: [Reason; 17] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -132,6 +140,10 @@ impl Reason {
         Reason::RecordLost,
         Reason::Postponed,
         Reason::Withheld,
+        Reason::NoAddress,
+        Reason::NothingToReport,
+        Reason::HookSkipped,
+        Reason::HookUnavailable,
     ];
 
     /// The name stored in Redis and shown to operators.
@@ -150,6 +162,10 @@ impl Reason {
             Reason::RecordLost => "record_lost",
             Reason::Postponed => "postponed",
             Reason::Withheld => "withheld",
+            Reason::NoAddress => "no_address",
+            Reason::NothingToReport => "nothing_to_report",
+            Reason::HookSkipped => "hook_skipped",
+            Reason::HookUnavailable => "render_hook_unavailable",
             Reason::Provider(name) => name.as_str(),
         }
     }

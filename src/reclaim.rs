@@ -21,7 +21,7 @@ use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Failpoint, Reason};
 use crate::sender;
 use crate::stuck;
-use crate::work::Sealed;
+use crate::work::{Lane, Sealed};
 
 /// Due batches examined per partition per pass.
 const DUE_BATCHES_PER_PASS: isize = 64;
@@ -55,8 +55,10 @@ impl Reclaimer {
                     if let Err(e) = self.due_batches(p).await {
                         ctx.metrics.redis_error("take", &e);
                     }
-                    if let Err(e) = self.expired_leases(p).await {
-                        ctx.metrics.redis_error("autoclaim", &e);
+                    for lane in Lane::ALL {
+                        if let Err(e) = self.expired_leases(p, lane).await {
+                            ctx.metrics.redis_error("autoclaim", &e);
+                        }
                     }
                     if let Err(e) = release_due(ctx, p).await {
                         ctx.metrics.redis_error("due", &e);
@@ -66,10 +68,12 @@ impl Reclaimer {
             if pass.is_multiple_of(TRIM_EVERY) {
                 let (mut unread, mut unacked) = (0, 0);
                 for p in 0..ctx.store.keys.partitions() {
-                    match trim(ctx, p).await {
-                        Ok(Some(group)) => (unread, unacked) = (unread + group.lag, unacked + group.pending),
-                        Ok(None) => {}
-                        Err(e) => ctx.metrics.redis_error("trim", &e),
+                    for lane in Lane::ALL {
+                        match trim(ctx, p, lane).await {
+                            Ok(Some(group)) => (unread, unacked) = (unread + group.lag, unacked + group.pending),
+                            Ok(None) => {}
+                            Err(e) => ctx.metrics.redis_error("trim", &e),
+                        }
                     }
                 }
                 let state = if ctx.pause.is_paused() { "paused (provider quota)" } else { "sending" };
@@ -145,21 +149,21 @@ impl Reclaimer {
     /// XAUTOCLAIMs entries idle longer than a lease and processes them like new ones
     /// (claim.lua decides whether the lease really expired). Claims only what the
     /// partition's queue has room for, so the reclaimer never waits on the batcher.
-    pub async fn expired_leases(&self, p: u16) -> anyhow::Result<()> {
+    pub async fn expired_leases(&self, p: u16, lane: Lane) -> anyhow::Result<()> {
         let ctx = &self.ctx;
         let keys = &ctx.store.keys;
         let count = ctx.config.delivery.read_count;
         let mut cursor = "0-0".to_string();
-        while !ctx.shutdown.is_triggered() && self.batcher.room(p) > 0 {
+        while !ctx.shutdown.is_triggered() && self.batcher.room(p, lane) > 0 {
             let mut conn = ctx.store.conn().await?;
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-                .arg(keys.stream(p))
+                .arg(keys.lane_stream(p, lane))
                 .arg(&ctx.config.redis.group)
                 .arg(&ctx.consumer)
                 .arg(ctx.config.lease().as_millis() as u64)
                 .arg(&cursor)
                 .arg("COUNT")
-                .arg(count.min(self.batcher.room(p)))
+                .arg(count.min(self.batcher.room(p, lane)))
                 .query_async(&mut conn)
                 .await?;
             // Redis 7 drops entries deleted from the stream out of the pending list itself
@@ -175,9 +179,9 @@ impl Reclaimer {
             if !entries.is_empty() {
                 tracing::info!(partition = p, entries = entries.len(), "taking over deliveries whose lease expired");
             }
-            let ready = self.consumer.process_entries(p, &mut conn, entries).await?;
+            let ready = self.consumer.process_entries(p, lane, &mut conn, entries).await?;
             drop(conn);
-            self.consumer.hand_over_now(p, ready).await;
+            self.consumer.hand_over_now(p, lane, ready).await;
             cursor = reply.next_stream_id;
             if cursor == "0-0" {
                 break;
@@ -236,8 +240,8 @@ const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
 /// Trims the stream below the oldest entry this deployment's group still needs
 /// (the first pending one, or the first not yet read), and removes consumers of
 /// past processes. Returns the group's standing as it found it.
-pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<Option<streams::GroupInfo>> {
-    let stream = ctx.store.keys.stream(p);
+pub async fn trim(ctx: &Ctx, p: u16, lane: Lane) -> anyhow::Result<Option<streams::GroupInfo>> {
+    let stream = ctx.store.keys.lane_stream(p, lane);
     let group = &ctx.config.redis.group;
     let mut conn = ctx.store.conn().await?;
     let Some(ours) = streams::group_info(&mut conn, &stream, group).await? else {
@@ -267,7 +271,7 @@ pub async fn trim(ctx: &Ctx, p: u16) -> anyhow::Result<Option<streams::GroupInfo
         if name != ctx.consumer && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
             // Checked again inside the script: it may have resumed reading since.
             let keys = &ctx.store.keys;
-            if scripts::forget_consumer(&mut conn, keys, p, group, &name, forget_ms).await? {
+            if scripts::forget_consumer(&mut conn, keys, p, lane, group, &name, forget_ms).await? {
                 tracing::debug!(partition = p, consumer = %name, "removed an idle consumer with nothing pending");
             }
         }

@@ -26,7 +26,7 @@ use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::work::{DeliveryRef, Ready, Sealed};
+use crate::work::{DeliveryRef, Lane, Ready, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
@@ -193,7 +193,9 @@ pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
 
 async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
     let members: Vec<GateMember<'_>> =
-        b.members.iter().map(|d| GateMember { delivery: d, check_subscriber: true }).collect();
+        // A transactional member has no subscription to check (and its subscriber, if
+        // any, lives in another slot); its suppression was checked when it was claimed.
+        b.members.iter().map(|d| GateMember { delivery: d, check_subscriber: d.lane() == Lane::Digest }).collect();
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let mut conn = ctx.store.conn().await?;
     let keys = &ctx.store.keys;

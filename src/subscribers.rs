@@ -43,6 +43,13 @@ fn yes() -> bool {
     true
 }
 
+/// Whether `s` is one plain address (`local@domain.tld`, no display name, no list).
+pub fn is_plain_address(s: &str) -> bool {
+    s.len() <= 320
+        && s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
+        && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '>' || c == ',')
+}
+
 impl Subscriber {
     /// Checks ids and address; the message names the field, never the address.
     pub fn validate(&self) -> anyhow::Result<()> {
@@ -50,10 +57,7 @@ impl Subscriber {
             // The id is not quoted: an address mistaken for an id must not be echoed.
             bail!("subscriber id must be 1-128 of letters, digits, '_', '-', '.'");
         }
-        let ok_email = self.email.len() <= 320
-            && self.email.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
-            && !self.email.contains(|c: char| c.is_whitespace() || c == '<' || c == '>' || c == ',');
-        if !ok_email {
+        if !is_plain_address(&self.email) {
             bail!("subscriber {}: email is not a plain address", self.id);
         }
         if self.targets.iter().any(|t| !is_name(t)) {
@@ -248,6 +252,14 @@ pub fn resolve(row: Row) -> Resolved {
         Some(Ok(data)) => Resolved::Send { email, data },
         Some(Err(_)) => Resolved::Fail(Reason::InvalidSubscriberData),
     }
+}
+
+/// Reads a subscriber record for a transactional send (a receipt, a reset): it
+/// exists, is not suppressed, and its address and data are well-formed;
+/// entitlement and subscriptions are about campaigns and do not apply.
+pub fn resolve_transactional(row: Row) -> Resolved {
+    let (email, _, _, suppressed, data, _) = row;
+    resolve((email, Some(b"1".to_vec()), Some(b"1".to_vec()), suppressed, data, None))
 }
 
 /// Parses NDJSON subscriber records; errors name the line, never its content.

@@ -4,6 +4,38 @@
 
 use bytes::Bytes;
 
+/// The campaign name of transactional deliveries (receipts, resets) enqueued
+/// through the ingest API or `mailstream enqueue`; no configured campaign may
+/// take it.
+pub const TRANSACTIONAL: &str = "transactional";
+
+/// The line a delivery waits in. Each has its own stream per partition; the
+/// dispatcher fills every request slot from the transactional lane first, so a
+/// receipt never waits behind a digest. A batch of receipts has its spare room
+/// filled with digest emails of the same partition (seal.lua acknowledges each
+/// member's entry on its own lane's stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    Transactional,
+    Digest,
+}
+
+impl Lane {
+    /// In the order the dispatcher serves them.
+    pub const ALL: [Lane; 2] = [Lane::Transactional, Lane::Digest];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Transactional => "transactional",
+            Lane::Digest => "digest",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 /// Which delivery: one (campaign, period, subscriber, target). Its id,
 /// `campaign:period:subscriber:target`, names its record and is its dedup key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -22,6 +54,18 @@ impl DeliveryRef {
             subscriber: subscriber.to_string(),
             target: target.to_string(),
         }
+    }
+
+    /// Its lane: transactional deliveries have a lane of their own.
+    pub fn lane(&self) -> Lane {
+        if self.campaign == TRANSACTIONAL { Lane::Transactional } else { Lane::Digest }
+    }
+
+    /// What picks its partition: the subscriber, or for a transactional delivery the
+    /// caller's idempotency key (its `target`), so the key's guard and the delivery
+    /// share one hash slot.
+    pub fn home(&self) -> &str {
+        if self.lane() == Lane::Transactional { &self.target } else { &self.subscriber }
     }
 
     /// `campaign:period:subscriber:target` (none of the parts holds a `:`).
@@ -79,6 +123,8 @@ pub struct Ready {
     pub delivery: DeliveryRef,
     /// The email object, exactly as it will be sent.
     pub json: String,
+    /// Its A/B variant, recorded at sealing and counted as exposed once accepted.
+    pub variant: Option<String>,
 }
 
 /// A sealed batch in hand: what to send and who is in it.

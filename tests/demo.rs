@@ -37,8 +37,13 @@ fn demo_sends_5000_digests_once_within_the_rate_limit() {
     assert_eq!(r["duplicates_suppressed"], 5000, "the second kick adds nothing");
     assert_eq!(r["sent"], 5000);
     assert_eq!(r["ceiling_emails_per_second"], 1000.0);
+    // Receipts sent through the transactional lane while the digest drained.
+    let t = &r["transactional"];
+    assert!(t["enqueued"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["sent"], t["enqueued"], "{t}");
+    assert!(t["p99_latency_ms"].as_u64().is_some(), "{t}");
     let p = &r["provider"];
-    assert_eq!(p["emails_accepted"], 5000);
+    assert_eq!(p["emails_accepted"].as_u64(), Some(5000 + t["sent"].as_u64().unwrap()));
     assert_eq!(p["duplicate_sends"], 0);
     assert_eq!(p["rate_limited"], 0);
     assert!(p["max_requests_in_1s"].as_u64().unwrap() <= 10, "{p}");

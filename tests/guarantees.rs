@@ -18,6 +18,7 @@ use mailstream::outcome::{Failpoint, Reason};
 use mailstream::pause::Pause;
 use mailstream::resend::ErrorName;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::work::Lane;
 use mailstream::{Failpoints, Hold, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -451,7 +452,7 @@ async fn a_consumer_is_forgotten_only_when_idle_with_nothing_pending() {
     let _: redis::Value = read("old").query_async(&mut conn).await.unwrap();
     // Holding an entry: never forgotten, however idle.
     tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(!scripts::forget_consumer(&mut conn, keys, 0, "mailstream", "old", 10).await.unwrap());
+    assert!(!scripts::forget_consumer(&mut conn, keys, 0, Lane::Digest, "mailstream", "old", 10).await.unwrap());
     // Nothing pending but just active (it resumed reading): kept.
     let pending: redis::streams::StreamPendingReply =
         redis::cmd("XPENDING").arg(&stream).arg("mailstream").query_async(&mut conn).await.unwrap();
@@ -461,9 +462,12 @@ async fn a_consumer_is_forgotten_only_when_idle_with_nothing_pending() {
     };
     let _: i64 = redis::cmd("XACK").arg(&stream).arg("mailstream").arg(&id).query_async(&mut conn).await.unwrap();
     let _: redis::Value = read("old").query_async(&mut conn).await.unwrap();
-    assert!(!scripts::forget_consumer(&mut conn, keys, 0, "mailstream", "old", 10_000).await.unwrap());
+    assert!(!scripts::forget_consumer(&mut conn, keys, 0, Lane::Digest, "mailstream", "old", 10_000).await.unwrap());
     // Idle past the limit with nothing pending: removed.
     tokio::time::sleep(Duration::from_millis(30)).await;
-    assert!(scripts::forget_consumer(&mut conn, keys, 0, "mailstream", "old", 10).await.unwrap());
-    assert!(!scripts::forget_consumer(&mut conn, keys, 0, "mailstream", "old", 10).await.unwrap(), "gone");
+    assert!(scripts::forget_consumer(&mut conn, keys, 0, Lane::Digest, "mailstream", "old", 10).await.unwrap());
+    assert!(
+        !scripts::forget_consumer(&mut conn, keys, 0, Lane::Digest, "mailstream", "old", 10).await.unwrap(),
+        "gone"
+    );
 }

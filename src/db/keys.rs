@@ -5,6 +5,8 @@
 //! dedup key, so the dedup check and the record are one key. The README
 //! documents each family.
 
+use crate::work::{DeliveryRef, Lane};
+
 /// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key).
 pub const LAYOUT: u32 = 2;
 
@@ -101,9 +103,29 @@ impl Keys {
         format!("{}:{{{}}}:{}", self.prefix, partition, rest)
     }
 
-    /// Stream of delivery ids waiting to be sent (entries: `delivery <id>`).
+    /// Stream of digest delivery ids waiting to be sent (entries: `delivery <id>`).
     pub fn stream(&self, p: u16) -> String {
         self.tagged(p, "stream")
+    }
+
+    /// The stream of `lane` in partition `p`: `stream` for campaigns, `stream:tx` for
+    /// transactional deliveries (read first).
+    pub fn lane_stream(&self, p: u16, lane: Lane) -> String {
+        match lane {
+            Lane::Digest => self.stream(p),
+            Lane::Transactional => self.tagged(p, "stream:tx"),
+        }
+    }
+
+    /// The stream a delivery waits in.
+    pub fn stream_of(&self, p: u16, d: &DeliveryRef) -> String {
+        self.lane_stream(p, d.lane())
+    }
+
+    /// String: the guard of a caller's idempotency key (transactional), holding the
+    /// delivery id it made and a hash of the request; expires after the retention.
+    pub fn idempotency(&self, p: u16, key: &str) -> String {
+        self.tagged(p, &format!("idem:{key}"))
     }
 
     /// Hash: one delivery (`campaign:period:subscriber:target`): its state, claims,

@@ -13,6 +13,7 @@ pub mod streams;
 use anyhow::{Context, bail};
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
+use std::collections::BTreeMap;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
@@ -190,7 +191,9 @@ impl Store {
     pub async fn ensure_groups(&self, group: &str) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
         for p in 0..self.keys.partitions() {
-            ensure_group(&mut conn, &self.keys.stream(p), group).await?;
+            for lane in crate::work::Lane::ALL {
+                ensure_group(&mut conn, &self.keys.lane_stream(p, lane), group).await?;
+            }
         }
         Ok(())
     }
@@ -338,6 +341,23 @@ impl Store {
             c.outcome_unknown += get("outcome_unknown");
         }
         Ok(c)
+    }
+
+    /// A campaign period's A/B exposures (emails of each variant the provider
+    /// accepted), summed over partitions.
+    pub async fn exposures(&self, campaign: &str, period: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+        let mut conn = self.conn().await?;
+        let mut out = BTreeMap::new();
+        for p in 0..self.keys.partitions() {
+            let part: std::collections::HashMap<String, u64> =
+                conn.hgetall(self.keys.counts(p, campaign, period)).await?;
+            for (field, n) in part {
+                if let Some(variant) = field.strip_prefix("exposed:") {
+                    *out.entry(variant.to_string()).or_default() += n;
+                }
+            }
+        }
+        Ok(out)
     }
 }
 

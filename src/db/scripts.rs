@@ -10,10 +10,12 @@ use redis::{RedisResult, Script};
 
 use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
-use crate::work::{DeliveryRef, Ready};
+use crate::work::{DeliveryRef, Lane, Ready};
 
 struct Scripts {
     enqueue: Script,
+    ingest: Script,
+    defer: Script,
     claim: Script,
     seal: Script,
     gate: Script,
@@ -36,6 +38,8 @@ struct Scripts {
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     enqueue: Script::new(include_str!("../../lua/enqueue.lua")),
+    ingest: Script::new(include_str!("../../lua/ingest.lua")),
+    defer: Script::new(include_str!("../../lua/defer.lua")),
     claim: Script::new(include_str!("../../lua/claim.lua")),
     seal: Script::new(include_str!("../../lua/seal.lua")),
     gate: Script::new(include_str!("../../lua/gate.lua")),
@@ -63,6 +67,8 @@ pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> Redis
     let s = &*SCRIPTS;
     let ours = [
         &s.enqueue,
+        &s.ingest,
+        &s.defer,
         &s.claim,
         &s.seal,
         &s.gate,
@@ -124,6 +130,112 @@ pub async fn enqueue_at(
     }
     let added: Vec<i64> = call.invoke_async(conn).await?;
     Ok(added.into_iter().map(|a| a == 1).collect())
+}
+
+/// One transactional item for [`ingest`]: its delivery, the request as stored in the
+/// delivery record (JSON), and the request's hash (a replay must match it).
+#[derive(Debug, Clone, Copy)]
+pub struct IngestItem<'a> {
+    pub delivery: &'a DeliveryRef,
+    pub hash: &'a str,
+    pub request: &'a str,
+}
+
+/// What ingest.lua did with one item; each names the delivery of its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingested {
+    New(String),
+    /// The same request was enqueued before under this key.
+    Duplicate(String),
+    /// The key was used before for a different request: refused.
+    Conflict(String),
+}
+
+/// Enqueues transactional items of one partition and one period (see lua/ingest.lua).
+pub async fn ingest(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    items: &[IngestItem<'_>],
+    retention_secs: u64,
+) -> RedisResult<Vec<Ingested>> {
+    let Some(first) = items.first() else { return Ok(Vec::new()) };
+    let (campaign, period) = (&first.delivery.campaign, &first.delivery.period);
+    let mut call = SCRIPTS.ingest.prepare_invoke();
+    call.key(keys.lane_stream(partition, Lane::Transactional))
+        .key(keys.counts(partition, campaign, period))
+        .key(keys.periods(partition))
+        .arg(retention_secs)
+        .arg(format!("{campaign}:{period}"));
+    for item in items {
+        debug_assert!(item.delivery.lane() == Lane::Transactional && &item.delivery.period == period);
+        let id = item.delivery.id();
+        call.key(keys.idempotency(partition, item.delivery.home())).key(keys.delivery(partition, &id));
+        call.arg(id).arg(item.hash).arg(item.request);
+    }
+    let rows: Vec<(String, String)> = call.invoke_async(conn).await?;
+    Ok(rows
+        .into_iter()
+        .map(|(status, id)| match status.as_str() {
+            "new" => Ingested::New(id),
+            "duplicate" => Ingested::Duplicate(id),
+            _ => Ingested::Conflict(id),
+        })
+        .collect())
+}
+
+/// How [`defer`] backs off.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base_ms: u64,
+    pub max_ms: u64,
+    /// Deferred no more once this long has passed since the first wait.
+    pub deadline_ms: u64,
+    /// 0-100: shortens each delay by up to half this percentage.
+    pub jitter_percent: u8,
+}
+
+/// What [`defer`] did with one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferred {
+    /// Due again after this long.
+    For(u64),
+    /// Not this owner's any more.
+    NotHeld,
+    /// Past the deadline: the caller decides it.
+    Expired,
+}
+
+/// Defers claimed digest deliveries of partition `p` (entry, delivery) whose render
+/// hook gave no answer (see lua/defer.lua).
+pub async fn defer(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    owner: &str,
+    backoff: Backoff,
+    items: &[(&str, &DeliveryRef)],
+) -> RedisResult<Vec<Deferred>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = SCRIPTS.defer.prepare_invoke();
+    call.key(keys.stream(partition)).key(keys.due(partition)).arg(group).arg(owner);
+    call.arg(backoff.base_ms).arg(backoff.max_ms).arg(backoff.deadline_ms).arg(backoff.jitter_percent);
+    for (entry, d) in items {
+        let id = d.id();
+        call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
+    }
+    let out: Vec<i64> = call.invoke_async(conn).await?;
+    Ok(out
+        .into_iter()
+        .map(|v| match v {
+            -1 => Deferred::NotHeld,
+            -2 => Deferred::Expired,
+            ms => Deferred::For(ms.max(0) as u64),
+        })
+        .collect())
 }
 
 /// Moves up to `limit` deliveries whose release time has come (at `now_ms`, or Redis's
@@ -296,10 +408,14 @@ pub async fn seal(
     members: &[Ready],
 ) -> RedisResult<Vec<usize>> {
     let p = req.partition;
+    if members.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut call = SCRIPTS.seal.prepare_invoke();
     call.key(keys.batch(p, req.batch))
         .key(keys.batches(p))
-        .key(keys.stream(p))
+        .key(keys.lane_stream(p, Lane::Digest))
+        .key(keys.lane_stream(p, Lane::Transactional))
         .arg(req.batch)
         .arg(req.idempotency_key)
         .arg(req.owner)
@@ -307,7 +423,7 @@ pub async fn seal(
         .arg(req.lease_ms);
     for m in members {
         let id = m.delivery.id();
-        call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json);
+        call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json).arg(m.variant.as_deref().unwrap_or(""));
     }
     let sealed: Vec<usize> = call.invoke_async(conn).await?;
     Ok(sealed.into_iter().map(|i| i - 1).collect())
@@ -397,7 +513,10 @@ pub async fn gate(
     }
     for (m, ci) in members.iter().zip(index) {
         let id = m.delivery.id();
-        call.key(keys.delivery(p, &id)).key(keys.subscriber(p, &m.delivery.subscriber));
+        // An unchecked member names its own record again: every key stays in this slot.
+        let subscriber =
+            if m.check_subscriber { keys.subscriber(p, &m.delivery.subscriber) } else { keys.delivery(p, &id) };
+        call.key(keys.delivery(p, &id)).key(subscriber);
         call.arg(id).arg(ci).arg(if m.check_subscriber { "1" } else { "0" }).arg(&m.delivery.campaign);
     }
     let row: Vec<String> = call.invoke_async(conn).await?;
@@ -670,13 +789,15 @@ pub async fn decide(
     if decisions.is_empty() {
         return Ok(Vec::new());
     }
+    let lane = decisions[0].delivery.lane();
+    debug_assert!(decisions.iter().all(|d| d.delivery.lane() == lane), "one lane per call");
     let (counts, index) = counts_index(
         keys,
         partition,
         decisions.iter().map(|d| (d.delivery.campaign.as_str(), d.delivery.period.as_str())),
     );
     let mut call = SCRIPTS.decide.prepare_invoke();
-    call.key(keys.stream(partition))
+    call.key(keys.lane_stream(partition, lane))
         .key(keys.dead(partition))
         .arg(group)
         .arg(owner)
@@ -710,7 +831,7 @@ pub async fn requeue(
     let id = delivery.id();
     let result: String = SCRIPTS
         .requeue
-        .key(keys.stream(partition))
+        .key(keys.stream_of(partition, delivery))
         .key(keys.delivery(partition, &id))
         .key(keys.counts(partition, &delivery.campaign, &delivery.period))
         .arg(id)
@@ -729,16 +850,22 @@ pub async fn release(
     owner: &str,
     items: &[(&str, &DeliveryRef)],
 ) -> RedisResult<u64> {
-    if items.is_empty() {
-        return Ok(0);
+    let mut released = 0;
+    for lane in Lane::ALL {
+        let items: Vec<_> = items.iter().filter(|(_, d)| d.lane() == lane).collect();
+        if items.is_empty() {
+            continue;
+        }
+        let mut call = SCRIPTS.release.prepare_invoke();
+        call.key(keys.lane_stream(partition, lane)).arg(group).arg(owner);
+        for (entry, d) in items {
+            let id = d.id();
+            call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
+        }
+        let n: u64 = call.invoke_async(conn).await?;
+        released += n;
     }
-    let mut call = SCRIPTS.release.prepare_invoke();
-    call.key(keys.stream(partition)).arg(group).arg(owner);
-    for (entry, d) in items {
-        let id = d.id();
-        call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
-    }
-    call.invoke_async(conn).await
+    Ok(released)
 }
 
 /// Renews this owner's leases on claimed deliveries and held batches of one
@@ -784,12 +911,13 @@ pub async fn forget_consumer(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
+    lane: Lane,
     group: &str,
     consumer: &str,
     idle_ms: u64,
 ) -> RedisResult<bool> {
-    let removed: i64 =
-        SCRIPTS.forget.key(keys.stream(partition)).arg(group).arg(consumer).arg(idle_ms).invoke_async(conn).await?;
+    let stream = keys.lane_stream(partition, lane);
+    let removed: i64 = SCRIPTS.forget.key(stream).arg(group).arg(consumer).arg(idle_ms).invoke_async(conn).await?;
     Ok(removed == 1)
 }
 
@@ -913,7 +1041,7 @@ pub async fn event(
     kind: &str,
     seen_ttl_secs: u64,
 ) -> RedisResult<EventWrite> {
-    let p = keys.partition_of(&delivery.subscriber);
+    let p = keys.partition_of(delivery.home());
     let written: i64 = SCRIPTS
         .event
         .key(keys.seen(p, event, "e"))

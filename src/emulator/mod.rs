@@ -100,6 +100,8 @@ pub struct Seen {
     pub idempotency_key: Option<String>,
     /// Emails in the body (0 when it was not a JSON array or object).
     pub emails: usize,
+    /// The `campaign` tag of the first email (which lane a batch came from).
+    pub campaign: Option<String>,
     pub status: u16,
 }
 
@@ -341,14 +343,20 @@ impl Emulator {
     }
 
     fn remember(&self, req: &HttpRequest, result: &Result<Value, ApiError>) {
-        let emails = match serde_json::from_slice::<Value>(req.body()) {
-            Ok(Value::Array(items)) => items.len(),
-            Ok(Value::Object(_)) => 1,
+        let body = serde_json::from_slice::<Value>(req.body()).unwrap_or_default();
+        let emails = match &body {
+            Value::Array(items) => items.len(),
+            Value::Object(_) => 1,
             _ => 0,
         };
+        let first = if body.is_array() { &body[0] } else { &body };
+        let campaign = first["tags"].as_array().and_then(|tags| {
+            tags.iter().find(|t| t["name"] == "campaign").and_then(|t| t["value"].as_str()).map(str::to_string)
+        });
         let seen = Seen {
             idempotency_key: req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string),
             emails,
+            campaign,
             status: result.as_ref().map_or_else(|e| e.status.as_u16(), |_| 200),
         };
         let mut inner = self.lock();

@@ -19,6 +19,7 @@ use crate::db::{Counts, Store, streams};
 pub struct Gauges {
     period_deliveries: IntGaugeVec,
     period_duplicates: IntGaugeVec,
+    variant_exposures: IntGaugeVec,
     backlog: IntGaugeVec,
     dead_letters: IntGaugeVec,
     redis_up: IntGauge,
@@ -50,12 +51,19 @@ impl Gauges {
                 "Offers to enqueue a delivery of the period that was already enqueued (kicked twice)",
                 &["campaign", "period"],
             ),
+            variant_exposures: register(
+                r,
+                "mailstream_variant_exposures",
+                "A/B exposures of a campaign period: emails of each variant the provider accepted",
+                &["campaign", "period", "variant"],
+            ),
             backlog: register(
                 r,
                 "mailstream_backlog",
                 "Per partition: stream_length, unread (the group's lag), unacked (read, not sealed), \
                  sealed_batches (unsettled), due_batches (a retry due or a holder's lease run out), scheduled \
-                 (waiting for a recipient's local hour)",
+                 (waiting for a recipient's local hour or a render hook), transactional_unread and \
+                 transactional_unacked (the transactional lane)",
                 &["partition", "kind"],
             ),
             dead_letters: register(
@@ -76,6 +84,8 @@ struct Partition {
     stream_length: u64,
     unread: u64,
     unacked: u64,
+    tx_unread: u64,
+    tx_unacked: u64,
     sealed_batches: u64,
     due_batches: u64,
     scheduled: u64,
@@ -92,7 +102,9 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
         let mut periods = Vec::new();
         for (campaign, period) in store.periods().await? {
             let counts = store.counts(&campaign, &period).await?;
-            periods.push((campaign, period, counts));
+            let with_variants = config.campaign(&campaign).is_some_and(|c| !c.variants.arms.is_empty());
+            let exposures = if with_variants { store.exposures(&campaign, &period).await? } else { Default::default() };
+            periods.push((campaign, period, counts, exposures));
         }
         let mut conn = store.conn().await?;
         let mut partitions = Vec::new();
@@ -114,11 +126,18 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     g.redis_up.set(1);
     g.period_deliveries.reset();
     g.period_duplicates.reset();
-    for (campaign, period, c) in &periods {
+    g.variant_exposures.reset();
+    for (campaign, period, c, exposures) in &periods {
         for (state, n) in states(c) {
             g.period_deliveries.with_label_values(&[campaign, period, state]).set(n as i64);
         }
         g.period_duplicates.with_label_values(&[campaign, period]).set(c.duplicates as i64);
+        let arms = config.campaign(campaign).map(|c| c.variants.arms.as_slice()).unwrap_or_default();
+        // Only declared variants: the label stays bounded by the config.
+        for arm in arms {
+            let n = exposures.get(&arm.name).copied().unwrap_or(0);
+            g.variant_exposures.with_label_values(&[campaign, period, &arm.name]).set(n as i64);
+        }
     }
     for (p, f) in partitions.iter().enumerate() {
         let p = p.to_string();
@@ -129,6 +148,8 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
             ("sealed_batches", f.sealed_batches),
             ("due_batches", f.due_batches),
             ("scheduled", f.scheduled),
+            ("transactional_unread", f.tx_unread),
+            ("transactional_unacked", f.tx_unacked),
         ] {
             g.backlog.with_label_values(&[p.as_str(), kind]).set(n as i64);
         }
@@ -158,6 +179,11 @@ async fn partition(conn: &mut impl ConnectionLike, store: &Store, group: &str, p
         Some(g) => (g.lag, g.pending),
         None => (0, 0),
     };
+    let tx = keys.lane_stream(p, crate::work::Lane::Transactional);
+    let (tx_unread, tx_unacked) = match streams::group_info(conn, &tx, group).await? {
+        Some(g) => (g.lag, g.pending),
+        None => (0, 0),
+    };
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
     let now = secs * 1000 + micros / 1000;
     type Figures = (u64, u64, u64, u64, u64, bool, u64);
@@ -180,5 +206,17 @@ async fn partition(conn: &mut impl ConnectionLike, store: &Store, group: &str, p
         .arg(keys.due(p))
         .query_async(conn)
         .await?;
-    Ok(Partition { stream_length, unread, unacked, sealed_batches, due_batches, scheduled, dead, unknown, paused })
+    Ok(Partition {
+        stream_length,
+        unread,
+        unacked,
+        tx_unread,
+        tx_unacked,
+        sealed_batches,
+        due_batches,
+        scheduled,
+        dead,
+        unknown,
+        paused,
+    })
 }

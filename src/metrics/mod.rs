@@ -54,6 +54,9 @@ pub struct Metrics {
     ceiling: Gauge,
     build_info: IntGaugeVec,
     schedule_fires: IntCounterVec,
+    render_hook_requests: IntCounterVec,
+    render_hook_deferred: IntCounterVec,
+    ingested: IntCounterVec,
     schedule_last: GaugeVec,
     schedule_next: GaugeVec,
     /// Held while gauges are replaced and while the registry is gathered, so a
@@ -212,6 +215,24 @@ impl Metrics {
                 "The most emails per second the configured rate allows (requests per second x batch size)",
             ),
             build_info: gauges(&r, "mailstream_build_info", "Always 1; the running version", &["version"]),
+            render_hook_requests: counter(
+                &r,
+                "mailstream_render_hook_requests_total",
+                "Requests to campaigns' render hooks, by result (ok, unreachable, status, garbage)",
+                &["campaign", "result"],
+            ),
+            render_hook_deferred: counter(
+                &r,
+                "mailstream_render_hook_deferred_total",
+                "Deliveries put off because their render hook gave no answer for them",
+                &["campaign"],
+            ),
+            ingested: counter(
+                &r,
+                "mailstream_ingest_items_total",
+                "Transactional items taken by the ingest API, by result (accepted, duplicate, conflict, invalid)",
+                &["result"],
+            ),
             schedule_fires: counter(
                 &r,
                 "mailstream_schedule_fires_total",
@@ -350,6 +371,21 @@ impl Metrics {
     }
 
     /// A scheduled fire of `campaign` came to `result` (fired, caught_up, missed, standby).
+    /// One render-hook request and its result.
+    pub fn render_hook(&self, campaign: &str, result: &'static str) {
+        self.render_hook_requests.with_label_values(&[campaign, result]).inc();
+    }
+
+    /// Deliveries of `campaign` deferred for want of a hook answer.
+    pub fn render_hook_deferred(&self, campaign: &str, n: u64) {
+        self.render_hook_deferred.with_label_values(&[campaign]).inc_by(n);
+    }
+
+    /// Items of an ingest request, by result.
+    pub fn ingested(&self, result: &'static str, n: u64) {
+        self.ingested.with_label_values(&[result]).inc_by(n);
+    }
+
     pub fn schedule_fire(&self, campaign: &str, result: &'static str) {
         self.schedule_fires.with_label_values(&[campaign, result]).inc();
     }

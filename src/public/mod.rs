@@ -1,8 +1,9 @@
 //! The public listener, apart from the private metrics listener: Resend's
-//! webhooks (`webhook.rs`) and RFC 8058 one-click unsubscribe
-//! (`unsubscribe.rs`). It keeps answering while sending is paused or draining,
-//! so maintenance loses no events.
+//! webhooks (`webhook.rs`), RFC 8058 one-click unsubscribe (`unsubscribe.rs`)
+//! and the ingest API for transactional sends (`ingest.rs`). It keeps answering
+//! while sending is paused or draining, so maintenance loses no events.
 
+pub mod ingest;
 pub mod unsubscribe;
 pub mod webhook;
 
@@ -41,6 +42,7 @@ pub fn serve(
 /// What the public listener serves.
 pub struct Public {
     webhooks: Webhooks,
+    ingest: ingest::Ingest,
     tokens: Tokens,
     store: crate::db::Store,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -50,6 +52,7 @@ impl Public {
     pub fn new(ctx: &Ctx) -> Public {
         Public {
             webhooks: Webhooks::new(&ctx.config, ctx.store.clone(), ctx.metrics.clone()),
+            ingest: ingest::Ingest::new(ctx),
             tokens: Tokens::new(&ctx.config.unsubscribe.secrets),
             store: ctx.store.clone(),
             metrics: ctx.metrics.clone(),
@@ -61,6 +64,9 @@ impl Public {
         let path = req.uri().path();
         if path == webhook::PATH {
             return self.webhooks.handle(req).await;
+        }
+        if path == ingest::PATH {
+            return self.ingest.handle(req).await;
         }
         if path.starts_with(unsubscribe::PATH) {
             return self.unsubscribe(&req).await;

@@ -227,7 +227,7 @@ where
 pub async fn delivery(store: &Store, id: &str) -> std::collections::HashMap<String, String> {
     let mut conn = store.conn().await.unwrap();
     let d = mailstream::work::DeliveryRef::parse(id).expect("a delivery id");
-    let p = store.keys.partition_of(&d.subscriber);
+    let p = store.keys.partition_of(d.home());
     redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await.unwrap()
 }
 
@@ -368,7 +368,7 @@ pub async fn sealed_batch(
         .map(|(d, s)| {
             let json =
                 format!(r#"{{"from":"a@acme.example","to":["{}"],"subject":"Digest {PERIOD}","text":"x"}}"#, s.email);
-            mailstream::work::Ready { entry: "0-1".into(), delivery: d.clone(), json }
+            mailstream::work::Ready { entry: "0-1".into(), delivery: d.clone(), json, variant: None }
         })
         .collect();
     let req = mailstream::db::scripts::SealRequest {

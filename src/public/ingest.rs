@@ -1,0 +1,103 @@
+//! `POST /v1/deliveries`: transactional sends from the application. A bearer
+//! token (`MAILSTREAM_INGEST_TOKEN`, `http.ingest_token_file` or the credential
+//! `ingest_token`; without one the API is off: 404). The body is
+//! `{"deliveries": [item, ...]}` with at most 1,000 items (see `crate::ingest`
+//! for an item). A body that is not such JSON is refused whole (400), too many
+//! items or too many bytes too (413), a missing or wrong token too (401). Then
+//! each item is checked and enqueued on its own: 202 when every item was
+//! accepted (or was a duplicate of one accepted before), 207 when some were
+//! refused, with one result per item, in order, naming the field and why.
+
+use std::sync::Arc;
+
+use hyper::{Method, StatusCode};
+use serde_json::json;
+
+use crate::config::{Config, Secret};
+use crate::ctx::Ctx;
+use crate::db::Store;
+use crate::http::{self, HttpRequest, HttpResponse};
+use crate::ingest::{self, ItemResult, MAX_ITEMS};
+use crate::metrics::Metrics;
+
+pub const PATH: &str = "/v1/deliveries";
+
+pub struct Ingest {
+    tokens: Vec<Secret>,
+    store: Store,
+    config: Config,
+    metrics: Arc<Metrics>,
+}
+
+impl Ingest {
+    pub fn new(ctx: &Ctx) -> Ingest {
+        Ingest {
+            tokens: ctx.config.http.ingest_tokens.clone(),
+            store: ctx.store.clone(),
+            config: ctx.config.clone(),
+            metrics: ctx.metrics.clone(),
+        }
+    }
+
+    pub async fn handle(&self, req: HttpRequest) -> HttpResponse {
+        if self.tokens.is_empty() {
+            return http::text(
+                StatusCode::NOT_FOUND,
+                "the ingest API is off: set MAILSTREAM_INGEST_TOKEN, http.ingest_token_file or the ingest_token credential\n",
+            );
+        }
+        let presented = http::bearer(&req);
+        if !self.tokens.iter().any(|t| http::same_secret(presented, t.expose())) {
+            return refuse(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+        }
+        if req.method() != Method::POST {
+            return refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+        }
+        let items = match serde_json::from_slice::<serde_json::Value>(req.body()) {
+            Ok(serde_json::Value::Object(mut body)) => match body.remove("deliveries") {
+                Some(serde_json::Value::Array(items)) => items,
+                _ => return refuse(StatusCode::BAD_REQUEST, "the body must be {\"deliveries\": [...]}"),
+            },
+            _ => return refuse(StatusCode::BAD_REQUEST, "the body must be JSON: {\"deliveries\": [...]}"),
+        };
+        if items.len() > MAX_ITEMS {
+            return refuse(StatusCode::PAYLOAD_TOO_LARGE, &format!("at most {MAX_ITEMS} deliveries per request"));
+        }
+        if items.is_empty() {
+            return refuse(StatusCode::BAD_REQUEST, "no deliveries");
+        }
+        let results = match ingest::enqueue(&self.store, &self.config, items).await {
+            Ok(results) => results,
+            Err(e) => {
+                self.metrics.redis_error("ingest", &e);
+                return refuse(StatusCode::SERVICE_UNAVAILABLE, "could not enqueue now; nothing was taken, try again");
+            }
+        };
+        let count = |f: fn(&ItemResult) -> bool| results.iter().filter(|r| f(r)).count();
+        let accepted = count(|r| matches!(r, ItemResult::Accepted { .. }));
+        let duplicates = count(|r| matches!(r, ItemResult::Duplicate { .. }));
+        let conflicts = count(|r| matches!(r, ItemResult::Conflict { .. }));
+        let invalid = count(|r| matches!(r, ItemResult::Invalid { .. }));
+        for (result, n) in
+            [("accepted", accepted), ("duplicate", duplicates), ("conflict", conflicts), ("invalid", invalid)]
+        {
+            if n > 0 {
+                self.metrics.ingested(result, n as u64);
+            }
+        }
+        let status = if conflicts + invalid == 0 { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
+        http::json(
+            status,
+            &json!({
+                "accepted": accepted,
+                "duplicates": duplicates,
+                "refused": conflicts + invalid,
+                "results": results,
+            }),
+        )
+    }
+}
+
+fn refuse(status: StatusCode, error: &str) -> HttpResponse {
+    http::json(status, &json!({ "error": error }))
+}
