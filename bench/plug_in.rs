@@ -60,6 +60,7 @@ struct Hook {
 
 fn main() -> ExitCode {
     let (mut subscribers, mut revoked, mut transactional, mut json) = (10_000u64, 0.1f64, 100u64, false);
+    let mut with_hook = true;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = || args.next().unwrap_or_default();
@@ -68,6 +69,8 @@ fn main() -> ExitCode {
             "--revoked" => revoked = value().parse().expect("--revoked needs a fraction"),
             "--transactional" => transactional = value().parse().expect("--transactional needs a number"),
             "--json" => json = true,
+            // For comparison: revocations written to the registry, no hook asked.
+            "--no-hook" => with_hook = false,
             "--bench" => {}
             other => {
                 eprintln!("unknown argument {other}");
@@ -76,7 +79,7 @@ fn main() -> ExitCode {
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    match runtime.block_on(run(subscribers, revoked, transactional)) {
+    match runtime.block_on(run(subscribers, revoked, transactional, with_hook)) {
         Ok(r) => {
             let t = &r.transactional;
             eprintln!(
@@ -156,7 +159,7 @@ async fn answer(hook: &Mutex<Hook>, req: HttpRequest) -> HttpResponse {
     http::json(StatusCode::OK, &json!({ "deliveries": answers }))
 }
 
-async fn run(n: u64, revoked_share: f64, receipts: u64) -> anyhow::Result<Report> {
+async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyhow::Result<Report> {
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let hook = Arc::new(Mutex::new(Hook::default()));
     let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -182,7 +185,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64) -> anyhow::Result<Report
     config.render_hook.secret = Some(Secret::new(HOOK_SECRET));
     let c = &mut config.campaigns[0];
     c.schedule = None;
-    c.render_hook = Some(RenderHookConfig { url: hook_url, timeout_ms: 3000, retries: 1 });
+    c.render_hook = with_hook.then_some(RenderHookConfig { url: hook_url, timeout_ms: 3000, retries: 1 });
     c.variants.enabled = true;
     config.validate()?;
     let campaign = config.campaigns[0].clone();
@@ -197,6 +200,11 @@ async fn run(n: u64, revoked_share: f64, receipts: u64) -> anyhow::Result<Report
     let every = (1.0 / revoked_share.max(1e-9)).round().max(1.0) as usize;
     let revoked: HashSet<String> = subs.iter().step_by(every).map(|s| s.id.clone()).collect();
     let revoked_count = revoked.len() as u64;
+    if !with_hook {
+        let mut changed: Vec<Subscriber> = subs.iter().filter(|s| revoked.contains(&s.id)).cloned().collect();
+        changed.iter_mut().for_each(|s| s.entitled = false);
+        subscribers::upsert(&store, &changed).await?;
+    }
     hook.lock().expect("hook lock").revoked = revoked;
 
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -1,0 +1,502 @@
+//! `bench/run [--quick] [--json]`: every measure in one sitting, each a ratio to a
+//! reference measured in the same run, written to `bench/RESULTS.md`.
+//!
+//! 1. Delivery throughput against the ceiling (rps × 100): the daemon as a process
+//!    of its own against a private durable Redis and the emulator at 10 requests/s;
+//!    its peak RSS and CPU time; the naive design (one email per request) beside it.
+//! 2. Fan-out: `kick` over the registry, against `redis-benchmark` running
+//!    mailstream's own enqueue.lua (100 deliveries a call, pipelined) on the same
+//!    Redis, and against BullMQ `addBulk` with a `jobId` (bench/bullmq).
+//! 3. Rate-limit accuracy: the most requests in any sliding second, mailstream's and
+//!    a BullMQ worker's with `limiter {max: 10, duration: 1000}`.
+//! 4. Redis memory per pending delivery (used_memory delta after the kick) and per
+//!    settled one, against BullMQ's per job.
+//! 5. Webhook ingestion (bench/webhooks, a short run).
+//!
+//! Full: 50,000 deliveries sent, 1,000,000 subscribers kicked (3 repetitions),
+//! BullMQ 300,000. `--quick` (CI, so the harness cannot rot): 5,000, 50,000 (1), 20,000.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::db::Store;
+use mailstream::emulator::{Emulator, EmulatorConfig};
+use mailstream::kick;
+use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::subscribers::{self, Subscriber};
+use serde::Serialize;
+use serde_json::Value;
+
+const RPS: u32 = 10;
+const CAMPAIGN: &str = "weekly_digest";
+
+struct Sizes {
+    sent: u64,
+    naive: u64,
+    kicked: u64,
+    repetitions: usize,
+    webhook_seconds: u64,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Results {
+    quick: bool,
+    // 1. throughput and footprint
+    deliveries: u64,
+    sent: u64,
+    throughput_ratio: f64,
+    rate_limited: u64,
+    duplicate_sends: u64,
+    worst_second_requests: u64,
+    naive_emails_per_second: f64,
+    naive_ratio_to_ceiling: f64,
+    daemon_peak_rss_mib: f64,
+    cpu_seconds_per_10k_emails: f64,
+    // 2. fan-out
+    kicked: u64,
+    kick_per_second: f64,
+    kick_per_second_runs: Vec<f64>,
+    redis_ceiling_per_second: f64,
+    redis_ceiling_runs: Vec<f64>,
+    kick_ratio_to_redis_ceiling: f64,
+    bullmq_add_per_second: f64,
+    kick_ratio_to_bullmq: f64,
+    // 3. rate limit
+    bullmq_worst_second_requests: u64,
+    // 4. memory
+    redis_bytes_per_delivery: f64,
+    redis_bytes_per_settled_delivery: f64,
+    bullmq_bytes_per_job: f64,
+    // 5. webhooks
+    webhook_events_per_second: f64,
+    webhook_p99_ms: f64,
+    machine: BTreeMap<String, String>,
+    seconds: f64,
+}
+
+fn main() -> ExitCode {
+    let (mut quick, mut json) = (false, false);
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--json" => json = true,
+            "--bench" => {}
+            other => {
+                eprintln!("unknown argument {other} (bench/run [--quick] [--json])");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let sizes = if quick {
+        Sizes { sent: 5_000, naive: 30, kicked: 50_000, repetitions: 1, webhook_seconds: 3 }
+    } else {
+        Sizes { sent: 50_000, naive: 100, kicked: 1_000_000, repetitions: 3, webhook_seconds: 10 }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    match runtime.block_on(run(quick, &sizes)) {
+        Ok(r) => {
+            let md = results_md(&r, &sizes);
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/RESULTS.md");
+            if let Err(e) = std::fs::write(&path, md) {
+                eprintln!("cannot write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            eprintln!("wrote {}", path.display());
+            if json {
+                println!("{}", serde_json::to_string(&r).expect("serializes"));
+            }
+            let ok = r.sent == r.deliveries && r.duplicate_sends == 0 && r.rate_limited == 0;
+            if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
+    let started = Instant::now();
+    let mut r = Results { quick, machine: machine(), ..Default::default() };
+    let dir = std::env::temp_dir().join(format!("mailstream-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+
+    eprintln!("== 1. throughput: {} deliveries at {RPS} requests/s, the daemon as a process", sizes.sent);
+    throughput(&dir, sizes.sent, 100, &mut r).await?;
+    eprintln!(
+        "   {:.3} of the ceiling, {} rate-limited, {} duplicates, worst second {}, peak RSS {:.1} MiB, {:.2} CPU s per 10k",
+        r.throughput_ratio,
+        r.rate_limited,
+        r.duplicate_sends,
+        r.worst_second_requests,
+        r.daemon_peak_rss_mib,
+        r.cpu_seconds_per_10k_emails
+    );
+    let mut naive = Results::default();
+    eprintln!("== 1b. the naive design: one email per request, {} deliveries", sizes.naive);
+    throughput(&dir, sizes.naive, 1, &mut naive).await?;
+    r.naive_emails_per_second = naive.throughput_ratio * f64::from(RPS);
+    r.naive_ratio_to_ceiling = r.naive_emails_per_second / (f64::from(RPS) * 100.0);
+    eprintln!("   {:.1} emails/s ({:.4} of the batched ceiling)", r.naive_emails_per_second, r.naive_ratio_to_ceiling);
+
+    eprintln!("== 2. fan-out: {} subscribers, {} repetition(s)", sizes.kicked, sizes.repetitions);
+    fan_out(sizes, &mut r).await?;
+    eprintln!(
+        "   kick {:.0}/s, redis-benchmark enqueue.lua {:.0}/s ({:.2}), {:.0} bytes per pending delivery",
+        r.kick_per_second, r.redis_ceiling_per_second, r.kick_ratio_to_redis_ceiling, r.redis_bytes_per_delivery
+    );
+
+    eprintln!("== 3. BullMQ (bench/bullmq, {})", if quick { "quick" } else { "full" });
+    bullmq(quick, &mut r).await?;
+    r.kick_ratio_to_bullmq = r.kick_per_second / r.bullmq_add_per_second.max(1e-9);
+    eprintln!(
+        "   addBulk {:.0}/s (mailstream {:.1}x), worst second {}, {:.0} bytes per job",
+        r.bullmq_add_per_second, r.kick_ratio_to_bullmq, r.bullmq_worst_second_requests, r.bullmq_bytes_per_job
+    );
+
+    eprintln!("== 4. webhooks ({} s)", sizes.webhook_seconds);
+    webhooks(sizes.webhook_seconds, &mut r)?;
+    eprintln!("   {:.0} verified events/s, p99 {:.2} ms", r.webhook_events_per_second, r.webhook_p99_ms);
+    let _ = std::fs::remove_dir_all(&dir);
+    r.seconds = started.elapsed().as_secs_f64();
+    Ok(r)
+}
+
+/// The shipped config for `redis` and `emulator`, kicked by hand, `batch` emails per request.
+fn config_text(redis: &str, emulator: &str, batch: usize) -> String {
+    let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
+    for (from, to) in [
+        ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis}\"")),
+        ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator}\"")),
+        ("batch_size = 100".into(), format!("batch_size = {batch}")),
+        ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
+    ] {
+        assert!(text.contains(&from), "config.toml lost {from}");
+        text = text.replacen(&from, &to, 1);
+    }
+    text
+}
+
+async fn used_memory(store: &Store) -> anyhow::Result<u64> {
+    let mut conn = store.conn().await?;
+    let info: String = redis::cmd("INFO").arg("memory").query_async(&mut conn).await?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .context("INFO memory has no used_memory")
+}
+
+/// (peak RSS in KiB, CPU seconds) of a running process, from /proc.
+fn footprint(pid: u32) -> Option<(u64, f64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?.split_whitespace().next()?.parse().ok()?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf only reads a system constant.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    Some((hwm, ticks as f64 / hz))
+}
+
+/// Sends `n` deliveries through a daemon process at RPS requests/s of `batch` emails.
+async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow::Result<()> {
+    let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
+    let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(RPS), ..Default::default() });
+    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
+    let config_path = dir.join(format!("config-{batch}.toml"));
+    std::fs::write(&config_path, config_text(&redis.url(), &emulator_url, batch))?;
+    let mut config = Config::load(&config_path)?;
+    config.resend.api_key = Some(Secret::new("re_bench"));
+    let store = Store::open(&config).await?;
+    let subs: Vec<Subscriber> = (0..n).map(Subscriber::synthetic).collect();
+    subscribers::upsert(&store, &subs).await?;
+    drop(subs);
+    let campaign = config.campaign(CAMPAIGN).context("weekly_digest")?.clone();
+    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let before = used_memory(&store).await?;
+    kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
+
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
+    let log = std::fs::File::create(dir.join(format!("daemon-{batch}.log")))?;
+    let mut daemon: Child = Command::new(&binary)
+        .arg("run")
+        .arg("--config")
+        .arg(&config_path)
+        .env("RESEND_API_KEY", "re_bench")
+        .env("MAILSTREAM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = daemon.id();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(120 + n * 3 / (u64::from(RPS) * batch as u64).max(1));
+    let mut last = None;
+    let counts = loop {
+        let c = store.counts(CAMPAIGN, &period).await.unwrap_or_default();
+        last = footprint(pid).or(last);
+        if c.settled() >= c.enqueued || Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+    let _ = daemon.wait();
+    let after = used_memory(&store).await?;
+    stop_emulator.trigger();
+    let _ = emulator_task.await;
+    let stats = emulator.stats();
+    let ceiling = f64::from(RPS) * 100.0;
+    r.deliveries = counts.enqueued;
+    r.sent = counts.sent;
+    r.throughput_ratio = stats.emails_accepted as f64 / elapsed / ceiling;
+    r.rate_limited = stats.rate_limited;
+    r.duplicate_sends = stats.duplicate_sends;
+    r.worst_second_requests = stats.max_requests_in_1s;
+    r.redis_bytes_per_settled_delivery = after.saturating_sub(before) as f64 / n.max(1) as f64;
+    if let Some((hwm_kib, cpu)) = last {
+        r.daemon_peak_rss_mib = hwm_kib as f64 / 1024.0;
+        r.cpu_seconds_per_10k_emails = cpu / counts.sent.max(1) as f64 * 10_000.0;
+    }
+    Ok(())
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// `kick` over the registry vs redis-benchmark running enqueue.lua, on one Redis.
+async fn fan_out(sizes: &Sizes, r: &mut Results) -> anyhow::Result<()> {
+    let redis = RedisServer::start(RedisOptions::default()).await?;
+    let mut config = Config::example();
+    config.campaigns.iter_mut().for_each(|c| c.schedule = None);
+    config.redis.url = Secret::new(redis.url());
+    config.redis.durability = mailstream::config::Durability::Relaxed;
+    let store = Store::open(&config).await?;
+    let subs: Vec<Subscriber> = (0..sizes.kicked).map(Subscriber::synthetic).collect();
+    for chunk in subs.chunks(100_000) {
+        subscribers::upsert(&store, chunk).await?;
+    }
+    drop(subs);
+    for rep in 0..sizes.repetitions {
+        let period = format!("2026-W{}", 10 + rep);
+        let before = used_memory(&store).await?;
+        let t = Instant::now();
+        let report = kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
+        let rate = report.new as f64 / t.elapsed().as_secs_f64();
+        anyhow::ensure!(report.new == sizes.kicked, "kick enqueued {} of {}", report.new, sizes.kicked);
+        if rep == 0 {
+            r.redis_bytes_per_delivery = used_memory(&store).await?.saturating_sub(before) as f64 / report.new as f64;
+        }
+        r.kick_per_second_runs.push(rate);
+        let ceiling = redis_benchmark(&store, &redis, sizes.kicked, rep).await?;
+        r.redis_ceiling_runs.push(ceiling);
+        eprintln!("   run {}: kick {rate:.0}/s, redis-benchmark {ceiling:.0}/s", rep + 1);
+    }
+    r.kicked = sizes.kicked;
+    r.kick_per_second = median(&r.kick_per_second_runs);
+    r.redis_ceiling_per_second = median(&r.redis_ceiling_runs);
+    r.kick_ratio_to_redis_ceiling = r.kick_per_second / r.redis_ceiling_per_second.max(1e-9);
+    Ok(())
+}
+
+/// enqueue.lua run by redis-benchmark, 100 new deliveries a call (random ids in one
+/// partition's slot), 16 calls pipelined on each of 4 connections; deliveries/s.
+async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, rep: usize) -> anyhow::Result<f64> {
+    let mut conn = store.conn().await?;
+    let sha: String =
+        redis::cmd("SCRIPT").arg("LOAD").arg(include_str!("../lua/enqueue.lua")).query_async(&mut conn).await?;
+    let keys = &store.keys;
+    let period = format!("2026-W{}", 40 + rep);
+    let calls = (deliveries / 100).max(100);
+    let port = redis.url().rsplit(':').next().unwrap_or("6379").trim_end_matches('/').to_string();
+    let mut args: Vec<String> = vec![
+        "-h".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        port,
+        "-n".into(),
+        calls.to_string(),
+        "-c".into(),
+        "4".into(),
+        "-P".into(),
+        "16".into(),
+        "-r".into(),
+        "1000000000000".into(),
+        "--csv".into(),
+        "EVALSHA".into(),
+        sha,
+        "104".into(),
+        keys.stream(0),
+        keys.counts(0, CAMPAIGN, &period),
+        keys.periods(0),
+        keys.due(0),
+    ];
+    let ids: Vec<String> = (0..100).map(|i| format!("{CAMPAIGN}:{period}:b{i}-__rand_int__:team-1")).collect();
+    args.extend(ids.iter().map(|id| keys.delivery(0, id)));
+    args.push("7776000".into());
+    args.push(format!("{CAMPAIGN}:{period}"));
+    for id in &ids {
+        args.push(id.clone());
+        args.push("0".into());
+    }
+    let out = Command::new("redis-benchmark").args(&args).output().context("running redis-benchmark")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // --csv: "test","rps",...; the second field of the last line is calls per second.
+    let calls_per_second: f64 = text
+        .lines()
+        .last()
+        .and_then(|l| l.split(',').nth(1))
+        .map(|v| v.trim_matches('"'))
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("redis-benchmark printed no rate: {text}{}", String::from_utf8_lossy(&out.stderr)))?;
+    Ok(calls_per_second * 100.0)
+}
+
+/// bench/bullmq/run.sh on a private Redis (npm installs BullMQ into bench/bullmq on first use).
+async fn bullmq(quick: bool, r: &mut Results) -> anyhow::Result<()> {
+    let redis = RedisServer::start(RedisOptions::default()).await?;
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/bullmq/run.sh");
+    let mut cmd = Command::new(script);
+    cmd.arg(redis.url());
+    if quick {
+        cmd.arg("--quick");
+    }
+    let out = cmd.stderr(Stdio::inherit()).output().context("running bench/bullmq/run.sh (needs node and npm)")?;
+    anyhow::ensure!(out.status.success(), "bench/bullmq/run.sh failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.lines().last().unwrap_or("")).context("bench/bullmq printed no JSON")?;
+    let num = |path: &[&str]| path.iter().fold(&v, |v, k| &v[*k]).as_f64();
+    r.bullmq_add_per_second = num(&["enqueue", "jobs_per_second"]).context("bench/bullmq: enqueue rate")?;
+    r.bullmq_worst_second_requests =
+        num(&["limiter", "worst_second"]).context("bench/bullmq: limiter worst second")? as u64;
+    r.bullmq_bytes_per_job = num(&["memory", "bytes_per_waiting_job"]).context("bench/bullmq: memory")?;
+    Ok(())
+}
+
+/// bench/webhooks for `seconds`.
+fn webhooks(seconds: u64, r: &mut Results) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/webhooks");
+    let out = Command::new(script)
+        .args(["--seconds", &seconds.to_string(), "--json"])
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running bench/webhooks")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(text.lines().last().unwrap_or("")).context("bench/webhooks printed no JSON")?;
+    r.webhook_events_per_second = v["events_per_second"].as_f64().unwrap_or(0.0);
+    r.webhook_p99_ms = v["p99_ms"].as_f64().unwrap_or(0.0);
+    Ok(())
+}
+
+fn machine() -> BTreeMap<String, String> {
+    let mut m = BTreeMap::new();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model =
+        cpuinfo.lines().find_map(|l| l.strip_prefix("model name")).map(|l| l.trim_start_matches([' ', '\t', ':']));
+    m.insert("cpu".into(), model.unwrap_or("?").to_string());
+    m.insert("cores".into(), std::thread::available_parallelism().map(|n| n.get().to_string()).unwrap_or_default());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let total = meminfo.lines().find_map(|l| l.strip_prefix("MemTotal:")).map(str::trim).unwrap_or("?");
+    m.insert("memory".into(), total.to_string());
+    let version = |cmd: &str, arg: &str| {
+        Command::new(cmd)
+            .arg(arg)
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_else(|_| "not found".into())
+    };
+    m.insert("redis".into(), version("redis-server", "--version"));
+    m.insert("node".into(), version("node", "--version"));
+    m.insert(
+        "load_average_at_start".into(),
+        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string(),
+    );
+    m.insert("date".into(), chrono::Utc::now().to_rfc3339());
+    m
+}
+
+fn results_md(r: &Results, s: &Sizes) -> String {
+    let target = |ok: bool| if ok { "met" } else { "**missed**" };
+    let runs = |v: &[f64]| v.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(", ");
+    let spread = |v: &[f64]| {
+        let (lo, hi) = v.iter().fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(*x), hi.max(*x)));
+        if v.len() > 1 { format!("{lo:.0}–{hi:.0}") } else { "one run".into() }
+    };
+    let machine: Vec<String> = r.machine.iter().map(|(k, v)| format!("- {k}: {v}")).collect();
+    format!(
+        "# Benchmark results\n\n\
+Written by `bench/run{quick}` ({secs:.0} s). Every figure is from this one sitting; each is\n\
+set against a reference measured in the same run, since absolute times drift on a\n\
+shared machine. The method of each measure is in `bench/suite.rs`; `bench/README.md`\n\
+keeps earlier runs.\n\n\
+## Machine\n\n{machine}\n\n\
+## Results\n\n\
+| measure | mailstream | reference (same run) | ratio | target |\n|---|---|---|---|---|\n\
+| delivery throughput, {sent} deliveries at {rps} requests/s | {tput:.0} emails/s | ceiling {ceiling:.0} emails/s (rps × 100) | {tr:.3} | ≥ {tt} ({tm}) |\n\
+| the naive design (1 email per request, same limiter), {naive} deliveries | {ne:.1} emails/s | ceiling {ceiling:.0} | {nr:.4} | contrast |\n\
+| rate-limited answers / duplicate real sends | {rl} / {dup} | 0 / 0 | | 0 ({rlm}) |\n\
+| worst sliding second (configured {rps}/s) | {ws} requests | BullMQ `limiter {{max: 10, duration: 1000}}`: {bws} | | ≤ {rps} ({wsm}) |\n\
+| fan-out: `kick` of {kicked} subscribers (median of {reps}: {kruns}; spread {kspread}) | {kps:.0} deliveries/s | redis-benchmark, enqueue.lua, 100 per call, P16 × 4: {rc:.0}/s (runs {rruns}) | {kr:.2} | ≥ 0.7 ({krm}) |\n\
+| fan-out vs BullMQ `addBulk` with `jobId` | {kps:.0}/s | {bq:.0} jobs/s | {kb:.1}× | ≥ 4× ({kbm}) |\n\
+| Redis memory per pending delivery (used_memory delta after the kick) | {bpd:.0} B | BullMQ per job: {bbj:.0} B | {mr:.2} | ≤ 300 B ({bpm}) |\n\
+| Redis memory per settled delivery (after sending, before the retention expires) | {bps:.0} B | | | |\n\
+| daemon peak RSS sending at the ceiling | {rss:.1} MiB | | | ≤ 64 MiB ({rssm}) |\n\
+| daemon CPU per 10,000 emails | {cpu:.2} s | | | ≤ 2 s ({cpum}) |\n\
+| webhook ingestion ({ws_s} s, 32 connections, fsync always) | {wh:.0} verified events/s, p99 {whp:.2} ms | | | |\n\n\
+Sizes: {sent} deliveries sent (durable Redis: append-only, fsync always; the daemon as a\n\
+process of its own, RSS and CPU from /proc), {kicked} subscribers kicked on a Redis without\n\
+persistence (the same one redis-benchmark runs on), BullMQ's sizes as `bench/bullmq/run.sh{quick}`.\n\
+Memory after the retention expires is the baseline again: every record and key expires.\n",
+        quick = if r.quick { " --quick" } else { "" },
+        secs = r.seconds,
+        machine = machine.join("\n"),
+        sent = r.deliveries,
+        rps = RPS,
+        tput = r.throughput_ratio * f64::from(RPS) * 100.0,
+        ceiling = f64::from(RPS) * 100.0,
+        tr = r.throughput_ratio,
+        tt = if s.sent >= 50_000 { "0.97" } else { "0.95" },
+        tm = target(r.throughput_ratio >= if s.sent >= 50_000 { 0.97 } else { 0.95 }),
+        naive = s.naive,
+        ne = r.naive_emails_per_second,
+        nr = r.naive_ratio_to_ceiling,
+        rl = r.rate_limited,
+        dup = r.duplicate_sends,
+        rlm = target(r.rate_limited == 0 && r.duplicate_sends == 0),
+        ws = r.worst_second_requests,
+        bws = r.bullmq_worst_second_requests,
+        wsm = target(r.worst_second_requests <= u64::from(RPS)),
+        kicked = r.kicked,
+        reps = s.repetitions,
+        kruns = runs(&r.kick_per_second_runs),
+        kspread = spread(&r.kick_per_second_runs),
+        kps = r.kick_per_second,
+        rc = r.redis_ceiling_per_second,
+        rruns = runs(&r.redis_ceiling_runs),
+        kr = r.kick_ratio_to_redis_ceiling,
+        krm = target(r.kick_ratio_to_redis_ceiling >= 0.7),
+        bq = r.bullmq_add_per_second,
+        kb = r.kick_ratio_to_bullmq,
+        kbm = target(r.kick_ratio_to_bullmq >= 4.0),
+        bpd = r.redis_bytes_per_delivery,
+        bbj = r.bullmq_bytes_per_job,
+        mr = r.redis_bytes_per_delivery / r.bullmq_bytes_per_job.max(1e-9),
+        bpm = target(r.redis_bytes_per_delivery <= 300.0),
+        bps = r.redis_bytes_per_settled_delivery,
+        rss = r.daemon_peak_rss_mib,
+        rssm = target(r.daemon_peak_rss_mib <= 64.0),
+        cpu = r.cpu_seconds_per_10k_emails,
+        cpum = target(r.cpu_seconds_per_10k_emails <= 2.0),
+        ws_s = s.webhook_seconds,
+        wh = r.webhook_events_per_second,
+        whp = r.webhook_p99_ms,
+    )
+}
