@@ -48,7 +48,10 @@ struct Results {
     // 1. throughput and footprint
     deliveries: u64,
     sent: u64,
+    /// Emails accepted per second from the first request to the last, over rps × 100.
     throughput_ratio: f64,
+    /// The same from the daemon process's start (start-up included).
+    throughput_ratio_from_start: f64,
     rate_limited: u64,
     duplicate_sends: u64,
     worst_second_requests: u64,
@@ -63,6 +66,8 @@ struct Results {
     redis_ceiling_per_second: f64,
     redis_ceiling_runs: Vec<f64>,
     kick_ratio_to_redis_ceiling: f64,
+    /// Where Redis spent the first kick's time (INFO commandstats).
+    kick_profile: String,
     bullmq_add_per_second: f64,
     kick_ratio_to_bullmq: f64,
     // 3. rate limit
@@ -98,6 +103,11 @@ fn main() -> ExitCode {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     match runtime.block_on(run(quick, &sizes)) {
+        Ok(r) if std::env::var_os("BENCH_ONLY").is_some() => {
+            // One part only: RESULTS.md keeps the last whole run.
+            println!("{}", serde_json::to_string(&r).expect("serializes"));
+            ExitCode::SUCCESS
+        }
         Ok(r) => {
             let md = results_md(&r, &sizes);
             let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/RESULTS.md");
@@ -125,42 +135,53 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
     let dir = std::env::temp_dir().join(format!("mailstream-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
-    eprintln!("== 1. throughput: {} deliveries at {RPS} requests/s, the daemon as a process", sizes.sent);
-    throughput(&dir, sizes.sent, 100, &mut r).await?;
-    eprintln!(
-        "   {:.3} of the ceiling, {} rate-limited, {} duplicates, worst second {}, peak RSS {:.1} MiB, {:.2} CPU s per 10k",
-        r.throughput_ratio,
-        r.rate_limited,
-        r.duplicate_sends,
-        r.worst_second_requests,
-        r.daemon_peak_rss_mib,
-        r.cpu_seconds_per_10k_emails
-    );
-    let mut naive = Results::default();
-    eprintln!("== 1b. the naive design: one email per request, {} deliveries", sizes.naive);
-    throughput(&dir, sizes.naive, 1, &mut naive).await?;
-    r.naive_emails_per_second = naive.throughput_ratio * f64::from(RPS);
-    r.naive_ratio_to_ceiling = r.naive_emails_per_second / (f64::from(RPS) * 100.0);
-    eprintln!("   {:.1} emails/s ({:.4} of the batched ceiling)", r.naive_emails_per_second, r.naive_ratio_to_ceiling);
-
-    eprintln!("== 2. fan-out: {} subscribers, {} repetition(s)", sizes.kicked, sizes.repetitions);
-    fan_out(sizes, &mut r).await?;
-    eprintln!(
-        "   kick {:.0}/s, redis-benchmark enqueue.lua {:.0}/s ({:.2}), {:.0} bytes per pending delivery",
-        r.kick_per_second, r.redis_ceiling_per_second, r.kick_ratio_to_redis_ceiling, r.redis_bytes_per_delivery
-    );
-
-    eprintln!("== 3. BullMQ (bench/bullmq, {})", if quick { "quick" } else { "full" });
-    bullmq(quick, &mut r).await?;
-    r.kick_ratio_to_bullmq = r.kick_per_second / r.bullmq_add_per_second.max(1e-9);
-    eprintln!(
-        "   addBulk {:.0}/s (mailstream {:.1}x), worst second {}, {:.0} bytes per job",
-        r.bullmq_add_per_second, r.kick_ratio_to_bullmq, r.bullmq_worst_second_requests, r.bullmq_bytes_per_job
-    );
-
-    eprintln!("== 4. webhooks ({} s)", sizes.webhook_seconds);
-    webhooks(sizes.webhook_seconds, &mut r)?;
-    eprintln!("   {:.0} verified events/s, p99 {:.2} ms", r.webhook_events_per_second, r.webhook_p99_ms);
+    // BENCH_ONLY=throughput|fan-out|bullmq|webhooks runs one part (while profiling).
+    let only = std::env::var("BENCH_ONLY").ok();
+    let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    if part("throughput") {
+        eprintln!("== 1. throughput: {} deliveries at {RPS} requests/s, the daemon as a process", sizes.sent);
+        throughput(&dir, sizes.sent, 100, &mut r).await?;
+        eprintln!(
+            "   {:.3} of the ceiling, {} rate-limited, {} duplicates, worst second {}, peak RSS {:.1} MiB, {:.2} CPU s per 10k",
+            r.throughput_ratio,
+            r.rate_limited,
+            r.duplicate_sends,
+            r.worst_second_requests,
+            r.daemon_peak_rss_mib,
+            r.cpu_seconds_per_10k_emails
+        );
+        let mut naive = Results::default();
+        eprintln!("== 1b. the naive design: one email per request, {} deliveries", sizes.naive);
+        throughput(&dir, sizes.naive, 1, &mut naive).await?;
+        r.naive_emails_per_second = naive.throughput_ratio * f64::from(RPS) * 100.0;
+        r.naive_ratio_to_ceiling = r.naive_emails_per_second / (f64::from(RPS) * 100.0);
+        eprintln!(
+            "   {:.1} emails/s ({:.4} of the batched ceiling)",
+            r.naive_emails_per_second, r.naive_ratio_to_ceiling
+        );
+    }
+    if part("fan-out") {
+        eprintln!("== 2. fan-out: {} subscribers, {} repetition(s)", sizes.kicked, sizes.repetitions);
+        fan_out(sizes, &mut r).await?;
+        eprintln!(
+            "   kick {:.0}/s, redis-benchmark enqueue.lua {:.0}/s ({:.2}), {:.0} bytes per pending delivery",
+            r.kick_per_second, r.redis_ceiling_per_second, r.kick_ratio_to_redis_ceiling, r.redis_bytes_per_delivery
+        );
+    }
+    if part("bullmq") {
+        eprintln!("== 3. BullMQ (bench/bullmq, {})", if quick { "quick" } else { "full" });
+        bullmq(quick, &mut r).await?;
+        r.kick_ratio_to_bullmq = r.kick_per_second / r.bullmq_add_per_second.max(1e-9);
+        eprintln!(
+            "   addBulk {:.0}/s (mailstream {:.1}x), worst second {}, {:.0} bytes per job",
+            r.bullmq_add_per_second, r.kick_ratio_to_bullmq, r.bullmq_worst_second_requests, r.bullmq_bytes_per_job
+        );
+    }
+    if part("webhooks") {
+        eprintln!("== 4. webhooks ({} s)", sizes.webhook_seconds);
+        webhooks(sizes.webhook_seconds, &mut r)?;
+        eprintln!("   {:.0} verified events/s, p99 {:.2} ms", r.webhook_events_per_second, r.webhook_p99_ms);
+    }
     let _ = std::fs::remove_dir_all(&dir);
     r.seconds = started.elapsed().as_secs_f64();
     Ok(r)
@@ -252,9 +273,20 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
     let _ = emulator_task.await;
     let stats = emulator.stats();
     let ceiling = f64::from(RPS) * 100.0;
+    // The sending window: first acceptance to last, plus the last request's own slot.
+    let times: Vec<Instant> = emulator.send_times_matching("").into_values().flatten().collect();
+    let window = match (times.iter().min(), times.iter().max()) {
+        (Some(first), Some(last)) => (*last - *first).as_secs_f64() + 1.0 / f64::from(RPS),
+        _ => elapsed,
+    };
+    let sizes: Vec<usize> = emulator.seen().iter().filter(|s| s.status == 200).map(|s| s.emails).collect();
+    let partial: Vec<String> =
+        sizes.iter().enumerate().filter(|(_, n)| **n < batch).map(|(i, n)| format!("#{i}:{n}")).collect();
+    eprintln!("   {} requests; partial batches (request:emails): {}", sizes.len(), partial.join(" "));
     r.deliveries = counts.enqueued;
     r.sent = counts.sent;
-    r.throughput_ratio = stats.emails_accepted as f64 / elapsed / ceiling;
+    r.throughput_ratio = stats.emails_accepted as f64 / window / ceiling;
+    r.throughput_ratio_from_start = stats.emails_accepted as f64 / elapsed / ceiling;
     r.rate_limited = stats.rate_limited;
     r.duplicate_sends = stats.duplicate_sends;
     r.worst_second_requests = stats.max_requests_in_1s;
@@ -288,9 +320,29 @@ async fn fan_out(sizes: &Sizes, r: &mut Results) -> anyhow::Result<()> {
     for rep in 0..sizes.repetitions {
         let period = format!("2026-W{}", 10 + rep);
         let before = used_memory(&store).await?;
+        let mut conn = store.conn().await?;
+        let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await?;
         let t = Instant::now();
         let report = kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
-        let rate = report.new as f64 / t.elapsed().as_secs_f64();
+        let took = t.elapsed().as_secs_f64();
+        let rate = report.new as f64 / took;
+        // Where Redis spent its time during the kick.
+        let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut conn).await?;
+        let top: Vec<String> = stats
+            .lines()
+            .filter_map(|l| {
+                let name = l.strip_prefix("cmdstat_")?.split(':').next()?;
+                let usec: f64 = l.split("usec=").nth(1)?.split(',').next()?.parse().ok()?;
+                (usec > 1e5).then(|| format!("{name} {:.2} s", usec / 1e6))
+            })
+            .collect();
+        // Redis 7 counts the commands a script calls on their own too (hsetnx, xadd inside
+        // evalsha): evalsha is the enqueue script's whole time, sscan and hmget the registry read.
+        let profile = format!("kick took {took:.2} s; Redis time by command: {}", top.join(", "));
+        eprintln!("   {profile}");
+        if rep == 0 {
+            r.kick_profile = profile;
+        }
         anyhow::ensure!(report.new == sizes.kicked, "kick enqueued {} of {}", report.new, sizes.kicked);
         if rep == 0 {
             r.redis_bytes_per_delivery = used_memory(&store).await?.saturating_sub(before) as f64 / report.new as f64;
@@ -329,7 +381,8 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
         "-P".into(),
         "16".into(),
         "-r".into(),
-        "1000000000000".into(),
+        // redis-benchmark's key space is an int: 10^9 random ids per placeholder.
+        "1000000000".into(),
         "--csv".into(),
         "EVALSHA".into(),
         sha,
@@ -375,8 +428,11 @@ async fn bullmq(quick: bool, r: &mut Results) -> anyhow::Result<()> {
     let v: Value = serde_json::from_str(text.lines().last().unwrap_or("")).context("bench/bullmq printed no JSON")?;
     let num = |path: &[&str]| path.iter().fold(&v, |v, k| &v[*k]).as_f64();
     r.bullmq_add_per_second = num(&["enqueue", "jobs_per_second"]).context("bench/bullmq: enqueue rate")?;
-    r.bullmq_worst_second_requests =
-        num(&["limiter", "worst_second"]).context("bench/bullmq: limiter worst second")? as u64;
+    // The worst of its steady run and of the boundary probe (a burst added just before
+    // its fixed window turns over).
+    let steady = num(&["limiter", "worst_second"]).context("bench/bullmq: limiter worst second")?;
+    let probe = num(&["limiter", "boundary_probe", "worst_second"]).unwrap_or(0.0);
+    r.bullmq_worst_second_requests = steady.max(probe) as u64;
     r.bullmq_bytes_per_job = num(&["memory", "bytes_per_waiting_job"]).context("bench/bullmq: memory")?;
     Ok(())
 }
@@ -440,11 +496,13 @@ keeps earlier runs.\n\n\
 ## Machine\n\n{machine}\n\n\
 ## Results\n\n\
 | measure | mailstream | reference (same run) | ratio | target |\n|---|---|---|---|---|\n\
-| delivery throughput, {sent} deliveries at {rps} requests/s | {tput:.0} emails/s | ceiling {ceiling:.0} emails/s (rps × 100) | {tr:.3} | ≥ {tt} ({tm}) |\n\
+| delivery throughput, {sent} deliveries at {rps} requests/s, first request to last | {tput:.0} emails/s | ceiling {ceiling:.0} emails/s (rps × 100) | {tr:.3} | ≥ {tt} ({tm}) |\n\
+| the same from the daemon's start (process start-up, Redis checks, script loading included) | | | {trs:.3} | |\n\
 | the naive design (1 email per request, same limiter), {naive} deliveries | {ne:.1} emails/s | ceiling {ceiling:.0} | {nr:.4} | contrast |\n\
 | rate-limited answers / duplicate real sends | {rl} / {dup} | 0 / 0 | | 0 ({rlm}) |\n\
 | worst sliding second (configured {rps}/s) | {ws} requests | BullMQ `limiter {{max: 10, duration: 1000}}`: {bws} | | ≤ {rps} ({wsm}) |\n\
 | fan-out: `kick` of {kicked} subscribers (median of {reps}: {kruns}; spread {kspread}) | {kps:.0} deliveries/s | redis-benchmark, enqueue.lua, 100 per call, P16 × 4: {rc:.0}/s (runs {rruns}) | {kr:.2} | ≥ 0.7 ({krm}) |\n\
+| where the kick's time goes (first run, `INFO commandstats`) | {kprof} | | | |\n\
 | fan-out vs BullMQ `addBulk` with `jobId` | {kps:.0}/s | {bq:.0} jobs/s | {kb:.1}× | ≥ 4× ({kbm}) |\n\
 | Redis memory per pending delivery (used_memory delta after the kick) | {bpd:.0} B | BullMQ per job: {bbj:.0} B | {mr:.2} | ≤ 300 B ({bpm}) |\n\
 | Redis memory per settled delivery (after sending, before the retention expires) | {bps:.0} B | | | |\n\
@@ -463,6 +521,7 @@ Memory after the retention expires is the baseline again: every record and key e
         tput = r.throughput_ratio * f64::from(RPS) * 100.0,
         ceiling = f64::from(RPS) * 100.0,
         tr = r.throughput_ratio,
+        trs = r.throughput_ratio_from_start,
         tt = if s.sent >= 50_000 { "0.97" } else { "0.95" },
         tm = target(r.throughput_ratio >= if s.sent >= 50_000 { 0.97 } else { 0.95 }),
         naive = s.naive,
@@ -482,6 +541,7 @@ Memory after the retention expires is the baseline again: every record and key e
         rc = r.redis_ceiling_per_second,
         rruns = runs(&r.redis_ceiling_runs),
         kr = r.kick_ratio_to_redis_ceiling,
+        kprof = r.kick_profile,
         krm = target(r.kick_ratio_to_redis_ceiling >= 0.7),
         bq = r.bullmq_add_per_second,
         kb = r.kick_ratio_to_bullmq,

@@ -91,7 +91,16 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     let text = mailstream::config::EXAMPLE
         .replacen("schedule = \"0 9 * * MON\"", "", 1)
         .replacen("url = \"redis://127.0.0.1:6379\"", &format!("url = \"{}\"", redis.url()), 1)
-        .replacen("metrics_listen = \"127.0.0.1:9464\"", "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"\npublic_requests_per_second_per_source = 1000000", 1);
+        .replacen(
+            "metrics_listen = \"127.0.0.1:9464\"",
+            "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"",
+            1,
+        )
+        .replacen("public_requests_per_second_per_source = 5000", "public_requests_per_second_per_source = 1000000", 1);
+    anyhow::ensure!(
+        text.contains("public_listen = \"127.0.0.1:0\"") && text.contains("= 1000000"),
+        "config.toml changed shape"
+    );
     std::fs::write(&config_path, text)?;
     let log = dir.join("daemon.log");
     let mut daemon = Command::new(PathBuf::from(env!("CARGO_BIN_EXE_mailstream")))
@@ -104,7 +113,15 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)
         .spawn()?;
-    let url = wait_for_public(&log).await?;
+    let url = match wait_for_public(&log).await {
+        Ok(url) => url,
+        Err(e) => {
+            // Not left running behind a failed benchmark.
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            return Err(e);
+        }
+    };
 
     // Every request made before the clock starts: bodies, ids, signatures.
     let key = SigningKey::parse(SECRET).expect("a key");
@@ -190,9 +207,13 @@ async fn wait_for_public(log: &std::path::Path) -> anyhow::Result<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while Instant::now() < deadline {
         let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find(|l| l.contains("public listening")) {
-            let at = line.find("addr=").map(|i| i + 5).ok_or_else(|| anyhow::anyhow!("no addr in {line}"))?;
-            let addr = line[at..].split_whitespace().next().unwrap_or_default();
+        // One JSON object per line (the log format off a terminal).
+        let listening = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["message"] == "public listening");
+        if let Some(line) = listening {
+            let addr = line["addr"].as_str().ok_or_else(|| anyhow::anyhow!("no addr in {line}"))?;
             return Ok(format!("http://{addr}/webhooks/resend"));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
