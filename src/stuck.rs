@@ -15,7 +15,7 @@ use redis::streams::{StreamId, StreamRangeReply};
 use crate::config::Config;
 use crate::db::Store;
 use crate::db::streams::{self, entry_of};
-use crate::work::DeliveryRef;
+use crate::work::{DeliveryRef, Lane};
 
 /// Most deliveries of one kind counted per partition per look.
 pub const LIMIT: usize = 1000;
@@ -74,11 +74,15 @@ pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &m
     let mut add = |kind: Kind, d: &DeliveryRef| {
         *tally.entry((d.campaign.clone(), d.period.clone(), kind)).or_default() += 1;
     };
-    for d in unclaimed(&mut conn, store, group, p, now, limits).await? {
-        add(Kind::Unclaimed, &d);
-    }
-    for d in lease_expired(&mut conn, store, group, p, now, limits).await? {
-        add(Kind::LeaseExpired, &d);
+    // Both lanes: a receipt nobody picks up is as stuck as a digest.
+    for lane in Lane::ALL {
+        let stream = store.keys.lane_stream(p, lane);
+        for d in unclaimed(&mut conn, &stream, group, now, limits).await? {
+            add(Kind::Unclaimed, &d);
+        }
+        for d in lease_expired(&mut conn, store, &stream, group, p, now, limits).await? {
+            add(Kind::LeaseExpired, &d);
+        }
     }
     for d in past_deadline(&mut conn, store, p, now, limits).await? {
         add(Kind::PastDeadline, &d);
@@ -99,21 +103,19 @@ pub async fn look_everywhere(store: &Store, config: &Config) -> anyhow::Result<T
 /// Entries after the group's last-delivered id that were added before `now - stuck_after`.
 async fn unclaimed(
     conn: &mut impl ConnectionLike,
-    store: &Store,
+    stream: &str,
     group: &str,
-    p: u16,
     now: u64,
     limits: &Limits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
-    let stream = store.keys.stream(p);
     let Some(cutoff) = now.checked_sub(limits.stuck_after_ms) else { return Ok(Vec::new()) };
     // Without the group nothing was ever read: every entry counts.
-    let from = match streams::group_info(conn, &stream, group).await? {
+    let from = match streams::group_info(conn, stream, group).await? {
         Some(g) => format!("({}", streams::format_id(g.last_delivered)),
         None => "-".to_string(),
     };
     let entries: StreamRangeReply =
-        redis::cmd("XRANGE").arg(&stream).arg(from).arg(cutoff).arg("COUNT").arg(LIMIT).query_async(conn).await?;
+        redis::cmd("XRANGE").arg(stream).arg(from).arg(cutoff).arg("COUNT").arg(LIMIT).query_async(conn).await?;
     Ok(entries.ids.into_iter().filter_map(delivery_of).collect())
 }
 
@@ -122,18 +124,18 @@ async fn unclaimed(
 async fn lease_expired(
     conn: &mut impl ConnectionLike,
     store: &Store,
+    stream: &str,
     group: &str,
     p: u16,
     now: u64,
     limits: &Limits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
-    let stream = store.keys.stream(p);
-    if streams::group_info(conn, &stream, group).await?.is_none_or(|g| g.pending == 0) {
+    if streams::group_info(conn, stream, group).await?.is_none_or(|g| g.pending == 0) {
         return Ok(Vec::new());
     }
     // Extended form: [id, consumer, idle ms, deliveries] per entry.
     let idle: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(&stream)
+        .arg(stream)
         .arg(group)
         .arg("IDLE")
         .arg(limits.lease_ms)
@@ -147,7 +149,7 @@ async fn lease_expired(
     }
     let mut pipe = redis::pipe();
     for (id, ..) in &idle {
-        pipe.cmd("XRANGE").arg(&stream).arg(id).arg(id);
+        pipe.cmd("XRANGE").arg(stream).arg(id).arg(id);
     }
     let entries: Vec<StreamRangeReply> = pipe.query_async(conn).await?;
     let deliveries: Vec<DeliveryRef> =
