@@ -145,15 +145,25 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     world.kick().await;
     subs[5].subscribed = false;
     subscribers::upsert(&world.store, &subs[5..6]).await.unwrap();
+    // Transactional sends too (ingest, the lane's stream, receipts sealed beside digests).
+    let receipts: Vec<serde_json::Value> = (0..20)
+        .map(|i| match i % 2 {
+            0 => serde_json::json!({"idempotency_key": format!("r{i}"), "to": format!("delivered+r{i}@resend.dev"), "subject": "s", "text": "t"}),
+            _ => serde_json::json!({"idempotency_key": format!("r{i}"), "subscriber": subs[i].id, "template": "weekly_digest"}),
+        })
+        .collect();
+    mailstream::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
+    let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
     let daemon = world.daemon();
     let store = world.store.clone();
     // The quota pause is ended by hand (as `mailstream resume` does) until all is settled.
     let settled = eventually(SETTLE, || {
-        let store = store.clone();
+        let (store, day) = (store.clone(), day.clone());
         async move {
             let _ = mailstream::pause::Pause::resume(&store).await;
+            let tx = store.counts(mailstream::work::TRANSACTIONAL, &day).await.ok()?;
             let c = store.counts(CAMPAIGN, PERIOD).await.ok()?;
-            (c.settled() >= c.enqueued).then_some(c)
+            (c.settled() >= c.enqueued && tx.settled() >= 20).then_some(c)
         }
     })
     .await
@@ -195,6 +205,7 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     }
     for script in [
         "enqueue",
+        "ingest",
         "claim",
         "seal",
         "gate",
