@@ -242,3 +242,37 @@ async fn receipts_overtake_a_running_digest() {
     assert!(behind.iter().all(|&n| n <= 10), "digest requests before each round's receipts: {behind:?}");
     assert!(digest_left.settled() < digest_left.enqueued, "the digest was still running: {digest_left:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_of_a_daemon_that_dies_mid_run_are_sent_once_by_the_next() {
+    let mut world = World::with(Default::default(), |c| {
+        c.resend.requests_per_second = 20;
+        c.resend.batch_size = 10;
+        c.delivery.lease_seconds = 3;
+    })
+    .await;
+    // Some answers are lost after the emails were sent: a resend must be a replay.
+    let faults = mailstream::emulator::Faults { hang: 0.2, hang_ms: 2500, ..Default::default() };
+    let (emulator, _stop) = world.emulator(EmulatorConfig { faults, ..Default::default() }).await;
+    let items: Vec<Value> =
+        (0..300).map(|i| receipt(&format!("crash-{i}"), &format!("delivered+crash{i}@resend.dev"))).collect();
+    ingest::enqueue(&world.store, &world.config, items).await.unwrap();
+    let first = world.daemon();
+    let day = today(&world.store).await;
+    let store = world.store.clone();
+    eventually(Duration::from_secs(60), || {
+        let (store, day) = (store.clone(), day.clone());
+        async move { (store.counts(TRANSACTIONAL, &day).await.ok()?.sent >= 60).then_some(()) }
+    })
+    .await
+    .expect("some receipts sent");
+    // Killed: no graceful stop, its claims and sealed batches left behind.
+    first.task.abort();
+    let _ = first.task.await;
+    let second = Daemon::start(world.config.clone(), RunOptions { owner: Some("second".into()), ..Default::default() });
+    let counts = tx_settled(&world.store, 300).await;
+    second.stop().await;
+    let stats = emulator.stats();
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (300, 0, 0), "{counts:?}");
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (300, 0), "{stats:?}");
+}
