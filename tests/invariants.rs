@@ -254,9 +254,30 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     subs[9].subscribed = false;
     subs[10].entitled = false;
     subscribers::upsert(&world.store, &subs[9..11]).await.unwrap();
+    // Receipts to addresses given inline (kept in their records only), one refused.
+    let receipts: Vec<serde_json::Value> = (0..10)
+        .map(|i| {
+            let to =
+                if i == 0 { "eve.person@example.com".to_string() } else { format!("delivered+rcpt{i}@resend.dev") };
+            serde_json::json!({"idempotency_key": format!("inv5-{i}"), "to": to, "subject": "Receipt", "text": "t"})
+        })
+        .collect();
+    mailstream::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
+    let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
     let listeners = mailstream::Listeners { metrics: None, public: Some(public) };
     let daemon = Daemon::start_listening(world.config.clone(), Default::default(), listeners);
     let counts = world.settled(SETTLE).await;
+    let store = world.store.clone();
+    let tx =
+        eventually(SETTLE, || {
+            let (store, day) = (store.clone(), day.clone());
+            async move {
+                Some(store.counts(mailstream::work::TRANSACTIONAL, &day).await.ok()?).filter(|c| c.settled() >= 10)
+            }
+        })
+        .await
+        .expect("receipts settled");
+    assert_eq!((tx.sent, tx.failed), (9, 1), "{tx:?}");
     assert_eq!((counts.failed, counts.skipped), (2, 2), "{counts:?}");
     let suppressed = eventually(Duration::from_secs(30), || {
         let m = daemon.metrics.clone();
