@@ -464,7 +464,10 @@ async fn slo_exits_0_within_3_when_breached_or_stuck_and_4_when_it_cannot_evalua
         let (config, redis) = (stuck_config.clone(), redis.clone());
         async move {
             let (code, report, _) = slo(&config, &redis, &["--period", "2026-W50", "--campaign", CAMPAIGN]);
-            (code == 3).then_some(report)
+            // Until all 20 have aged past the second: on a busy machine the kick's
+            // partitions are enqueued far enough apart for one to age first.
+            let all = report.as_ref().is_some_and(|r| r["periods"][0]["stuck"]["unclaimed"].as_u64() == Some(20));
+            (code == 3 && all).then_some(report)
         }
     })
     .await;
