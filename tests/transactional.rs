@@ -215,10 +215,11 @@ async fn receipts_overtake_a_running_digest() {
     })
     .await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
-    world.subscribers(5000).await;
+    world.subscribers(10_000).await;
     world.kick().await;
     let daemon = world.daemon();
-    // The digest is under way: 50 batches of 100 at 10 requests/s.
+    // The digest is under way: 100 batches of 100 at 10 requests/s (10 s at the least,
+    // however busy the machine: the rounds below end well within it).
     eventually(Duration::from_secs(60), || async { (emulator.stats().requests >= 3).then_some(()) }).await.unwrap();
     let mut behind = Vec::new();
     for round in 0..5 {
@@ -238,8 +239,9 @@ async fn receipts_overtake_a_running_digest() {
     let digest_left = world.counts().await;
     daemon.stop().await;
     // Without a lane of their own they would wait behind the whole digest backlog
-    // (dozens of requests); with it, behind at most the requests already under way.
-    assert!(behind.iter().all(|&n| n <= 10), "digest requests before each round's receipts: {behind:?}");
+    // (dozens of requests); with it, behind at most the requests already under way
+    // (here 0; the bound leaves room for a starved reader on a loaded machine).
+    assert!(behind.iter().all(|&n| n <= 20), "digest requests before each round's receipts: {behind:?}");
     assert!(digest_left.settled() < digest_left.enqueued, "the digest was still running: {digest_left:?}");
 }
 
