@@ -238,8 +238,9 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
             posted.push(key);
             continue;
         }
-        let tx = store.counts(TRANSACTIONAL, &day).await?;
-        if (digest_done && tx.settled() >= posted.len() as u64) || Instant::now() > deadline || daemon.is_finished() {
+        // The receipts' counts matter only once the digest is done.
+        let all_done = digest_done && store.counts(TRANSACTIONAL, &day).await?.settled() >= posted.len() as u64;
+        if all_done || Instant::now() > deadline || daemon.is_finished() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

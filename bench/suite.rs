@@ -368,7 +368,7 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
     let keys = &store.keys;
     let period = format!("2026-W{}", 40 + rep);
     let calls = (deliveries / 100).max(100);
-    let port = redis.url().rsplit(':').next().unwrap_or("6379").trim_end_matches('/').to_string();
+    let port = redis.port().to_string();
     let mut args: Vec<String> = vec![
         "-h".into(),
         "127.0.0.1".into(),

@@ -12,8 +12,8 @@
 --   then per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
---   then per member: delivery id, counts index (1-based), '1' to check its subscriber record,
---   its campaign (a subscriber may have turned one campaign off: `off:<campaign>`)
+--   then per member: its campaign (a subscriber may have turned one campaign off:
+--   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record
 -- Returns one of:
 --   {'go', sends}                                  send the batch as it is
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
@@ -52,7 +52,7 @@ local n = (#KEYS - 3 - c) / 2
 local reasons, any = {}, false
 for m = 1, n do
   local dkey, skey = KEYS[3 + c + 2 * m - 1], KEYS[3 + c + 2 * m]
-  local check, campaign = ARGV[9 + 4 * m - 1], ARGV[9 + 4 * m]
+  local campaign, check = ARGV[9 + 3 * m - 2], ARGV[9 + 3 * m]
   local reason = ''
   local d = redis.call('HMGET', dkey, 'state', 'batch')
   if d[1] ~= 'sealed' or d[2] ~= bid then
@@ -99,7 +99,7 @@ for m = 1, n do
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 4 * m - 2])
+    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
       redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
       redis.call('EXPIRE', dkey, retention)

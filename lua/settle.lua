@@ -44,7 +44,7 @@ for i = 5 + c, #KEYS do
   if state == 'failed' and owner ~= '' and b[2] == '1' then
     state = 'outcome_unknown'
   end
-  local d = redis.call('HMGET', KEYS[i], 'state', 'batch')
+  local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant')
   local open = d[1] == 'sealed' and d[2] == bid
   if status == 'missing' and owner == '' then
     -- The seal was lost but the provider accepted: record it unless already final.
@@ -59,9 +59,8 @@ for i = 5 + c, #KEYS do
     redis.call('HINCRBY', KEYS[4 + ci], state, 1)
     if state == 'sent' then
       -- An A/B exposure counts only once the provider accepted the email.
-      local variant = redis.call('HGET', KEYS[i], 'variant')
-      if variant then
-        redis.call('HINCRBY', KEYS[4 + ci], 'exposed:' .. variant, 1)
+      if d[3] then
+        redis.call('HINCRBY', KEYS[4 + ci], 'exposed:' .. d[3], 1)
       end
     end
     redis.call('EXPIRE', KEYS[4 + ci], retention)

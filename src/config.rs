@@ -860,7 +860,9 @@ impl Config {
                 errors.push(format!("templates.{name}: {e}"));
             }
         }
-        if let Err(e) = self.renderer() {
+        // The templates were compiled one by one above; the variants' parts alone here.
+        let arms = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
+        if let Err(e) = crate::render::Renderer::with_variants(&BTreeMap::new(), arms) {
             errors.push(format!("variants: {e}"));
         }
         if self.campaigns.iter().any(|c| c.render_hook.is_some()) {

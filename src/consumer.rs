@@ -21,13 +21,13 @@ use crate::db::Store;
 use crate::db::ensure_group;
 use crate::db::scripts::{self, Claim, Decision, Deferred};
 use crate::db::streams::{Entry, entry_of};
-use crate::hook::{self, Answer, HookError, Hooks};
+use crate::hook::{self, Answer, Hooks};
 use crate::ingest;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::public::unsubscribe::{self, Tokens};
 use crate::render::{self, RenderInput, Renderer};
 use crate::sender;
-use crate::subscribers::{self, Resolved};
+use crate::subscribers::{self, Resolved, field};
 use crate::work::{DeliveryRef, Lane, Ready, TRANSACTIONAL};
 
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
@@ -71,7 +71,8 @@ pub async fn preview(store: &Store, config: &Config, delivery: &DeliveryRef) -> 
     let mut conn = store.conn().await?;
     let row: subscribers::Row = redis::cmd("HMGET")
         .arg(store.keys.subscriber(p, &delivery.subscriber))
-        .arg(&subscribers::resolve_fields(&delivery.campaign))
+        .arg(&subscribers::RESOLVE_FIELDS)
+        .arg(field::opted_out(&delivery.campaign))
         .query_async(&mut conn)
         .await?;
     let renderer = config.renderer()?;
@@ -166,10 +167,9 @@ impl Consumer {
                     other => other?,
                 };
                 let entries: Vec<Entry> = reply.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect();
-                let mut conn = ctx.store.conn().await?;
-                let ready = self.process_entries(p, lane, &mut conn, entries).await?;
-                // The connection goes back to the pool before waiting for room in the queue.
-                drop(conn);
+                // The reader's own connection claims and resolves too: no second one is
+                // taken from the pool (and held through a render hook's answer).
+                let ready = self.process_entries(p, lane, conn, entries).await?;
                 if let Err(refused) = self.batcher.push(p, lane, ready).await {
                     // Stopping: what was claimed goes back to Redis for the next instance.
                     sender::hand_back(ctx, p, &refused).await;
@@ -298,7 +298,8 @@ impl Consumer {
         let keys = &self.ctx.store.keys;
         let mut pipe = redis::pipe();
         for (_, d) in live {
-            pipe.cmd("HMGET").arg(keys.subscriber(p, &d.subscriber)).arg(&subscribers::resolve_fields(&d.campaign));
+            let key = keys.subscriber(p, &d.subscriber);
+            pipe.cmd("HMGET").arg(key).arg(&subscribers::RESOLVE_FIELDS).arg(field::opted_out(&d.campaign));
         }
         let rows: Vec<subscribers::Row> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
         let mut fates = Vec::with_capacity(live.len());
@@ -327,12 +328,7 @@ impl Consumer {
                         answers
                     }
                     Err(e) => {
-                        let result = match e {
-                            HookError::Unreachable(_) => "unreachable",
-                            HookError::Status(_) => "status",
-                            HookError::Garbage => "garbage",
-                        };
-                        self.ctx.metrics.render_hook(campaign, result);
+                        self.ctx.metrics.render_hook(campaign, e.label());
                         tracing::warn!(campaign, deliveries = chunk.len(), error = %e, "render hook gave no answer; deliveries put off");
                         continue;
                     }
@@ -387,7 +383,8 @@ impl Consumer {
                 (None, Some(id)) => {
                     let row: subscribers::Row = redis::cmd("HMGET")
                         .arg(keys.subscriber(keys.partition_of(id), id))
-                        .arg(&subscribers::resolve_fields(TRANSACTIONAL))
+                        .arg(&subscribers::RESOLVE_FIELDS)
+                        .arg(field::opted_out(TRANSACTIONAL))
                         .query_async(conn)
                         .await?;
                     match subscribers::resolve_transactional(row) {

@@ -307,8 +307,9 @@ pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Re
             crate::ingest::enqueue(&store, &config, vec![item]).await?;
             receipts += 1;
         }
-        let tx = store.counts(crate::work::TRANSACTIONAL, &tx_day).await?;
-        if (digest_done && tx.settled() >= receipts) || started.elapsed() > deadline || daemon.is_finished() {
+        // The receipts' counts matter only once the digest is done.
+        let all_done = digest_done && store.counts(crate::work::TRANSACTIONAL, &tx_day).await?.settled() >= receipts;
+        if all_done || started.elapsed() > deadline || daemon.is_finished() {
             break;
         }
         if opts.progress && last_print.elapsed() >= Duration::from_secs(1) {

@@ -40,6 +40,17 @@ pub enum HookError {
     Garbage,
 }
 
+impl HookError {
+    /// The bounded `result` label of `mailstream_render_hook_requests_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            HookError::Unreachable(_) => "unreachable",
+            HookError::Status(_) => "status",
+            HookError::Garbage => "garbage",
+        }
+    }
+}
+
 impl std::fmt::Display for HookError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -84,15 +95,16 @@ pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
     format!("v1={hex}")
 }
 
-/// A skip reason as the hook names it; unknown names are kept bounded.
+/// A skip reason as the hook names it (by the names mailstream records); any other
+/// name is kept bounded as `hook_skipped`.
 fn skip_reason(s: &str) -> Reason {
-    match s {
-        "not_entitled" => Reason::NotEntitled,
-        "no_address" => Reason::NoAddress,
-        "nothing_to_report" => Reason::NothingToReport,
-        "unsubscribed" => Reason::Unsubscribed,
-        "suppressed" => Reason::Suppressed,
-        "unknown_subscriber" => Reason::UnknownSubscriber,
+    match Reason::parse(s) {
+        r @ (Reason::NotEntitled
+        | Reason::NoAddress
+        | Reason::NothingToReport
+        | Reason::Unsubscribed
+        | Reason::Suppressed
+        | Reason::UnknownSubscriber) => r,
         _ => Reason::HookSkipped,
     }
 }

@@ -53,10 +53,6 @@ impl Default for Limits {
     }
 }
 
-/// The client's address, as a request extension.
-#[derive(Debug, Clone, Copy)]
-pub struct Peer(pub std::net::SocketAddr);
-
 /// Binds `http.<which>_listen` if one is configured, and logs the address bound (port 0
 /// picks a free one).
 pub async fn bind(addr: Option<std::net::SocketAddr>, which: &str) -> anyhow::Result<Option<TcpListener>> {
@@ -110,7 +106,7 @@ where
                 if let Some(refused) = sources.as_deref().and_then(|s| over_limit(s, peer.ip())) {
                     return Ok::<_, Infallible>(refused);
                 }
-                let answer = tokio::time::timeout(limits.timeout, handle(req, peer, &*handler, limits.max_body));
+                let answer = tokio::time::timeout(limits.timeout, handle(req, &*handler, limits.max_body));
                 Ok::<_, Infallible>(
                     answer.await.unwrap_or_else(|_| text(StatusCode::SERVICE_UNAVAILABLE, "request took too long\n")),
                 )
@@ -140,7 +136,7 @@ fn over_limit(sources: &SourceLimiter, ip: std::net::IpAddr) -> Option<HttpRespo
     Some(response)
 }
 
-async fn handle<H, F>(req: Request<Incoming>, peer: std::net::SocketAddr, handler: &H, max_body: usize) -> HttpResponse
+async fn handle<H, F>(req: Request<Incoming>, handler: &H, max_body: usize) -> HttpResponse
 where
     H: Fn(HttpRequest) -> F,
     F: Future<Output = HttpResponse>,
@@ -148,7 +144,6 @@ where
     let arrived = Arrived(std::time::Instant::now());
     let (mut parts, body) = req.into_parts();
     parts.extensions.insert(arrived);
-    parts.extensions.insert(Peer(peer));
     match Limited::new(body, max_body).collect().await {
         Ok(collected) => handler(Request::from_parts(parts, collected.to_bytes())).await,
         Err(_) => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large or unreadable\n"),

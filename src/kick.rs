@@ -129,8 +129,19 @@ pub struct FanoutOptions {
 /// to finish (`standby`), one that died halfway is resumed, and a finished one is
 /// done again (new subscribers get theirs; the rest are duplicates).
 pub async fn kick_registry(store: &Store, config: &Config, campaign: &str, period: &str) -> anyhow::Result<KickReport> {
+    kick_registry_with(store, config, campaign, period, &FanoutOptions::default()).await
+}
+
+/// [`kick_registry`] with options (progress, a stop for tests).
+pub async fn kick_registry_with(
+    store: &Store,
+    config: &Config,
+    campaign: &str,
+    period: &str,
+    options: &FanoutOptions,
+) -> anyhow::Result<KickReport> {
     let owner = crate::ctx::owner_name("kick");
-    kick_with(store, config, FanoutOf { campaign, period, owner: &owner }, true, &FanoutOptions::default()).await
+    kick_with(store, config, FanoutOf { campaign, period, owner: &owner }, true, options).await
 }
 
 /// [`kick_registry`] as `owner`; `restart` says whether a finished fan-out is done

@@ -11,7 +11,7 @@ use clap::{Parser, Subcommand};
 
 use mailstream::config::{Config, LogConfig, LogFormat};
 use mailstream::db::Store;
-use mailstream::db::scripts::{FanoutOf, Suppressed};
+use mailstream::db::scripts::Suppressed;
 use mailstream::dead_letters;
 use mailstream::deliveries;
 use mailstream::demo::{self, DemoOptions};
@@ -280,16 +280,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The daemon logs as its config says; the other commands print for people and
     // log only warnings.
-    let log = match cli.command {
+    // `run` reads its config once, here, and keeps it.
+    let (log, preloaded) = match cli.command {
         Command::Run => match Config::load(&cli.config) {
-            Ok(config) => config.log,
+            Ok(config) => (config.log.clone(), Some(config)),
             Err(e) => {
                 eprintln!("error: {e:#}");
                 return ExitCode::from(2);
             }
         },
-        Command::Emulator { .. } => LogConfig::default(),
-        _ => LogConfig { level: "warn".into(), format: LogFormat::Text },
+        Command::Emulator { .. } => (LogConfig::default(), None),
+        _ => (LogConfig { level: "warn".into(), format: LogFormat::Text }, None),
     };
     if let Err(e) = mailstream::logging::init(&log, std::io::stderr, std::io::stderr().is_terminal()) {
         eprintln!("error: {e:#}");
@@ -302,7 +303,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.config, cli.command)) {
+    match runtime.block_on(dispatch(cli.config, cli.command, preloaded)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -315,11 +316,14 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
+async fn dispatch(path: PathBuf, command: Command, preloaded: Option<Config>) -> anyhow::Result<ExitCode> {
     let load = || Config::load(&path);
     match command {
         Command::Run => {
-            let config = load()?;
+            let config = match preloaded {
+                Some(config) => config,
+                None => load()?,
+            };
             let listeners = mailstream::Listeners::bind(&config).await?;
             let shutdown = signals()?;
             mailstream::run(config, listeners, shutdown).await?;
@@ -454,15 +458,7 @@ async fn dispatch(path: PathBuf, command: Command) -> anyhow::Result<ExitCode> {
                     let scanned = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
                     let options = kick::FanoutOptions { scanned: Some(scanned.clone()), ..Default::default() };
                     let shown = (!json).then(|| progress::show(&store, scanned));
-                    let owner = mailstream::ctx::owner_name("kick");
-                    let report = kick::kick_with(
-                        &store,
-                        &config,
-                        FanoutOf { campaign: &campaign, period: &period, owner: &owner },
-                        true,
-                        &options,
-                    )
-                    .await;
+                    let report = kick::kick_registry_with(&store, &config, &campaign, &period, &options).await;
                     if let Some(shown) = shown {
                         shown.finish().await;
                     }

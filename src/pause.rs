@@ -8,7 +8,6 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
-use redis::AsyncCommands;
 
 use crate::db::Store;
 use crate::resend::ErrorName;
@@ -50,12 +49,10 @@ impl Pause {
     /// Reads the shared pause (each instance does this every heartbeat).
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
         let mut conn = store.conn().await?;
-        // One key per partition, each read alone (a cluster takes no pipeline across slots).
-        let mut ttls = Vec::new();
-        for p in 0..store.keys.partitions() {
-            let ttl: i64 = conn.pttl(store.keys.paused(p)).await?;
-            ttls.push(ttl);
-        }
+        // One key per partition.
+        let cmds: Vec<redis::Cmd> =
+            (0..store.keys.partitions()).map(|p| redis::cmd("PTTL").arg(store.keys.paused(p)).clone()).collect();
+        let ttls: Vec<i64> = conn.each(&cmds).await?;
         // -1: paused by hand without an expiry, until `mailstream resume`.
         let left = ttls
             .into_iter()
@@ -72,12 +69,10 @@ impl Pause {
     /// Ends the pause everywhere (`mailstream resume`); returns whether one was on.
     pub async fn resume(store: &Store) -> anyhow::Result<bool> {
         let mut conn = store.conn().await?;
-        let mut removed = 0;
-        for p in 0..store.keys.partitions() {
-            let n: u32 = conn.del(store.keys.paused(p)).await?;
-            removed += n;
-        }
-        Ok(removed > 0)
+        let cmds: Vec<redis::Cmd> =
+            (0..store.keys.partitions()).map(|p| redis::cmd("DEL").arg(store.keys.paused(p)).clone()).collect();
+        let removed: Vec<u32> = conn.each(&cmds).await?;
+        Ok(removed.iter().sum::<u32>() > 0)
     }
 }
 

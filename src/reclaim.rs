@@ -78,8 +78,10 @@ impl Reclaimer {
                 }
                 let state = if ctx.pause.is_paused() { "paused (provider quota)" } else { "sending" };
                 ctx.notify.status(&format!("{state}; backlog: {unread} unread, {unacked} claimed or in batches"));
+                // Stuck is measured in minutes (slo.stuck_after_seconds): every tenth pass
+                // is often enough, and spares Redis a dozen reads per partition per tick.
+                self.look_for_stuck().await;
             }
-            self.look_for_stuck().await;
             pass = pass.wrapping_add(1);
             if !shutdown.sleep(tick).await {
                 return;

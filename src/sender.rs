@@ -18,15 +18,13 @@ use rand::rngs::StdRng;
 
 use crate::config::Config;
 use crate::ctx::Ctx;
-use crate::db::scripts::{
-    self, Gate, GateLimits, GateMember, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
-};
+use crate::db::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::work::{DeliveryRef, Lane, Ready, Sealed};
+use crate::work::{DeliveryRef, Ready, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
@@ -192,10 +190,6 @@ pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
 }
 
 async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
-    let members: Vec<GateMember<'_>> =
-        // A transactional member has no subscription to check (and its subscriber, if
-        // any, lives in another slot); its suppression was checked when it was claimed.
-        b.members.iter().map(|d| GateMember { delivery: d, check_subscriber: d.lane() == Lane::Digest }).collect();
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let mut conn = ctx.store.conn().await?;
     let keys = &ctx.store.keys;
@@ -206,8 +200,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         new_key: &new_key,
         limits: gate_limits(&ctx.config),
     };
-    let verdict = scripts::gate(&mut conn, keys, &request, &members).await?;
-    drop(members);
+    let verdict = scripts::gate(&mut conn, keys, &request, &b.members).await?;
     let go = match verdict {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {

@@ -77,10 +77,12 @@ pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &m
     // Both lanes: a receipt nobody picks up is as stuck as a digest.
     for lane in Lane::ALL {
         let stream = store.keys.lane_stream(p, lane);
-        for d in unclaimed(&mut conn, &stream, group, now, limits).await? {
+        // Read once for both looks.
+        let info = streams::group_info(&mut conn, &stream, group).await?;
+        for d in unclaimed(&mut conn, &stream, info.as_ref(), now, limits).await? {
             add(Kind::Unclaimed, &d);
         }
-        for d in lease_expired(&mut conn, store, &stream, group, p, now, limits).await? {
+        for d in lease_expired(&mut conn, store, &stream, group, info.as_ref(), p, now, limits).await? {
             add(Kind::LeaseExpired, &d);
         }
     }
@@ -104,13 +106,13 @@ pub async fn look_everywhere(store: &Store, config: &Config) -> anyhow::Result<T
 async fn unclaimed(
     conn: &mut impl ConnectionLike,
     stream: &str,
-    group: &str,
+    info: Option<&streams::GroupInfo>,
     now: u64,
     limits: &Limits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
     let Some(cutoff) = now.checked_sub(limits.stuck_after_ms) else { return Ok(Vec::new()) };
     // Without the group nothing was ever read: every entry counts.
-    let from = match streams::group_info(conn, stream, group).await? {
+    let from = match info {
         Some(g) => format!("({}", streams::format_id(g.last_delivered)),
         None => "-".to_string(),
     };
@@ -121,16 +123,18 @@ async fn unclaimed(
 
 /// Pending entries idle longer than a lease whose record says the lease ended more
 /// than a lease ago (the heartbeat renews a live holder's record, not the entry).
+#[allow(clippy::too_many_arguments)]
 async fn lease_expired(
     conn: &mut impl ConnectionLike,
     store: &Store,
     stream: &str,
     group: &str,
+    info: Option<&streams::GroupInfo>,
     p: u16,
     now: u64,
     limits: &Limits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
-    if streams::group_info(conn, stream, group).await?.is_none_or(|g| g.pending == 0) {
+    if info.is_none_or(|g| g.pending == 0) {
         return Ok(Vec::new());
     }
     // Extended form: [id, consumer, idle ms, deliveries] per entry.

@@ -3,6 +3,8 @@
 //! record's layout in one place, and [`resolve`], the one send-time reading of
 //! a record into "send to this address" or "skip, because".
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, bail};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
@@ -115,18 +117,27 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
         pipe.hget(keys.subscriber(p, &s.id), field::EMAIL);
     }
     let before: Vec<Option<String>> = pipe.query_async(conn).await?;
-    // The index and the suppressions live in each address's home partition.
-    let mut suppressed: Vec<Option<String>> = Vec::with_capacity(chunk.len());
-    for (s, old) in chunk.iter().zip(&before) {
-        let address = keys.address(&s.email);
+    // The index and the suppressions live in each address's home partition: one
+    // pipeline per home partition (a cluster takes a pipeline within one slot only),
+    // each keeping the order of its commands.
+    let mut by_home: BTreeMap<u16, (redis::Pipeline, Vec<usize>)> = BTreeMap::new();
+    for (i, (s, old)) in chunk.iter().zip(&before).enumerate() {
         if let Some(old) = old.as_deref().filter(|old| !old.eq_ignore_ascii_case(&s.email)) {
-            let _: () = conn.srem(keys.address_index(&keys.address(old)), &s.id).await?;
+            let old = keys.address(old);
+            by_home.entry(old.partition).or_default().0.srem(keys.address_index(&old), &s.id).ignore();
         }
-        let mut pipe = redis::pipe();
+        let address = keys.address(&s.email);
+        let (pipe, order) = by_home.entry(address.partition).or_default();
         pipe.sadd(keys.address_index(&address), &s.id).ignore();
         pipe.hget(keys.suppression(&address), "reason");
-        let (reason,): (Option<String>,) = pipe.query_async(conn).await?;
-        suppressed.push(reason);
+        order.push(i);
+    }
+    let mut suppressed: Vec<Option<String>> = vec![None; chunk.len()];
+    for (pipe, order) in by_home.into_values() {
+        let reasons: Vec<Option<String>> = pipe.query_async(conn).await?;
+        for (i, reason) in order.into_iter().zip(reasons) {
+            suppressed[i] = reason;
+        }
     }
     let mut pipe = redis::pipe();
     for (s, reason) in chunk.iter().zip(&suppressed) {
@@ -205,19 +216,12 @@ pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
     stored.unwrap_or(DEFAULT_TARGET).split(',').filter(|t| !t.is_empty())
 }
 
-/// The fields [`resolve`] reads for a delivery of `campaign`, in the order of [`Row`].
-pub fn resolve_fields(campaign: &str) -> [String; 6] {
-    [
-        field::EMAIL.to_string(),
-        field::ENTITLED.to_string(),
-        field::SUBSCRIBED.to_string(),
-        field::SUPPRESSED.to_string(),
-        field::DATA.to_string(),
-        field::opted_out(campaign),
-    ]
-}
+/// The fields [`resolve`] reads, in the order of [`Row`]; the last field of a row is
+/// the campaign's opt-out, [`field::opted_out`], given after these.
+pub const RESOLVE_FIELDS: [&str; 5] =
+    [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, field::DATA];
 
-/// A record as `HMGET key` + [`resolve_fields`] returns it, as raw bytes (a field that
+/// A record as `HMGET key` + [`RESOLVE_FIELDS`] + the opt-out field returns it, as raw bytes (a field that
 /// is not UTF-8 is the record's problem, not the reader's).
 pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 
+use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::config::Config;
@@ -96,7 +97,13 @@ pub async fn apply(
         }
         let (mode, reason) = match state {
             Suppressed::Removed => (SuppressMode::Remove, reason.as_str().to_string()),
-            _ => (SuppressMode::Suppress, current_reason(store, &address).await?.unwrap_or(reason.as_str().into())),
+            // Just written by suppress.lua: the reason is this one.
+            Suppressed::New => (SuppressMode::Suppress, reason.as_str().to_string()),
+            // Suppressed earlier, perhaps for another reason: the record says which.
+            _ => {
+                let recorded: Option<String> = conn.hget(keys.suppression(&address), "reason").await?;
+                (SuppressMode::Suppress, recorded.unwrap_or(reason.as_str().into()))
+            }
         };
         let step = Suppression { mode, reason: &reason, ..step };
         for (p, ids) in by_partition {
@@ -104,13 +111,6 @@ pub async fn apply(
         }
     }
     Ok(state)
-}
-
-/// The reason the address's record gives, if it is suppressed.
-async fn current_reason(store: &Store, address: &crate::db::keys::Address) -> anyhow::Result<Option<String>> {
-    use redis::AsyncCommands;
-    let mut conn = store.conn().await?;
-    Ok(conn.hget(store.keys.suppression(address), "reason").await?)
 }
 
 /// One suppression as `mailstream suppressions list` shows it (no address: its hash).

@@ -24,13 +24,6 @@ impl Lane {
     /// In the order the dispatcher serves them.
     pub const ALL: [Lane; 2] = [Lane::Transactional, Lane::Digest];
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Lane::Transactional => "transactional",
-            Lane::Digest => "digest",
-        }
-    }
-
     pub fn index(self) -> usize {
         self as usize
     }

@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
-use mailstream::db::scripts::{
-    self, Gate, GateLimits, GateMember, GateRequest, Reschedule, Settlement, Settler, Verdict,
-};
+use mailstream::db::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, Settlement, Settler, Verdict};
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::outcome::{Failpoint, Reason};
 use mailstream::pause::Pause;
@@ -170,10 +168,8 @@ fn limits(window_ms: u64) -> GateLimits {
 
 async fn gate(world: &World, owner: &str, members: &[mailstream::work::DeliveryRef], window_ms: u64) -> Gate {
     let mut conn = world.store.conn().await.unwrap();
-    let members: Vec<GateMember<'_>> =
-        members.iter().map(|d| GateMember { delivery: d, check_subscriber: true }).collect();
     let req = GateRequest { partition: 0, batch: "B1", owner, new_key: "mailstream-B1-2", limits: limits(window_ms) };
-    scripts::gate(&mut conn, &world.store.keys, &req, &members).await.unwrap()
+    scripts::gate(&mut conn, &world.store.keys, &req, members).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

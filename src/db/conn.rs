@@ -60,6 +60,28 @@ impl ConnectionLike for Conn {
 }
 
 impl Conn {
+    /// Runs `cmds` (each about keys of one slot) in order and returns their replies: one
+    /// pipeline on a single server, a command at a time on a cluster (which takes no
+    /// pipeline across slots). For reads of one key per partition.
+    pub async fn each<T: redis::FromRedisValue>(&mut self, cmds: &[Cmd]) -> redis::RedisResult<Vec<T>> {
+        match self {
+            Conn::Single(c) => {
+                let mut pipe = redis::pipe();
+                for cmd in cmds {
+                    pipe.add_command(cmd.clone());
+                }
+                pipe.query_async(c).await
+            }
+            Conn::Cluster(c) => {
+                let mut out = Vec::with_capacity(cmds.len());
+                for cmd in cmds {
+                    out.push(cmd.query_async(c).await?);
+                }
+                Ok(out)
+            }
+        }
+    }
+
     /// Runs `cmd` on the node that holds `key`'s slot (on a single server: here).
     pub async fn on_node_of<T: redis::FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> anyhow::Result<T> {
         match self {

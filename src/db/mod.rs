@@ -300,21 +300,20 @@ impl Store {
 
     /// How many subscribers the registry holds (all partitions).
     pub async fn subscriber_count(&self) -> anyhow::Result<u64> {
-        let mut conn = self.conn().await?;
-        let mut n = 0;
-        for p in 0..self.keys.partitions() {
-            let size: u64 = conn.scard(self.keys.subscribers(p)).await?;
-            n += size;
-        }
-        Ok(n)
+        let cmds: Vec<redis::Cmd> =
+            (0..self.keys.partitions()).map(|p| redis::cmd("SCARD").arg(self.keys.subscribers(p)).clone()).collect();
+        let sizes: Vec<u64> = self.conn().await?.each(&cmds).await?;
+        Ok(sizes.iter().sum())
     }
 
     /// Every `(campaign, period)` enqueued within the retention, in order.
     pub async fn periods(&self) -> anyhow::Result<Vec<(String, String)>> {
-        let mut conn = self.conn().await?;
+        let cmds: Vec<redis::Cmd> = (0..self.keys.partitions())
+            .map(|p| redis::cmd("ZRANGE").arg(self.keys.periods(p)).arg(0).arg(-1).clone())
+            .collect();
+        let pages: Vec<Vec<String>> = self.conn().await?.each(&cmds).await?;
         let mut all = std::collections::BTreeSet::new();
-        for p in 0..self.keys.partitions() {
-            let members: Vec<String> = conn.zrange(self.keys.periods(p), 0, -1).await?;
+        for members in pages {
             all.extend(members.into_iter().filter_map(|m| {
                 let (campaign, period) = m.split_once(':')?;
                 Some((campaign.to_string(), period.to_string()))
@@ -325,12 +324,26 @@ impl Store {
 
     /// The counters of `campaign` for `period`, summed over the partitions.
     pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
-        let mut conn = self.conn().await?;
-        let mut parts: Vec<std::collections::HashMap<String, u64>> = Vec::new();
-        for p in 0..self.keys.partitions() {
-            parts.push(conn.hgetall(self.keys.counts(p, campaign, period)).await?);
-        }
-        let mut c = Counts::default();
+        Ok(self.counts_and_exposures(campaign, period).await?.0)
+    }
+
+    /// A campaign period's A/B exposures (emails of each variant the provider
+    /// accepted), summed over partitions.
+    pub async fn exposures(&self, campaign: &str, period: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+        Ok(self.counts_and_exposures(campaign, period).await?.1)
+    }
+
+    /// Both, from one read of each partition's counts hash.
+    pub async fn counts_and_exposures(
+        &self,
+        campaign: &str,
+        period: &str,
+    ) -> anyhow::Result<(Counts, BTreeMap<String, u64>)> {
+        let cmds: Vec<redis::Cmd> = (0..self.keys.partitions())
+            .map(|p| redis::cmd("HGETALL").arg(self.keys.counts(p, campaign, period)).clone())
+            .collect();
+        let parts: Vec<std::collections::HashMap<String, u64>> = self.conn().await?.each(&cmds).await?;
+        let (mut c, mut exposed) = (Counts::default(), BTreeMap::new());
         for part in parts {
             let get = |f: &str| part.get(f).copied().unwrap_or(0);
             c.enqueued += get("enqueued");
@@ -339,25 +352,13 @@ impl Store {
             c.failed += get("failed");
             c.skipped += get("skipped");
             c.outcome_unknown += get("outcome_unknown");
-        }
-        Ok(c)
-    }
-
-    /// A campaign period's A/B exposures (emails of each variant the provider
-    /// accepted), summed over partitions.
-    pub async fn exposures(&self, campaign: &str, period: &str) -> anyhow::Result<BTreeMap<String, u64>> {
-        let mut conn = self.conn().await?;
-        let mut out = BTreeMap::new();
-        for p in 0..self.keys.partitions() {
-            let part: std::collections::HashMap<String, u64> =
-                conn.hgetall(self.keys.counts(p, campaign, period)).await?;
-            for (field, n) in part {
+            for (field, n) in &part {
                 if let Some(variant) = field.strip_prefix("exposed:") {
-                    *out.entry(variant.to_string()).or_default() += n;
+                    *exposed.entry(variant.to_string()).or_default() += n;
                 }
             }
         }
-        Ok(out)
+        Ok((c, exposed))
     }
 }
 

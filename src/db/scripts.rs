@@ -466,14 +466,6 @@ pub enum Gate {
     Lost,
 }
 
-/// One member as the gate checks it.
-#[derive(Debug, Clone)]
-pub struct GateMember<'a> {
-    pub delivery: &'a DeliveryRef,
-    /// Whether its subscriber record says whether it is wanted (campaign mail).
-    pub check_subscriber: bool,
-}
-
 /// Which batch the gate is asked about, by whom.
 #[derive(Debug, Clone)]
 pub struct GateRequest<'a> {
@@ -485,16 +477,18 @@ pub struct GateRequest<'a> {
     pub limits: GateLimits,
 }
 
-/// Runs the last gate for a batch this instance holds, right before its request.
+/// Runs the last gate for a batch this instance holds, right before its request. A
+/// campaign member's subscriber record says whether it is still wanted; a
+/// transactional member has no subscription to check (its subscriber, if any, lives
+/// in another slot; its suppression was checked when it was claimed).
 pub async fn gate(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     req: &GateRequest<'_>,
-    members: &[GateMember<'_>],
+    members: &[DeliveryRef],
 ) -> RedisResult<Gate> {
     let (p, batch, limits) = (req.partition, req.batch, &req.limits);
-    let (counts, index) =
-        counts_index(keys, p, members.iter().map(|m| (m.delivery.campaign.as_str(), m.delivery.period.as_str())));
+    let (counts, index) = counts_index(keys, p, members.iter().map(|d| (d.campaign.as_str(), d.period.as_str())));
     let mut call = SCRIPTS.gate.prepare_invoke();
     call.key(keys.batch(p, batch))
         .key(keys.batches(p))
@@ -511,13 +505,13 @@ pub async fn gate(
     for c in &counts {
         call.key(c);
     }
-    for (m, ci) in members.iter().zip(index) {
-        let id = m.delivery.id();
+    for (d, ci) in members.iter().zip(index) {
+        let id = d.id();
+        let check = d.lane() == Lane::Digest;
         // An unchecked member names its own record again: every key stays in this slot.
-        let subscriber =
-            if m.check_subscriber { keys.subscriber(p, &m.delivery.subscriber) } else { keys.delivery(p, &id) };
+        let subscriber = if check { keys.subscriber(p, &d.subscriber) } else { keys.delivery(p, &id) };
         call.key(keys.delivery(p, &id)).key(subscriber);
-        call.arg(id).arg(ci).arg(if m.check_subscriber { "1" } else { "0" }).arg(&m.delivery.campaign);
+        call.arg(&d.campaign).arg(ci).arg(if check { "1" } else { "0" });
     }
     let row: Vec<String> = call.invoke_async(conn).await?;
     let skipped = |s: &str| -> Vec<(usize, Reason)> {

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use anyhow::anyhow;
-use prometheus::{IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{IntGauge, IntGaugeVec, Registry};
 use redis::aio::ConnectionLike;
 
 use super::Metrics;
@@ -23,41 +23,34 @@ pub struct Gauges {
     backlog: IntGaugeVec,
     dead_letters: IntGaugeVec,
     redis_up: IntGauge,
-    paused: IntGauge,
-}
-
-fn register(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-    r.register(Box::new(g.clone())).expect("unique metric");
-    g
 }
 
 impl Gauges {
-    pub fn new(r: &Registry, paused: IntGauge) -> Gauges {
+    pub fn new(r: &Registry) -> Gauges {
         let redis_up =
             IntGauge::new("mailstream_redis_up", "1 when the last scrape could read Redis").expect("valid metric");
         r.register(Box::new(redis_up.clone())).expect("unique metric");
         Gauges {
-            period_deliveries: register(
+            period_deliveries: super::gauges(
                 r,
                 "mailstream_period_deliveries",
                 "Deliveries of a campaign period by state (enqueued, pending, sent, failed, skipped, \
                  outcome_unknown), read from Redis; the same on every instance",
                 &["campaign", "period", "state"],
             ),
-            period_duplicates: register(
+            period_duplicates: super::gauges(
                 r,
                 "mailstream_period_duplicates",
                 "Offers to enqueue a delivery of the period that was already enqueued (kicked twice)",
                 &["campaign", "period"],
             ),
-            variant_exposures: register(
+            variant_exposures: super::gauges(
                 r,
                 "mailstream_variant_exposures",
                 "A/B exposures of a campaign period: emails of each variant the provider accepted",
                 &["campaign", "period", "variant"],
             ),
-            backlog: register(
+            backlog: super::gauges(
                 r,
                 "mailstream_backlog",
                 "Per partition: stream_length, unread (the group's lag), unacked (read, not sealed), \
@@ -66,14 +59,13 @@ impl Gauges {
                  transactional_unacked (the transactional lane)",
                 &["partition", "kind"],
             ),
-            dead_letters: register(
+            dead_letters: super::gauges(
                 r,
                 "mailstream_dead_letters",
                 "Entries in the dead-letter streams: failed, and unknown (outcome_unknown)",
                 &["kind"],
             ),
             redis_up,
-            paused,
         }
     }
 }
@@ -101,9 +93,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     let read = async {
         let mut periods = Vec::new();
         for (campaign, period) in store.periods().await? {
-            let counts = store.counts(&campaign, &period).await?;
-            let with_variants = config.campaign(&campaign).is_some_and(|c| !c.variants.arms.is_empty());
-            let exposures = if with_variants { store.exposures(&campaign, &period).await? } else { Default::default() };
+            let (counts, exposures) = store.counts_and_exposures(&campaign, &period).await?;
             periods.push((campaign, period, counts, exposures));
         }
         let mut conn = store.conn().await?;
@@ -156,7 +146,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     }
     g.dead_letters.with_label_values(&["failed"]).set(partitions.iter().map(|f| f.dead).sum::<u64>() as i64);
     g.dead_letters.with_label_values(&["unknown"]).set(partitions.iter().map(|f| f.unknown).sum::<u64>() as i64);
-    g.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
+    metrics.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
     Ok(())
 }
 

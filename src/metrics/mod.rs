@@ -190,8 +190,8 @@ impl Metrics {
                 "Batches scheduled for another attempt, by error",
                 &["error"],
             ),
-            paused: paused.clone(),
-            redis: from_redis::Gauges::new(&r, paused),
+            paused,
+            redis: from_redis::Gauges::new(&r),
             stuck: gauges(
                 &r,
                 "mailstream_stuck_deliveries",

@@ -382,8 +382,6 @@ pub async fn sealed_batch(
     let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
     if sending {
-        let gate_members: Vec<mailstream::db::scripts::GateMember<'_>> =
-            items.iter().map(|d| mailstream::db::scripts::GateMember { delivery: d, check_subscriber: true }).collect();
         let limits = mailstream::db::scripts::GateLimits {
             lease_ms: 1,
             window_ms: 23 * 3_600_000,
@@ -393,7 +391,7 @@ pub async fn sealed_batch(
         };
         let request =
             mailstream::db::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
-        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &gate_members).await.unwrap();
+        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &items).await.unwrap();
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
     ("B1".into(), items)
