@@ -188,6 +188,10 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
 }
 
 /// The shipped config for `redis` and `emulator`, kicked by hand, `batch` emails per request.
+/// The pacing guard on loopback, where the emulator is a few hundred µs away (the
+/// shipped 20 ms is for a provider across the internet; `resend.pacing_guard_ms`).
+const GUARD_MS: u64 = 5;
+
 fn config_text(redis: &str, emulator: &str, batch: usize) -> String {
     let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
     for (from, to) in [
@@ -195,6 +199,7 @@ fn config_text(redis: &str, emulator: &str, batch: usize) -> String {
         ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator}\"")),
         ("batch_size = 100".into(), format!("batch_size = {batch}")),
         ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
+        ("pacing_guard_ms = 20".into(), format!("pacing_guard_ms = {GUARD_MS}")),
     ] {
         assert!(text.contains(&from), "config.toml lost {from}");
         text = text.replacen(&from, &to, 1);
@@ -496,7 +501,7 @@ keeps earlier runs.\n\n\
 ## Machine\n\n{machine}\n\n\
 ## Results\n\n\
 | measure | mailstream | reference (same run) | ratio | target |\n|---|---|---|---|---|\n\
-| delivery throughput, {sent} deliveries at {rps} requests/s, first request to last | {tput:.0} emails/s | ceiling {ceiling:.0} emails/s (rps × 100) | {tr:.3} | ≥ {tt} ({tm}) |\n\
+| delivery throughput, {sent} deliveries at {rps} requests/s, first request to last, pacing guard {GUARD_MS} ms a second (loopback) | {tput:.0} emails/s | ceiling {ceiling:.0} emails/s (rps × 100) | {tr:.3} | ≥ {tt} ({tm}) |\n\
 | the same from the daemon's start (process start-up, Redis checks, script loading included) | | | {trs:.3} | |\n\
 | the naive design (1 email per request, same limiter), {naive} deliveries | {ne:.1} emails/s | ceiling {ceiling:.0} | {nr:.4} | contrast |\n\
 | rate-limited answers / duplicate real sends | {rl} / {dup} | 0 / 0 | | 0 ({rlm}) |\n\

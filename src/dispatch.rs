@@ -149,9 +149,9 @@ impl Dispatcher {
         }
         ctx.metrics.limiter_waited(asked.elapsed());
         let id = sealed.id.clone();
-        // The departure is recorded while the request is written, not before it (that
-        // would make it later than recorded).
-        let (_, news) = tokio::join!(self.limiter.departed(slot), self.sender.attempt(ctx, sealed));
+        // The attempt is polled first, so its request is written (on a ready connection)
+        // before the departure is recorded: the record is an upper bound of the real one.
+        let (news, _) = tokio::join!(self.sender.attempt(ctx, sealed), self.limiter.departed(slot));
         self.obey(&news).await;
         self.batcher.unhold(&id);
     }

@@ -1,18 +1,24 @@
-//! The request limiter: no burst, one request per `1/rps` seconds plus a small
-//! guard, measured between the moments requests actually leave, so the provider
-//! never counts more than `rps` requests in any sliding second, team-wide.
+//! The request limiter: the provider never counts more than `rps` requests in
+//! any sliding second, team-wide, and requests are spread evenly (one per
+//! `1/rps`, no burst after an idle spell). A request leaves no sooner than one
+//! second plus a small guard after the request `rps` before it left, measured
+//! between the moments requests actually leave (upper bounds of them), so the
+//! guard that absorbs jitter is paid once per sliding second, not per request.
 //!
-//! By default the slot lives in Redis (limiter.lua: a GCRA with no tolerance on one
-//! key, Redis `TIME` the only clock), so every instance and every process with
-//! the same prefix shares it. The slot is taken by the task that sends, right
-//! before it writes the request, never granted in one task and used in another;
-//! a departure that was late anyway pushes the next slot back. A 429's
-//! `retry-after` pauses every instance; a `ratelimit-limit` below the configured
-//! rate is adopted team-wide. `resend.limiter = "process"` keeps the same rules
-//! in this process only. (governor was tried first: it spaces the grants, not
-//! the departures, and a grant acted on late, under CPU contention, let eleven
-//! requests reach the provider within a second.)
+//! By default the limiter lives in Redis (limiter.lua on one key, Redis `TIME`
+//! the only clock), so every instance and every process with the same prefix
+//! shares it. The slot is taken by the task that sends, right before it writes
+//! the request, never granted in one task and used in another; once the request
+//! is written, Redis's clock marks its departure (an upper bound), which is what
+//! the request `rps` after it waits a second from. A 429's `retry-after` pauses every instance; a
+//! `ratelimit-limit` below the configured rate is adopted team-wide.
+//! `resend.limiter = "process"` keeps the same rules in this process only.
+//! (governor was tried first: it spaces the grants, not the departures, and a
+//! grant acted on late, under CPU contention, let eleven requests reach the
+//! provider within a second. A guard added to every interval came next: safe,
+//! but it cost 2-4 % of the ceiling.)
 
+use std::collections::VecDeque;
 use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
@@ -24,11 +30,11 @@ use crate::db::Store;
 use crate::resend::RateHeaders;
 use crate::shutdown::Shutdown;
 
-/// A departure later than this after its slot was taken is recorded as late.
-const LATE: Duration = Duration::from_millis(1);
-
 /// How long to wait before asking Redis again after it could not be asked.
 const REDIS_RETRY: Duration = Duration::from_millis(100);
+
+/// A taker at most this late for its slot (half an interval at most) keeps the cadence.
+const SLACK: Duration = Duration::from_millis(20);
 
 pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/limiter.lua")));
 
@@ -38,13 +44,10 @@ pub enum Limiter {
     Redis(Box<Shared>),
 }
 
-/// A slot this instance took: when the answer came (locally), Redis's clock when it
-/// was taken, and how long the round trip took (shared limiter).
+/// A slot this instance took: the request's number.
 #[derive(Debug, Clone, Copy)]
 pub struct Taken {
-    at: Instant,
-    redis_us: Option<u64>,
-    round_trip: Duration,
+    n: u64,
 }
 
 impl Limiter {
@@ -75,16 +78,12 @@ impl Limiter {
         loop {
             let wait = match self {
                 Limiter::Process(l) => match l.try_take() {
-                    Ok(()) => return Ok(Taken { at: Instant::now(), redis_us: None, round_trip: Duration::ZERO }),
+                    Ok(n) => return Ok(Taken { n }),
                     Err(wait) => wait,
                 },
                 Limiter::Redis(s) => {
-                    let asked = Instant::now();
                     match s.try_take().await {
-                        Ok(Ok(redis_us)) => {
-                            let at = Instant::now();
-                            return Ok(Taken { at, redis_us: Some(redis_us), round_trip: at - asked });
-                        }
+                        Ok(Ok(n)) => return Ok(Taken { n }),
                         Ok(Err(wait)) => wait,
                         // No slot without Redis: never send unpaced.
                         Err(_) => REDIS_RETRY,
@@ -100,20 +99,16 @@ impl Limiter {
         }
     }
 
-    /// The request of a taken slot is leaving now; if that may be later than the slot,
-    /// the next slot moves back by as much. Redis's clock read the slot somewhere in the
-    /// round trip, so the departure is counted at the latest it can be: the slot plus
-    /// the whole round trip plus the time since the answer. Spacing these upper bounds
-    /// spaces the real departures by at least an interval, whichever instance sends.
+    /// The request of a taken slot has been written: its departure is recorded as now
+    /// (in Redis, the moment the script runs, after the write), and the request `rps`
+    /// after it leaves no sooner than a second plus the guard later, whichever instance
+    /// sends it. Until this is recorded the grant plus 1 ms stands in.
     pub async fn departed(&self, taken: Taken) {
-        let late = taken.round_trip + taken.at.elapsed();
         match self {
-            Limiter::Process(l) => l.sent(Instant::now()),
-            Limiter::Redis(s) if late > LATE => {
-                let at = taken.redis_us.unwrap_or_default() + late.as_micros() as u64;
-                let _ = s.call("late", at).await;
+            Limiter::Process(l) => l.sent(taken.n, Instant::now()),
+            Limiter::Redis(s) => {
+                let _ = s.call("late", taken.n).await;
             }
-            Limiter::Redis(_) => {}
         }
     }
 
@@ -134,7 +129,7 @@ impl Limiter {
             Limiter::Redis(s) => {
                 let limit = rate.limit.filter(|&l| l >= 1 && l < s.rps)?;
                 match s.call("lower", u64::from(limit)).await {
-                    Ok((1, _)) => Some(limit),
+                    Ok((1, _, _)) => Some(limit),
                     _ => None,
                 }
             }
@@ -147,22 +142,20 @@ pub struct Shared {
     store: Store,
     key: String,
     rps: u32,
-    interval_us: u64,
     guard_us: u64,
 }
 
 impl Shared {
     pub fn new(store: Store, rps: u32, guard: Duration) -> Shared {
         let key = store.keys.limiter();
-        let interval_us = interval(rps, guard).as_micros() as u64;
-        Shared { store, key, rps: rps.max(1), interval_us, guard_us: guard.as_micros() as u64 }
+        Shared { store, key, rps: rps.max(1), guard_us: guard.as_micros() as u64 }
     }
 
-    /// One call of limiter.lua; returns (wait or flag, Redis now in µs).
-    async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64)> {
+    /// One call of limiter.lua; returns (wait or flag, Redis now in µs, request number).
+    async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64, u64)> {
         let mut conn = self.store.conn().await?;
         let mut call = SCRIPT.key(&self.key);
-        call.arg(op).arg(self.interval_us).arg(self.guard_us).arg(arg);
+        call.arg(op).arg(self.rps).arg(self.guard_us).arg(arg);
         Ok(call.invoke_async(&mut conn).await?)
     }
 
@@ -175,72 +168,101 @@ impl Shared {
         Ok(Duration::from_micros(self.call("peek", 0).await?.0))
     }
 
-    /// Takes the slot if it is due: `Ok(Ok(redis now))`, or `Ok(Err(wait))`.
+    /// Takes the slot if it is due: `Ok(Ok(request number))`, or `Ok(Err(wait))`.
     async fn try_take(&self) -> anyhow::Result<Result<u64, Duration>> {
-        let (wait, now) = self.call("take", 0).await?;
-        Ok(if wait == 0 { Ok(now) } else { Err(Duration::from_micros(wait)) })
+        let (wait, _, n) = self.call("take", 0).await?;
+        Ok(if wait == 0 { Ok(n) } else { Err(Duration::from_micros(wait)) })
     }
 }
 
 /// Pacing kept in this process (`resend.limiter = "process"`): for a single instance
-/// that wants no Redis round trip per request.
+/// that wants no Redis round trip per request. The same two rules as limiter.lua.
 pub struct Local {
     guard: Duration,
     state: Mutex<State>,
 }
 
 struct State {
+    configured: u32,
     rps: u32,
-    /// When the last request left.
-    last: Option<Instant>,
+    /// The cadence: when the next request may leave.
+    next: Option<Instant>,
+    /// Requests granted so far.
+    granted: u64,
+    /// Departures of the last `configured` requests, the newest last.
+    departures: VecDeque<Instant>,
     paused_until: Option<Instant>,
 }
 
-impl Local {
-    /// `rps` requests per second, each slot `guard` longer than `1/rps`.
-    pub fn new(rps: u32, guard: Duration) -> Local {
-        Local { guard, state: Mutex::new(State { rps: rps.max(1), last: None, paused_until: None }) }
+impl State {
+    fn interval(&self) -> Duration {
+        Duration::from_secs(1) / self.rps.max(1)
     }
 
-    /// The time between two slots.
+    /// When the next request may leave, by the cadence, the pause and the window.
+    fn allowed(&self, guard: Duration) -> Option<Instant> {
+        let n = self.rps as usize;
+        let window = (self.departures.len() >= n)
+            .then(|| self.departures[self.departures.len() - n] + Duration::from_secs(1) + guard);
+        [self.next, self.paused_until, window].into_iter().flatten().max()
+    }
+}
+
+impl Local {
+    /// `rps` requests per second in any sliding second that is `guard` longer than one.
+    pub fn new(rps: u32, guard: Duration) -> Local {
+        let rps = rps.max(1);
+        let state =
+            State { configured: rps, rps, next: None, granted: 0, departures: VecDeque::new(), paused_until: None };
+        Local { guard, state: Mutex::new(state) }
+    }
+
+    /// The time between two slots of the cadence.
     pub fn interval(&self) -> Duration {
-        interval(self.state.lock().expect("limiter lock").rps, self.guard)
+        self.state.lock().expect("limiter lock").interval()
     }
 
     /// When the next request may leave: now, or later (never during a pause).
     pub fn next_slot(&self) -> Instant {
         let now = Instant::now();
-        let s = self.state.lock().expect("limiter lock");
-        let after_last = s.last.map(|t| t + interval(s.rps, self.guard));
-        [Some(now), after_last, s.paused_until].into_iter().flatten().max().unwrap_or(now)
+        self.state.lock().expect("limiter lock").allowed(self.guard).map_or(now, |at| at.max(now))
     }
 
-    /// Records that a request left at `at` (only ever moves the mark later).
-    pub fn sent(&self, at: Instant) {
+    /// Records that request `n` left at `at` (only ever moves its departure later).
+    pub fn sent(&self, n: u64, at: Instant) {
         let mut s = self.state.lock().expect("limiter lock");
-        if s.last.is_none_or(|t| t < at) {
-            s.last = Some(at);
+        let back = s.granted.checked_sub(n + 1).and_then(|b| usize::try_from(b).ok());
+        let len = s.departures.len();
+        if let Some(d) = back.filter(|&b| b < len).map(|b| &mut s.departures[len - 1 - b]) {
+            *d = (*d).max(at);
         }
     }
 
-    /// Takes the slot if it is due, else says how long until it is.
-    pub fn try_take(&self) -> Result<(), Duration> {
-        let slot = self.next_slot();
+    /// Takes the slot if it is due (the request's number), else says how long until it is.
+    pub fn try_take(&self) -> Result<u64, Duration> {
         let now = Instant::now();
-        if slot <= now {
-            self.sent(now);
-            return Ok(());
+        let mut s = self.state.lock().expect("limiter lock");
+        if let Some(at) = s.allowed(self.guard).filter(|&at| at > now) {
+            return Err(at - now);
         }
-        Err(slot - now)
+        let slack = SLACK.min(s.interval() / 2);
+        let cadence = s.next.filter(|&next| now - next <= slack).unwrap_or(now);
+        s.next = Some(cadence + s.interval());
+        s.departures.push_back(now);
+        if s.departures.len() > s.configured as usize {
+            s.departures.pop_front();
+        }
+        s.granted += 1;
+        Ok(s.granted - 1)
     }
 
     /// Waits for the next slot, following it as it moves (a late departure, a new
     /// pause), and takes it: the caller sends right away. Gives up, returning how far
     /// off the slot is, when it lies more than `patience` ahead.
-    pub async fn wait_for_slot(&self, patience: Duration) -> Result<(), Duration> {
+    pub async fn wait_for_slot(&self, patience: Duration) -> Result<u64, Duration> {
         loop {
             match self.try_take() {
-                Ok(()) => return Ok(()),
+                Ok(n) => return Ok(n),
                 Err(wait) if wait > patience => return Err(wait),
                 Err(wait) => tokio::time::sleep(wait).await,
             }
@@ -269,18 +291,14 @@ impl Local {
     }
 }
 
-fn interval(rps: u32, guard: Duration) -> Duration {
-    Duration::from_secs(1) / rps.max(1) + guard
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn interval_includes_the_guard() {
-        let l = Local::new(10, Duration::from_millis(2));
-        assert_eq!(l.interval(), Duration::from_millis(102));
+    fn the_cadence_is_one_over_the_rate() {
+        let l = Local::new(10, Duration::from_millis(5));
+        assert_eq!(l.interval(), Duration::from_millis(100));
     }
 
     #[test]
@@ -293,32 +311,46 @@ mod tests {
         assert_eq!(l.interval(), Duration::from_millis(200));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn slots_are_spaced_with_no_burst() {
-        let l = Local::new(10, Duration::from_millis(2));
+    /// Takes `count` slots in a row, sending at once; the times from the first.
+    async fn slots(l: &Local, count: usize) -> Vec<Duration> {
         let start = Instant::now();
         let mut slots = Vec::new();
-        for _ in 0..11 {
-            l.wait_for_slot(Duration::MAX).await.unwrap();
+        for _ in 0..count {
+            let n = l.wait_for_slot(Duration::MAX).await.unwrap();
+            l.sent(n, Instant::now());
             slots.push(Instant::now() - start);
         }
-        assert_eq!(slots[0], Duration::ZERO);
-        for pair in slots.windows(2) {
-            assert_eq!(pair[1] - pair[0], Duration::from_millis(102));
-        }
-        // Eleven requests never fit in one second: the provider's window stays at ten.
-        assert!(slots[10] - slots[0] > Duration::from_secs(1));
+        slots
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_late_departure_pushes_the_next_slot_back() {
+    async fn slots_are_spread_and_every_sliding_second_holds_the_rate_with_its_guard() {
+        let l = Local::new(10, Duration::from_millis(2));
+        let slots = slots(&l, 31).await;
+        assert_eq!(slots[0], Duration::ZERO);
+        for (i, pair) in slots.windows(2).enumerate() {
+            assert!(pair[1] - pair[0] >= Duration::from_millis(100), "slot {i}: {slots:?}");
+        }
+        // Eleven requests never fit in one second plus the guard...
+        for window in slots.windows(11) {
+            assert!(window[10] - window[0] >= Duration::from_millis(1002), "{slots:?}");
+        }
+        // ...and the guard is paid once a second, not once a request.
+        assert_eq!(slots[30] - slots[0], Duration::from_millis(3006));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_departure_holds_back_the_request_a_second_after_it() {
         let l = Local::new(10, Duration::ZERO);
-        l.wait_for_slot(Duration::MAX).await.unwrap();
-        let planned = l.next_slot();
+        let start = Instant::now();
+        let first = l.wait_for_slot(Duration::MAX).await.unwrap();
         // The request for that slot actually left 40 ms late (a busy CPU, say).
-        tokio::time::sleep_until(planned + Duration::from_millis(40)).await;
-        l.sent(Instant::now());
-        assert_eq!(l.next_slot() - planned, Duration::from_millis(140));
+        l.sent(first, start + Duration::from_millis(40));
+        for _ in 0..9 {
+            l.wait_for_slot(Duration::MAX).await.unwrap();
+        }
+        assert_eq!(Instant::now() - start, Duration::from_millis(900), "the cadence is kept");
+        assert_eq!(l.next_slot() - start, Duration::from_millis(1040), "the eleventh waits a second after it");
     }
 
     #[tokio::test(start_paused = true)]

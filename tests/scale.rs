@@ -13,57 +13,71 @@ use redis::Script;
 
 const SETTLE: Duration = Duration::from_secs(120);
 
-/// limiter.lua with a fake "now" (µs): (wait µs, now µs).
-async fn limiter(world: &World, op: &str, interval_us: u64, arg: u64, now_us: u64) -> (u64, u64) {
+/// limiter.lua at 10 requests/s with a 2 ms guard and a fake "now" (µs): (wait µs, now µs,
+/// request number).
+async fn limiter(world: &World, op: &str, arg: u64, now_us: u64) -> (u64, u64, u64) {
     let script = Script::new(include_str!("../lua/limiter.lua"));
     let mut conn = world.store.conn().await.unwrap();
     let mut call = script.key(world.store.keys.limiter());
-    call.arg(op).arg(interval_us).arg(2_000).arg(arg).arg(now_us);
+    call.arg(op).arg(10).arg(GUARD).arg(arg).arg(now_us);
     call.invoke_async(&mut conn).await.unwrap()
 }
 
+const GUARD: u64 = 2_000;
+const INTERVAL: u64 = 100_000;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_shared_limiter_spaces_departures_exactly_with_no_burst() {
+async fn the_shared_limiter_spreads_requests_and_holds_every_sliding_second() {
     let world = World::new().await;
-    let interval = 102_000; // 10 per second plus a 2 ms guard
     let t0 = 1_000_000_000;
     // One slot per interval, whoever asks: a second taker at the same instant waits the rest.
-    assert_eq!(limiter(&world, "take", interval, 0, t0).await, (0, t0));
-    assert_eq!(limiter(&world, "take", interval, 0, t0).await, (interval, t0));
-    assert_eq!(limiter(&world, "take", interval, 0, t0 + 50_000).await, (interval - 50_000, t0 + 50_000));
-    let mut at = t0;
-    for _ in 0..20 {
-        at += interval;
-        assert_eq!(limiter(&world, "take", interval, 0, at).await.0, 0, "exactly one interval later");
-        assert_eq!(limiter(&world, "take", interval, 0, at + 1).await.0, interval - 1, "never two in one interval");
+    assert_eq!(limiter(&world, "take", 0, t0).await, (0, t0, 0));
+    assert_eq!(limiter(&world, "take", 0, t0).await, (INTERVAL, t0, 1));
+    assert_eq!(limiter(&world, "take", 0, t0 + 50_000).await, (INTERVAL - 50_000, t0 + 50_000, 1));
+    // A taker a little late keeps the cadence: the next slot is still on the grid.
+    assert_eq!(limiter(&world, "take", 0, t0 + INTERVAL + 3_000).await, (0, t0 + INTERVAL + 3_000, 1));
+    let mut at = t0 + INTERVAL;
+    for n in 2..10 {
+        at += INTERVAL;
+        assert_eq!(limiter(&world, "take", 0, at).await, (0, at, n), "one interval later");
+        assert!(limiter(&world, "take", 0, at + 1).await.0 >= INTERVAL - 1, "never two in one interval");
     }
+    // The eleventh waits until a second plus the guard after the first left (granted at
+    // t0 and not yet said to have left: taken to be within 1 ms): the provider never
+    // counts eleven in a second.
+    at += INTERVAL;
+    assert_eq!(limiter(&world, "take", 0, at).await.0, 1_000 + GUARD);
+    assert_eq!(limiter(&world, "take", 0, at + 1_000 + GUARD).await, (0, at + 1_000 + GUARD, 10));
     // After ten idle seconds nothing is banked: one slot now, the next an interval later.
     let later = at + 10_000_000;
-    assert_eq!(limiter(&world, "take", interval, 0, later).await.0, 0);
-    assert_eq!(limiter(&world, "take", interval, 0, later + 1_000).await.0, interval - 1_000);
+    assert_eq!(limiter(&world, "take", 0, later).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, later + 1_000).await.0, INTERVAL - 1_000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shared_limiter_obeys_pauses_lower_rates_and_late_departures() {
     let world = World::new().await;
-    let interval = 100_000;
     let t0 = 5_000_000_000;
-    assert_eq!(limiter(&world, "take", interval, 0, t0).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t0).await.0, 0);
     // A 429 somewhere asked for 3 s: nobody sends before then.
-    limiter(&world, "pause", interval, 3_000, t0 + 1_000).await;
-    assert_eq!(limiter(&world, "take", interval, 0, t0 + 200_000).await.0, 2_801_000);
-    assert_eq!(limiter(&world, "take", interval, 0, t0 + 3_001_000).await.0, 0);
+    limiter(&world, "pause", 3_000, t0 + 1_000).await;
+    assert_eq!(limiter(&world, "take", 0, t0 + 200_000).await.0, 2_801_000);
+    assert_eq!(limiter(&world, "take", 0, t0 + 3_001_000).await.0, 0);
     // The provider announces 5 per second: adopted for everyone, once.
-    assert_eq!(limiter(&world, "lower", interval, 5, t0 + 3_001_000).await.0, 1);
-    assert_eq!(limiter(&world, "lower", interval, 7, t0 + 3_001_000).await.0, 0, "a higher rate is ignored");
+    assert_eq!(limiter(&world, "lower", 5, t0 + 3_001_000).await.0, 1);
+    assert_eq!(limiter(&world, "lower", 7, t0 + 3_001_000).await.0, 0, "a higher rate is ignored");
     let t1 = t0 + 4_000_000;
-    assert_eq!(limiter(&world, "take", interval, 0, t1).await.0, 0);
-    assert_eq!(limiter(&world, "take", interval, 0, t1 + 100_000).await.0, 102_000, "200 ms + guard now");
-    // A request that left 40 ms after its slot moves the next one back by as much.
-    let t2 = t1 + 202_000;
-    assert_eq!(limiter(&world, "take", interval, 0, t2).await.0, 0);
-    limiter(&world, "late", interval, t2 + 40_000, t2 + 40_000).await;
-    assert_eq!(limiter(&world, "take", interval, 0, t2 + 202_000).await.0, 40_000);
+    assert_eq!(limiter(&world, "take", 0, t1).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t1 + 100_000).await.0, 100_000, "200 ms apart now");
+    // A request written 40 ms after its grant holds back the one five requests (a
+    // sliding second, at 5/s) after it by as much.
+    let t2 = t1 + 1_000_000;
+    let (_, _, n) = limiter(&world, "take", 0, t2).await;
+    limiter(&world, "late", n, t2 + 40_000).await;
+    for k in 1..5 {
+        assert_eq!(limiter(&world, "take", 0, t2 + k * 200_000).await.0, 0);
+    }
+    assert_eq!(limiter(&world, "take", 0, t2 + 1_000_000).await.0, 40_000 + GUARD);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
