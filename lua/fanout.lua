@@ -2,8 +2,8 @@
 -- schedulers (or a scheduler and an operator) fan it out once, and a fan-out that died halfway
 -- resumes from its cursors instead of scanning from zero. One key; every call is one step.
 --
--- KEYS[1] the fan-out record (hash: state running|done, owner, lease_until, c<p> the SSCAN
---   cursor of partition p ('done' when finished), new, duplicates, not_eligible, scanned,
+-- KEYS[1] the fan-out record (hash: state running|done, owner, lease_until, c<p> the HSCAN
+--   cursor of partition p's audience hash ('done' when finished), new, duplicates, not_eligible, scanned,
 --   pages, runs, started_ms, done_ms)
 -- ARGV[1] op, ARGV[2] owner, ARGV[3] lease ms
 -- 'acquire': ARGV[4] '1' to start again if done (an operator's kick), ARGV[5] partitions,

@@ -1,9 +1,12 @@
 //! The kick: fans a campaign period out over the subscriber registry (or over
 //! NDJSON records given with the kick) through enqueue.lua, each (campaign,
 //! subscriber, target, period) at most once however often it is kicked. A
-//! registry fan-out keeps a record (fanout.lua): one holder at a time, a cursor
-//! per partition, so several schedulers fan out once and a crash resumes. A
-//! dry run reads what a kick would do and writes nothing.
+//! registry fan-out reads each partition's audience (the entitled, subscribed,
+//! unsuppressed subscribers' targets and zones, one hash entry each) and the
+//! campaign's opt-outs, never the records themselves, and keeps a record
+//! (fanout.lua): one holder at a time, a cursor per partition, so several
+//! schedulers fan out once and a crash resumes. A dry run reads the records
+//! (why each one is left out) and writes nothing.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -22,7 +25,7 @@ use crate::work::DeliveryRef;
 
 /// Deliveries per enqueue.lua call: large enough to amortize the round trip,
 /// small enough that one call never blocks Redis for long.
-const ENQUEUE_CHUNK: usize = 500;
+pub const ENQUEUE_CHUNK: usize = 500;
 
 /// What a kick did.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -279,59 +282,127 @@ struct PartitionRun {
 }
 
 impl Job {
-    /// Scans partition `p`'s subscribers from `cursor`, a page at a time: each page is
-    /// enqueued, then recorded with the cursor after it, so a run that stops resumes
-    /// with the next page.
-    async fn partition(&self, p: u16, mut cursor: u64) -> anyhow::Result<PartitionRun> {
+    /// Fans partition `p` out from `cursor`, a page of its audience at a time: each page
+    /// is enqueued, then recorded with the cursor after it, so a run that stops resumes
+    /// with the next page. The next page is read while this one is enqueued.
+    async fn partition(&self, p: u16, cursor: u64) -> anyhow::Result<PartitionRun> {
         let (store, keys) = (&self.store, &self.store.keys);
         let mut conn = store.conn().await?;
         let mut report = KickReport::default();
         let mut seen = HashSet::new();
+        // The registry's subscribers outside the audience (not entitled, unsubscribed,
+        // suppressed), counted once, when a partition is begun.
+        let mut left_out = 0;
+        if cursor == 0 {
+            let (all, audience): (u64, u64) = redis::pipe()
+                .scard(keys.subscribers(p))
+                .hlen(keys.audience(p))
+                .query_async(&mut conn)
+                .await
+                .context("counting subscribers")?;
+            left_out = all.saturating_sub(audience);
+        }
+        let opted_out: bool = redis::cmd("EXISTS")
+            .arg(keys.opted_out(p, &self.campaign))
+            .query_async(&mut conn)
+            .await
+            .context("reading opt-outs")?;
+        // The audience is read on a connection of its own, while the other enqueues.
+        let mut reader = store.conn().await?;
+        let mut page = scan_audience(&mut reader, keys.audience(p), cursor).await?;
         loop {
             if self.options.stop_after_pages.is_some_and(|n| self.pages.load(Ordering::SeqCst) >= n) {
                 return Ok(PartitionRun { report, complete: false });
             }
-            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
-                .arg(keys.subscribers(p))
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await
-                .context("scanning subscribers")?;
+            let (next, entries) = page;
             report.scans += 1;
-            // SSCAN may return an id twice while the set rehashes.
-            let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
-            let mut page = KickReport::default();
-            let target = Target { campaign: &self.campaign, period: &self.period, release: self.release };
-            enqueue_eligible(&mut conn, store, p, &target, &ids, self.retention, &mut page).await?;
-            if let Some(scanned) = &self.options.scanned {
-                scanned.fetch_add(ids.len() as u64, Ordering::Relaxed);
-            }
-            let recorded = FanoutPage {
-                new: page.new,
-                duplicates: page.duplicates,
-                not_eligible: page.not_eligible,
-                scanned: ids.len() as u64,
-            };
             let at = (next != 0).then_some(next);
-            let (campaign, period) = (self.campaign.as_str(), self.period.as_str());
-            let run = FanoutOf { campaign, period, owner: &self.owner };
-            let held = scripts::fanout_progress(&mut conn, keys, run, FANOUT_LEASE_MS, p, at, recorded)
-                .await
-                .context("fanout.lua")?;
+            let prefetch = async {
+                match at {
+                    Some(next) => scan_audience(&mut reader, keys.audience(p), next).await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let work = async {
+                // HSCAN may return an entry twice while the hash rehashes.
+                let entries: Vec<(String, String)> =
+                    entries.into_iter().filter(|(id, _)| seen.insert(id.clone())).collect();
+                let left = std::mem::take(&mut left_out);
+                let mut page = KickReport { not_eligible: left, ..Default::default() };
+                let off: Vec<bool> = if opted_out && !entries.is_empty() {
+                    let mut cmd = redis::cmd("SMISMEMBER");
+                    cmd.arg(keys.opted_out(p, &self.campaign));
+                    entries.iter().for_each(|(id, _)| {
+                        cmd.arg(id);
+                    });
+                    cmd.query_async(&mut conn).await.context("reading opt-outs")?
+                } else {
+                    vec![false; entries.len()]
+                };
+                let mut items = Vec::with_capacity(entries.len());
+                let head = format!("{}:{}:", self.campaign, self.period);
+                for ((id, entry), off) in entries.iter().zip(off) {
+                    if off {
+                        page.not_eligible += 1;
+                        continue;
+                    }
+                    let (targets, zone) = subscribers::read_audience_entry(entry);
+                    let release = self.release.map_or(0, |r| r.release_ms(zone));
+                    items.extend(targets.map(|t| (format!("{head}{id}:{t}"), release)));
+                }
+                enqueue(store, p, (&self.campaign, &self.period), items, self.retention, &mut page).await?;
+                if let Some(scanned) = &self.options.scanned {
+                    scanned.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                }
+                let recorded = FanoutPage {
+                    new: page.new,
+                    duplicates: page.duplicates,
+                    not_eligible: page.not_eligible,
+                    scanned: entries.len() as u64 + left,
+                };
+                let (campaign, period) = (self.campaign.as_str(), self.period.as_str());
+                let run = FanoutOf { campaign, period, owner: &self.owner };
+                let held = scripts::fanout_progress(&mut conn, keys, run, FANOUT_LEASE_MS, p, at, recorded)
+                    .await
+                    .context("fanout.lua")?;
+                anyhow::Ok((page, held))
+            };
+            let (fetched, done) = tokio::join!(prefetch, work);
+            let (done, held) = done?;
             self.pages.fetch_add(1, Ordering::SeqCst);
-            report.add(&page);
+            report.add(&done);
             if !held {
-                tracing::warn!(campaign, period, partition = p, "another holder took over this fan-out; leaving it");
+                tracing::warn!(
+                    campaign = self.campaign,
+                    period = self.period,
+                    partition = p,
+                    "another holder took over this fan-out; leaving it"
+                );
                 return Ok(PartitionRun { report, complete: false });
             }
-            match at {
-                Some(next) => cursor = next,
+            match fetched? {
+                Some(next_page) => page = next_page,
                 None => return Ok(PartitionRun { report, complete: true }),
             }
         }
     }
+}
+
+/// One HSCAN page of a partition's audience: (next cursor, (id, entry) pairs).
+async fn scan_audience(
+    conn: &mut crate::db::conn::Conn,
+    key: String,
+    cursor: u64,
+) -> anyhow::Result<(u64, Vec<(String, String)>)> {
+    let (next, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
+        .arg(key)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await
+        .context("scanning the audience")?;
+    Ok((next, flat))
 }
 
 /// Which campaign period a kick enqueues, and when its deliveries are released.
@@ -363,8 +434,36 @@ async fn enqueue_eligible(
             Verdict::NotEligible(_) => report.not_eligible += 1,
         }
     }
-    for chunk in items.chunks(ENQUEUE_CHUNK) {
-        let added = scripts::enqueue_at(conn, &store.keys, p, chunk, retention).await.context("enqueue.lua")?;
+    let items = items.into_iter().map(|(d, at)| (d.id(), at)).collect();
+    enqueue(store, p, (target.campaign, target.period), items, retention, report).await
+}
+
+/// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, and
+/// their release times) through enqueue.lua, [`ENQUEUE_CHUNK`] a call, the calls at
+/// once on connections of their own (so Redis always has the next one), adding what
+/// happened to `report`.
+async fn enqueue(
+    store: &Store,
+    p: u16,
+    (campaign, period): (&str, &str),
+    items: Vec<(String, u64)>,
+    retention: u64,
+    report: &mut KickReport,
+) -> anyhow::Result<()> {
+    let mut calls = tokio::task::JoinSet::new();
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let chunk: Vec<(String, u64)> = items.by_ref().take(ENQUEUE_CHUNK).collect();
+        let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
+        calls.spawn(async move {
+            let mut conn = store.conn().await?;
+            scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
+                .await
+                .context("enqueue.lua")
+        });
+    }
+    while let Some(added) = calls.join_next().await {
+        let added = added.context("enqueue task panicked")??;
         let new = added.iter().filter(|&&a| a).count() as u64;
         report.new += new;
         report.duplicates += added.len() as u64 - new;

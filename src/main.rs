@@ -173,6 +173,9 @@ enum Command {
     },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
     Resume,
+    /// Moves a deployment of an earlier key layout (2) to this version's: builds the
+    /// kick's audience index from the subscriber records. Stop every instance first.
+    Upgrade,
     /// Look at, add and lift address suppressions (bounces, complaints, by hand).
     Suppressions {
         #[command(subcommand)]
@@ -556,6 +559,24 @@ async fn dispatch(path: PathBuf, command: Command, preloaded: Option<Config>) ->
             let store = Store::open(&config).await?;
             let was = mailstream::pause::Pause::resume(&store).await?;
             println!("{}", if was { "sending resumed" } else { "sending was not paused" });
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Upgrade => {
+            let config = load()?;
+            let store = Store::connect(&config).await?;
+            store.check_version().await?;
+            let upgraded = store
+                .upgrade_layout(async |store: &Store| {
+                    let n = mailstream::subscribers::build_audience(store).await?;
+                    println!("built the kick's audience: {n} subscribers entitled, subscribed and not suppressed");
+                    Ok(())
+                })
+                .await?;
+            if upgraded {
+                println!("upgraded to key layout {}", mailstream::db::keys::LAYOUT);
+            } else {
+                println!("nothing to upgrade: key layout {}", mailstream::db::keys::LAYOUT);
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Suppressions { action } => {

@@ -164,10 +164,99 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
             Some(reason) => pipe.hset(&key, field::SUPPRESSED, reason).ignore(),
             None => pipe.hdel(&key, field::SUPPRESSED).ignore(),
         };
+        if s.entitled && s.subscribed && reason.is_none() {
+            let entry = audience_entry(&s.targets_or_default().join(","), s.time_zone.as_deref());
+            pipe.hset(keys.audience(p), &s.id, entry).ignore();
+        } else {
+            pipe.hdel(keys.audience(p), &s.id).ignore();
+        }
         pipe.sadd(keys.subscribers(p), &s.id).ignore();
     }
     let _: () = pipe.query_async(conn).await?;
     Ok(())
+}
+
+/// A subscriber's entry in its partition's audience ([`crate::db::keys::Keys::audience`]):
+/// its stored targets and zone, `targets|time_zone`.
+pub fn audience_entry(targets: &str, zone: Option<&str>) -> String {
+    format!("{targets}|{}", zone.unwrap_or(""))
+}
+
+/// Reads an audience entry: (targets, zone).
+pub fn read_audience_entry(entry: &str) -> (impl Iterator<Item = &str>, Option<&str>) {
+    let (stored, zone) = entry.split_once('|').unwrap_or((entry, ""));
+    (targets(Some(stored).filter(|t| !t.is_empty())), Some(zone).filter(|z| !z.is_empty()))
+}
+
+/// Builds every partition's audience and the campaigns' opt-out sets from the subscriber
+/// records (`mailstream upgrade`, from layout 2), and starts any fan-out that was halfway
+/// from the beginning again (its cursors were over the registry set: only duplicates
+/// follow). Returns how many subscribers are in the audiences.
+pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
+    let keys = &store.keys;
+    let mut conn = store.conn().await?;
+    let mut wanted = 0;
+    for p in 0..keys.partitions() {
+        let mut cursor = 0u64;
+        loop {
+            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
+                .arg(keys.subscribers(p))
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            let mut read = redis::pipe();
+            for id in &ids {
+                read.hgetall(keys.subscriber(p, id));
+            }
+            let records: Vec<BTreeMap<String, Vec<u8>>> = read.query_async(&mut conn).await?;
+            let mut write = redis::pipe();
+            for (id, r) in ids.iter().zip(records) {
+                let text = |f: &str| r.get(f).and_then(|v| std::str::from_utf8(v).ok());
+                if is_set(text(field::ENTITLED))
+                    && is_set(text(field::SUBSCRIBED))
+                    && !r.contains_key(field::SUPPRESSED)
+                {
+                    let entry = audience_entry(text(field::TARGETS).unwrap_or(DEFAULT_TARGET), text(field::TIME_ZONE));
+                    write.hset(keys.audience(p), id, entry).ignore();
+                    wanted += 1;
+                } else {
+                    write.hdel(keys.audience(p), id).ignore();
+                }
+                for campaign in r.keys().filter_map(|k| k.strip_prefix("off:")) {
+                    write.sadd(keys.opted_out(p, campaign), id).ignore();
+                }
+            }
+            let _: () = write.query_async(&mut conn).await?;
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    for node in conn.primaries().await? {
+        let mut cursor = 0u64;
+        loop {
+            let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(format!("{}:fanout:*", keys.prefix())).clone();
+            let (next, found): (u64, Vec<String>) = conn.on_node(&node, &scan).await?;
+            for key in found {
+                let state: Option<String> = conn.hget(&key, "state").await?;
+                if state.as_deref() == Some("running") {
+                    let mut restart = redis::pipe();
+                    for p in 0..keys.partitions() {
+                        restart.hset(&key, format!("c{p}"), 0).ignore();
+                    }
+                    let _: () = restart.query_async(&mut conn).await?;
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(wanted)
 }
 
 /// The first target of subscriber `id` (what a preview shows when none is named).

@@ -71,6 +71,63 @@ async fn targets_and_eligibility_shape_the_fan_out() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_everyone() {
+    let world = World::new().await;
+    let mut subs: Vec<Subscriber> = (0..40).map(subscriber).collect();
+    subs[0].targets = vec!["t1".into(), "t2".into()];
+    subs[1].entitled = false;
+    subs[2].subscribed = false;
+    subs[3].time_zone = Some("Europe/Berlin".into());
+    subscribers::upsert(&world.store, &subs).await.unwrap();
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    // subs[4] turned the campaign off (one-click), as a layout-2 deployment recorded it.
+    let p4 = keys.partition_of(&subs[4].id);
+    let _: () = redis::cmd("HSET")
+        .arg(keys.subscriber(p4, &subs[4].id))
+        .arg(subscribers::field::opted_out(CAMPAIGN))
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // What layout 2 had: no audience, no opt-out sets, and a fan-out halfway.
+    for p in 0..keys.partitions() {
+        let _: () = redis::cmd("DEL").arg(keys.audience(p)).query_async(&mut conn).await.unwrap();
+    }
+    let fanout = keys.fanout(CAMPAIGN, PERIOD);
+    let _: () = redis::cmd("HSET")
+        .arg(&fanout)
+        .arg(&["state", "running", "owner", "gone", "lease_until", "0", "c0", "123", "c1", "done"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("HSET").arg(keys.meta()).arg("layout").arg(2).query_async(&mut conn).await.unwrap();
+    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 2 is refused");
+    assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
+    let built = std::sync::atomic::AtomicU64::new(0);
+    let upgraded = world
+        .store
+        .upgrade_layout(async |store: &mailstream::db::Store| {
+            built.store(subscribers::build_audience(store).await?, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await
+        .unwrap();
+    assert!(upgraded);
+    assert_eq!(built.into_inner(), 38, "all but the one not entitled and the one unsubscribed");
+    mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    let cursors: Vec<String> =
+        redis::cmd("HMGET").arg(&fanout).arg(&["c0", "c1"]).query_async(&mut conn).await.unwrap();
+    assert_eq!(cursors, ["0", "0"], "the fan-out halfway starts again from the beginning");
+    // Everyone is mailed: 37 subscribers, one with two targets; three left out.
+    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    assert_eq!((report.new, report.not_eligible), (38, 3), "{report:?}");
+    // And nothing is left to upgrade.
+    let again = world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.unwrap();
+    assert!(!again);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_claimers_racing_on_one_delivery_only_one_wins() {
     let world = World::new().await;
     let keys = &world.store.keys;

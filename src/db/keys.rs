@@ -7,8 +7,10 @@
 
 use crate::work::{DeliveryRef, Lane};
 
-/// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key).
-pub const LAYOUT: u32 = 2;
+/// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key;
+/// 2: natural-key records, fan-out over the registry's records; 3: fan-out over each
+/// partition's audience and the campaigns' opt-out sets).
+pub const LAYOUT: u32 = 3;
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
@@ -168,9 +170,21 @@ impl Keys {
         self.tagged(p, &format!("subscriber:{id}"))
     }
 
-    /// Set: ids of the subscribers in this partition, for fan-out.
+    /// Set: ids of the subscribers in this partition (the registry).
     pub fn subscribers(&self, p: u16) -> String {
         self.tagged(p, "subscribers")
+    }
+
+    /// Hash: id → what a kick needs (`targets|time_zone`) of each subscriber in this
+    /// partition who is entitled, subscribed and not suppressed; written with every change
+    /// of those fields, so a fan-out reads one entry per subscriber it mails, nothing else.
+    pub fn audience(&self, p: u16) -> String {
+        self.tagged(p, "audience")
+    }
+
+    /// Set: ids of the subscribers in this partition who turned `campaign` off.
+    pub fn opted_out(&self, p: u16, campaign: &str) -> String {
+        self.tagged(p, &format!("off:{campaign}"))
     }
 
     /// Hash: a sealed batch (exact request body, idempotency key, members).

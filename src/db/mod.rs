@@ -95,6 +95,25 @@ impl Store {
         self.backend.dedicated().await
     }
 
+    /// Moves a deployment of layout 2 to this one: `build` (the registry's part, in
+    /// `subscribers`) runs first, then `meta` says the new layout. Refuses any other.
+    pub async fn upgrade_layout<F>(&self, build: F) -> anyhow::Result<bool>
+    where
+        F: AsyncFnOnce(&Store) -> anyhow::Result<()>,
+    {
+        let mut conn = self.conn().await?;
+        let meta = self.keys.meta();
+        let layout: Option<u32> = conn.hget(&meta, "layout").await?;
+        match layout {
+            Some(LAYOUT) | None => return Ok(false),
+            Some(2) => {}
+            Some(other) => bail!("{meta} says key layout {other}; this mailstream upgrades layout 2 only"),
+        }
+        build(self).await?;
+        let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
+        Ok(true)
+    }
+
     /// Records the partition count on first use and refuses a different one later:
     /// subscribers would move partitions and their dedup keys would no longer be found.
     pub async fn check_partitions(&self) -> anyhow::Result<()> {
@@ -107,6 +126,11 @@ impl Store {
             redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         match (layout, existing) {
             (Some(LAYOUT), _) | (None, None) => {}
+            (Some(2), _) => bail!(
+                "{meta} says this deployment uses key layout 2, from before the kick's audience index; \
+                 stop every instance, run `mailstream upgrade` once (it builds the index from the \
+                 subscriber records; nothing else changes), then start this version"
+            ),
             (Some(other), _) => bail!(
                 "{meta} says this deployment uses key layout {other}, and this mailstream knows layout {LAYOUT}; \
                  run the mailstream version that wrote it"

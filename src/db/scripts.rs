@@ -116,17 +116,47 @@ pub async fn enqueue_at(
     retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
     let Some((first, _)) = items.first() else { return Ok(Vec::new()) };
+    let ids: Vec<(String, u64)> = items
+        .iter()
+        .map(|(item, release_ms)| {
+            debug_assert!(
+                item.campaign == first.campaign && item.period == first.period,
+                "one campaign period per call"
+            );
+            (item.id(), *release_ms)
+        })
+        .collect();
+    enqueue_ids(conn, keys, partition, &first.campaign, &first.period, &ids, retention_secs).await
+}
+
+/// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id (what a fan-out
+/// builds, without a [`DeliveryRef`] each).
+pub async fn enqueue_ids(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    campaign: &str,
+    period: &str,
+    items: &[(String, u64)],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut call = SCRIPTS.enqueue.prepare_invoke();
     call.key(keys.stream(partition))
-        .key(keys.counts(partition, &first.campaign, &first.period))
+        .key(keys.counts(partition, campaign, period))
         .key(keys.periods(partition))
         .key(keys.due(partition))
         .arg(retention_secs)
-        .arg(format!("{}:{}", first.campaign, first.period));
-    for (item, release_ms) in items {
-        debug_assert!(item.campaign == first.campaign && item.period == first.period, "one campaign period per call");
-        let id = item.id();
-        call.key(keys.delivery(partition, &id)).arg(id).arg(release_ms);
+        .arg(format!("{campaign}:{period}"));
+    let prefix = keys.delivery(partition, "");
+    let mut key = String::with_capacity(prefix.len() + 96);
+    for (id, release_ms) in items {
+        key.clear();
+        key.push_str(&prefix);
+        key.push_str(id);
+        call.key(key.as_str()).arg(id.as_str()).arg(release_ms);
     }
     let added: Vec<i64> = call.invoke_async(conn).await?;
     Ok(added.into_iter().map(|a| a == 1).collect())
@@ -1008,12 +1038,12 @@ pub async fn cascade(
     s: &Suppression<'_>,
 ) -> RedisResult<Option<u64>> {
     let mut call = SCRIPTS.cascade.prepare_invoke();
-    call.key(keys.seen(p, s.event, "c"));
+    call.key(keys.seen(p, s.event, "c")).key(keys.audience(p));
     for id in ids {
         call.key(keys.subscriber(p, id));
     }
     let mode = if s.mode == SuppressMode::Remove { "remove" } else { "suppress" };
-    call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs);
+    call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs).arg(ids);
     let changed: i64 = call.invoke_async(conn).await?;
     Ok(u64::try_from(changed).ok())
 }
@@ -1060,7 +1090,14 @@ pub async fn opt_out(
     campaign: &str,
 ) -> RedisResult<Option<bool>> {
     let p = keys.partition_of(subscriber);
-    let r: i64 = SCRIPTS.optout.key(keys.subscriber(p, subscriber)).arg(campaign).invoke_async(conn).await?;
+    let r: i64 = SCRIPTS
+        .optout
+        .key(keys.subscriber(p, subscriber))
+        .key(keys.opted_out(p, campaign))
+        .arg(campaign)
+        .arg(subscriber)
+        .invoke_async(conn)
+        .await?;
     Ok(match r {
         1 => Some(true),
         0 => Some(false),
