@@ -289,7 +289,6 @@ impl Job {
         let (store, keys) = (&self.store, &self.store.keys);
         let mut conn = store.conn().await?;
         let mut report = KickReport::default();
-        let mut seen = HashSet::new();
         // The registry's subscribers outside the audience (not entitled, unsubscribed,
         // suppressed), counted once, when a partition is begun.
         let mut left_out = 0;
@@ -324,9 +323,8 @@ impl Job {
                 }
             };
             let work = async {
-                // HSCAN may return an entry twice while the hash rehashes.
-                let entries: Vec<(String, String)> =
-                    entries.into_iter().filter(|(id, _)| seen.insert(id.clone())).collect();
+                // HSCAN may return an entry twice while the hash grows: enqueue.lua enqueues it
+                // once, and the second is counted a duplicate (no set of every id is kept).
                 let left = std::mem::take(&mut left_out);
                 let mut page = KickReport { not_eligible: left, ..Default::default() };
                 let off: Vec<bool> = if opted_out && !entries.is_empty() {
