@@ -365,7 +365,7 @@ async fn fan_out(sizes: &Sizes, r: &mut Results) -> anyhow::Result<()> {
             })
             .collect();
         // Redis 7 counts the commands a script calls on their own too (hsetnx, xadd inside
-        // evalsha): evalsha is the enqueue script's whole time, sscan and hmget the registry read.
+        // evalsha): evalsha is the enqueue script's whole time, hscan the audience read.
         let profile = format!(
             "kick took {took:.2} s ({kick_cpu:.2} CPU s in the kick); Redis time by command: {}",
             top.join(", ")
