@@ -356,6 +356,20 @@ async fn every_readme_command_line_works_as_written() {
         "",
     );
     assert!(zoned.status.success());
+    shown("mailstream upgrade --config /etc/mailstream/config.toml");
+    let current = run(&path, &url, &["upgrade"], "");
+    assert!(stdout(&current).contains("nothing to upgrade"), "{}", stdout(&current));
+    // A deployment of key layout 2 is refused, with what to do, until it is upgraded.
+    let mut conn = world.store.conn().await.unwrap();
+    let _: () =
+        redis::cmd("HSET").arg(world.store.keys.meta()).arg("layout").arg(2).query_async(&mut conn).await.unwrap();
+    let refused = run(&path, &url, &["resume"], "");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("mailstream upgrade"), "{refused:?}");
+    let upgraded = run(&path, &url, &["upgrade"], "");
+    assert!(stdout(&upgraded).contains("built the kick's audience: "), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded to key layout 3"), "{}", stdout(&upgraded));
+    assert!(run(&path, &url, &["resume"], "").status.success());
     let _ = std::fs::remove_file(ndjson);
 }
 
