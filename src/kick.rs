@@ -350,7 +350,8 @@ impl Job {
                 }
                 enqueue(store, p, (&self.campaign, &self.period), items, self.retention, &mut page).await?;
                 if let Some(scanned) = &self.options.scanned {
-                    scanned.fetch_add(entries.len() as u64, Ordering::Relaxed);
+                    // The left-out count as well, so a progress display reaches the registry's size.
+                    scanned.fetch_add(entries.len() as u64 + left, Ordering::Relaxed);
                 }
                 let recorded = FanoutPage {
                     new: page.new,
