@@ -1,7 +1,8 @@
 -- cascade.lua: a suppression reaches the subscribers who have the address, in one of their
 -- partitions: each is marked suppressed (the reason) and unsubscribed, and leaves the
--- partition's audience, so neither the kick nor the last gate sends to them. Lifting it clears the mark (not the unsubscribe: that is
--- the application's or the subscriber's to undo). For a webhook event this is done once per
+-- partition's audience, so neither the kick nor the last gate sends to them. Lifting it
+-- clears the mark (not the unsubscribe: that is the application's or the subscriber's to
+-- undo). For a webhook event this is done once per
 -- partition (SET NX on the event's seen key in the same step).
 --
 -- KEYS[1] seen key (ignored without an event), KEYS[2] audience hash, KEYS[3..] subscriber

@@ -3,8 +3,8 @@
 -- resumes from its cursors instead of scanning from zero. One key; every call is one step.
 --
 -- KEYS[1] the fan-out record (hash: state running|done, owner, lease_until, c<p> the HSCAN
---   cursor of partition p's audience hash ('done' when finished), new, duplicates, not_eligible, scanned,
---   pages, runs, started_ms, done_ms)
+--   cursor of partition p's audience hash ('done' when finished), new, duplicates,
+--   not_eligible, scanned, pages, runs, started_ms, done_ms)
 -- ARGV[1] op, ARGV[2] owner, ARGV[3] lease ms
 -- 'acquire': ARGV[4] '1' to start again if done (an operator's kick), ARGV[5] partitions,
 --   ARGV[6] retention seconds. Returns {'acquired', resumed ('1'|'0'), c0, c1, ...},
@@ -13,6 +13,8 @@
 --   ARGV[7] duplicates, ARGV[8] not eligible, ARGV[9] subscribers scanned. Returns 1, or 0
 --   if the record is no longer this owner's (its lease ran out and another took over).
 -- 'finish': returns 1, or 0 if no longer this owner's.
+-- 'rewind' (`mailstream upgrade`; owner and lease unused): ARGV[4] partitions. A fan-out still
+--   running starts every partition again from the beginning. Returns 1, or 0 if not running.
 local op, owner, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -44,6 +46,15 @@ if op == 'acquire' then
     out[#out + 1] = redis.call('HGET', KEYS[1], 'c' .. p) or '0'
   end
   return out
+end
+if op == 'rewind' then
+  if r[1] ~= 'running' then
+    return 0
+  end
+  for p = 0, tonumber(ARGV[4]) - 1 do
+    redis.call('HSET', KEYS[1], 'c' .. p, '0')
+  end
+  return 1
 end
 if r[1] ~= 'running' or r[2] ~= owner then
   return 0

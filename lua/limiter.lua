@@ -59,7 +59,6 @@ if op == 'take' then
       cadence = nxt + interval
     end
     redis.call('HSET', KEYS[1], 'next_us', cadence, 'seq', seq + 1, 'ring', ring, 'd' .. (seq % ring), now + SOON)
-    result = {0, now, seq}
   else
     result = {at - now, now, seq}
   end

@@ -21,7 +21,7 @@ use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
 use crate::db::scripts::{self, Fanout, FanoutOf, FanoutPage};
 use crate::subscribers::{self, Subscriber, field};
-use crate::work::DeliveryRef;
+use crate::work::{DeliveryRef, delivery_id};
 
 /// Deliveries per enqueue.lua call: large enough to amortize the round trip,
 /// small enough that one call never blocks Redis for long.
@@ -289,26 +289,20 @@ impl Job {
         let (store, keys) = (&self.store, &self.store.keys);
         let mut conn = store.conn().await?;
         let mut report = KickReport::default();
-        // The registry's subscribers outside the audience (not entitled, unsubscribed,
-        // suppressed), counted once, when a partition is begun.
-        let mut left_out = 0;
-        if cursor == 0 {
-            let (all, audience): (u64, u64) = redis::pipe()
-                .scard(keys.subscribers(p))
-                .hlen(keys.audience(p))
-                .query_async(&mut conn)
-                .await
-                .context("counting subscribers")?;
-            left_out = all.saturating_sub(audience);
-        }
-        let opted_out: bool = redis::cmd("EXISTS")
-            .arg(keys.opted_out(p, &self.campaign))
+        let (audience, opt_outs) = (keys.audience(p), keys.opted_out(p, &self.campaign));
+        let (all, mailed, opted_out): (u64, u64, bool) = redis::pipe()
+            .scard(keys.subscribers(p))
+            .hlen(&audience)
+            .exists(&opt_outs)
             .query_async(&mut conn)
             .await
-            .context("reading opt-outs")?;
+            .context("counting subscribers")?;
+        // The registry's subscribers outside the audience (not entitled, unsubscribed,
+        // suppressed), counted once, when a partition is begun.
+        let mut left_out = if cursor == 0 { all.saturating_sub(mailed) } else { 0 };
         // The audience is read on a connection of its own, while the other enqueues.
         let mut reader = store.conn().await?;
-        let mut page = scan_audience(&mut reader, keys.audience(p), cursor).await?;
+        let mut page = scan_audience(&mut reader, &audience, cursor).await?;
         loop {
             if self.options.stop_after_pages.is_some_and(|n| self.pages.load(Ordering::SeqCst) >= n) {
                 return Ok(PartitionRun { report, complete: false });
@@ -318,7 +312,7 @@ impl Job {
             let at = (next != 0).then_some(next);
             let prefetch = async {
                 match at {
-                    Some(next) => scan_audience(&mut reader, keys.audience(p), next).await.map(Some),
+                    Some(next) => scan_audience(&mut reader, &audience, next).await.map(Some),
                     None => Ok(None),
                 }
             };
@@ -326,10 +320,11 @@ impl Job {
                 // HSCAN may return an entry twice while the hash grows: enqueue.lua enqueues it
                 // once, and the second is counted a duplicate (no set of every id is kept).
                 let left = std::mem::take(&mut left_out);
+                let scanned = entries.len() as u64 + left;
                 let mut page = KickReport { not_eligible: left, ..Default::default() };
                 let off: Vec<bool> = if opted_out && !entries.is_empty() {
                     let mut cmd = redis::cmd("SMISMEMBER");
-                    cmd.arg(keys.opted_out(p, &self.campaign));
+                    cmd.arg(&opt_outs);
                     entries.iter().for_each(|(id, _)| {
                         cmd.arg(id);
                     });
@@ -338,7 +333,6 @@ impl Job {
                     vec![false; entries.len()]
                 };
                 let mut items = Vec::with_capacity(entries.len());
-                let head = format!("{}:{}:", self.campaign, self.period);
                 for ((id, entry), off) in entries.iter().zip(off) {
                     if off {
                         page.not_eligible += 1;
@@ -346,19 +340,15 @@ impl Job {
                     }
                     let (targets, zone) = subscribers::read_audience_entry(entry);
                     let release = self.release.map_or(0, |r| r.release_ms(zone));
-                    items.extend(targets.map(|t| (format!("{head}{id}:{t}"), release)));
+                    items.extend(targets.map(|t| (delivery_id(&self.campaign, &self.period, id, t), release)));
                 }
                 enqueue(store, p, (&self.campaign, &self.period), items, self.retention, &mut page).await?;
-                if let Some(scanned) = &self.options.scanned {
+                if let Some(progress) = &self.options.scanned {
                     // The left-out count as well, so a progress display reaches the registry's size.
-                    scanned.fetch_add(entries.len() as u64 + left, Ordering::Relaxed);
+                    progress.fetch_add(scanned, Ordering::Relaxed);
                 }
-                let recorded = FanoutPage {
-                    new: page.new,
-                    duplicates: page.duplicates,
-                    not_eligible: page.not_eligible,
-                    scanned: entries.len() as u64 + left,
-                };
+                let recorded =
+                    FanoutPage { new: page.new, duplicates: page.duplicates, not_eligible: page.not_eligible, scanned };
                 let (campaign, period) = (self.campaign.as_str(), self.period.as_str());
                 let run = FanoutOf { campaign, period, owner: &self.owner };
                 let held = scripts::fanout_progress(&mut conn, keys, run, FANOUT_LEASE_MS, p, at, recorded)
@@ -390,7 +380,7 @@ impl Job {
 /// One HSCAN page of a partition's audience: (next cursor, (id, entry) pairs).
 async fn scan_audience(
     conn: &mut crate::db::conn::Conn,
-    key: String,
+    key: &str,
     cursor: u64,
 ) -> anyhow::Result<(u64, Vec<(String, String)>)> {
     let (next, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
@@ -428,12 +418,11 @@ async fn enqueue_eligible(
         match verdict {
             Verdict::Eligible { targets, zone } => {
                 let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
-                items.extend(targets.iter().map(|t| (DeliveryRef::new(target.campaign, target.period, id, t), at)));
+                items.extend(targets.iter().map(|t| (delivery_id(target.campaign, target.period, id, t), at)));
             }
             Verdict::NotEligible(_) => report.not_eligible += 1,
         }
     }
-    let items = items.into_iter().map(|(d, at)| (d.id(), at)).collect();
     enqueue(store, p, (target.campaign, target.period), items, retention, report).await
 }
 
@@ -576,13 +565,7 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
         let mut cursor = 0u64;
         let mut seen = HashSet::new();
         loop {
-            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
-                .arg(store.keys.subscribers(p))
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+            let (next, ids) = subscribers::registry_page(&mut conn, store, p, cursor).await?;
             let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
             out.subscribers += ids.len() as u64;
             let verdicts = read_subscribers(&mut conn, store, p, campaign, &ids).await?;

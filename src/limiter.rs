@@ -10,8 +10,9 @@
 //! shares it. The slot is taken by the task that sends, right before it writes
 //! the request, never granted in one task and used in another; once the request
 //! is written, Redis's clock marks its departure (an upper bound), which is what
-//! the request `rps` after it waits a second from. A 429's `retry-after` pauses every instance; a
-//! `ratelimit-limit` below the configured rate is adopted team-wide.
+//! the request `rps` after it waits a second from. A 429's `retry-after` pauses
+//! every instance; a `ratelimit-limit` below the configured rate is adopted
+//! team-wide.
 //! `resend.limiter = "process"` keeps the same rules in this process only.
 //! (governor was tried first: it spaces the grants, not the departures, and a
 //! grant acted on late, under CPU contention, let eleven requests reach the

@@ -164,12 +164,11 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
             Some(reason) => pipe.hset(&key, field::SUPPRESSED, reason).ignore(),
             None => pipe.hdel(&key, field::SUPPRESSED).ignore(),
         };
-        if s.entitled && s.subscribed && reason.is_none() {
-            let entry = audience_entry(&s.targets_or_default().join(","), s.time_zone.as_deref());
-            pipe.hset(keys.audience(p), &s.id, entry).ignore();
-        } else {
-            pipe.hdel(keys.audience(p), &s.id).ignore();
-        }
+        let targets = s.targets_or_default().join(",");
+        match audience_entry(s.entitled, s.subscribed, reason.is_some(), &targets, s.time_zone.as_deref()) {
+            Some(entry) => pipe.hset(keys.audience(p), &s.id, entry).ignore(),
+            None => pipe.hdel(keys.audience(p), &s.id).ignore(),
+        };
         pipe.sadd(keys.subscribers(p), &s.id).ignore();
     }
     let _: () = pipe.query_async(conn).await?;
@@ -177,9 +176,16 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
 }
 
 /// A subscriber's entry in its partition's audience ([`crate::db::keys::Keys::audience`]):
-/// its stored targets and zone, `targets|time_zone`.
-pub fn audience_entry(targets: &str, zone: Option<&str>) -> String {
-    format!("{targets}|{}", zone.unwrap_or(""))
+/// its stored targets and zone, `targets|time_zone`, if it is entitled, subscribed and not
+/// suppressed (else it has none).
+fn audience_entry(
+    entitled: bool,
+    subscribed: bool,
+    suppressed: bool,
+    targets: &str,
+    zone: Option<&str>,
+) -> Option<String> {
+    (entitled && subscribed && !suppressed).then(|| format!("{targets}|{}", zone.unwrap_or("")))
 }
 
 /// Reads an audience entry: (targets, zone).
@@ -199,13 +205,7 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
     for p in 0..keys.partitions() {
         let mut cursor = 0u64;
         loop {
-            let (next, ids): (u64, Vec<String>) = redis::cmd("SSCAN")
-                .arg(keys.subscribers(p))
-                .arg(cursor)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
+            let (next, ids) = registry_page(&mut conn, store, p, cursor).await?;
             let mut read = redis::pipe();
             for id in &ids {
                 read.hgetall(keys.subscriber(p, id));
@@ -214,15 +214,22 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
             let mut write = redis::pipe();
             for (id, r) in ids.iter().zip(records) {
                 let text = |f: &str| r.get(f).and_then(|v| std::str::from_utf8(v).ok());
-                if is_set(text(field::ENTITLED))
-                    && is_set(text(field::SUBSCRIBED))
-                    && !r.contains_key(field::SUPPRESSED)
-                {
-                    let entry = audience_entry(text(field::TARGETS).unwrap_or(DEFAULT_TARGET), text(field::TIME_ZONE));
-                    write.hset(keys.audience(p), id, entry).ignore();
-                    wanted += 1;
-                } else {
-                    write.hdel(keys.audience(p), id).ignore();
+                let (entitled, subscribed) = (is_set(text(field::ENTITLED)), is_set(text(field::SUBSCRIBED)));
+                let targets = text(field::TARGETS).unwrap_or(DEFAULT_TARGET);
+                match audience_entry(
+                    entitled,
+                    subscribed,
+                    r.contains_key(field::SUPPRESSED),
+                    targets,
+                    text(field::TIME_ZONE),
+                ) {
+                    Some(entry) => {
+                        write.hset(keys.audience(p), id, entry).ignore();
+                        wanted += 1;
+                    }
+                    None => {
+                        write.hdel(keys.audience(p), id).ignore();
+                    }
                 }
                 for campaign in r.keys().filter_map(|k| k.strip_prefix("off:")) {
                     write.sadd(keys.opted_out(p, campaign), id).ignore();
@@ -241,14 +248,7 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
             let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(format!("{}:fanout:*", keys.prefix())).clone();
             let (next, found): (u64, Vec<String>) = conn.on_node(&node, &scan).await?;
             for key in found {
-                let state: Option<String> = conn.hget(&key, "state").await?;
-                if state.as_deref() == Some("running") {
-                    let mut restart = redis::pipe();
-                    for p in 0..keys.partitions() {
-                        restart.hset(&key, format!("c{p}"), 0).ignore();
-                    }
-                    let _: () = restart.query_async(&mut conn).await?;
-                }
+                crate::db::scripts::fanout_rewind(&mut conn, &key, keys.partitions()).await?;
             }
             cursor = next;
             if cursor == 0 {
@@ -257,6 +257,20 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
         }
     }
     Ok(wanted)
+}
+
+/// One SSCAN page of partition `p`'s registry from `cursor`: (next cursor, ids). An id
+/// may come twice while the set grows.
+pub async fn registry_page(conn: &mut Conn, store: &Store, p: u16, cursor: u64) -> anyhow::Result<(u64, Vec<String>)> {
+    let page = redis::cmd("SSCAN")
+        .arg(store.keys.subscribers(p))
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(1000)
+        .query_async(conn)
+        .await
+        .context("scanning subscribers")?;
+    Ok(page)
 }
 
 /// The first target of subscriber `id` (what a preview shows when none is named).
@@ -310,8 +324,8 @@ pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
 pub const RESOLVE_FIELDS: [&str; 5] =
     [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, field::DATA];
 
-/// A record as `HMGET key` + [`RESOLVE_FIELDS`] + the opt-out field returns it, as raw bytes (a field that
-/// is not UTF-8 is the record's problem, not the reader's).
+/// A record as `HMGET key` + [`RESOLVE_FIELDS`] + the opt-out field returns it, as raw
+/// bytes (a field that is not UTF-8 is the record's problem, not the reader's).
 pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// What a subscriber record says about sending to it now.

@@ -29,6 +29,12 @@ impl Lane {
     }
 }
 
+/// The id of a delivery, [`DeliveryRef::id`], from its parts (for a fan-out, which
+/// builds ids by the million and needs no `DeliveryRef` for them).
+pub fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
+    format!("{campaign}:{period}:{subscriber}:{target}")
+}
+
 /// Which delivery: one (campaign, period, subscriber, target). Its id,
 /// `campaign:period:subscriber:target`, names its record and is its dedup key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -63,7 +69,7 @@ impl DeliveryRef {
 
     /// `campaign:period:subscriber:target` (none of the parts holds a `:`).
     pub fn id(&self) -> String {
-        format!("{}:{}:{}:{}", self.campaign, self.period, self.subscriber, self.target)
+        delivery_id(&self.campaign, &self.period, &self.subscriber, &self.target)
     }
 
     /// The delivery an id names; `None` unless it has four non-empty parts.

@@ -12,6 +12,9 @@ use crate::work::{DeliveryRef, Lane};
 /// partition's audience and the campaigns' opt-out sets).
 pub const LAYOUT: u32 = 3;
 
+/// The one earlier layout `mailstream upgrade` moves to [`LAYOUT`].
+pub const UPGRADABLE_LAYOUT: u32 = LAYOUT - 1;
+
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
 pub struct Keys {

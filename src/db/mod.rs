@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
-use self::keys::{Keys, LAYOUT};
+use self::keys::{Keys, LAYOUT, UPGRADABLE_LAYOUT};
 use crate::config::{Config, Durability};
 
 /// Connections plus the key layout. Cheap to clone.
@@ -95,8 +95,8 @@ impl Store {
         self.backend.dedicated().await
     }
 
-    /// Moves a deployment of layout 2 to this one: `build` (the registry's part, in
-    /// `subscribers`) runs first, then `meta` says the new layout. Refuses any other.
+    /// Moves a deployment of [`UPGRADABLE_LAYOUT`] to this one: `build` (the registry's
+    /// part, in `subscribers`) runs first, then `meta` says the new layout. Refuses any other.
     pub async fn upgrade_layout<F>(&self, build: F) -> anyhow::Result<bool>
     where
         F: AsyncFnOnce(&Store) -> anyhow::Result<()>,
@@ -106,8 +106,10 @@ impl Store {
         let layout: Option<u32> = conn.hget(&meta, "layout").await?;
         match layout {
             Some(LAYOUT) | None => return Ok(false),
-            Some(2) => {}
-            Some(other) => bail!("{meta} says key layout {other}; this mailstream upgrades layout 2 only"),
+            Some(UPGRADABLE_LAYOUT) => {}
+            Some(other) => {
+                bail!("{meta} says key layout {other}; this mailstream upgrades layout {UPGRADABLE_LAYOUT} only")
+            }
         }
         build(self).await?;
         let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
@@ -126,8 +128,8 @@ impl Store {
             redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         match (layout, existing) {
             (Some(LAYOUT), _) | (None, None) => {}
-            (Some(2), _) => bail!(
-                "{meta} says this deployment uses key layout 2, from before the kick's audience index; \
+            (Some(UPGRADABLE_LAYOUT), _) => bail!(
+                "{meta} says this deployment uses key layout {UPGRADABLE_LAYOUT}, from before the kick's audience index; \
                  stop every instance, run `mailstream upgrade` once (it builds the index from the \
                  subscriber records; nothing else changes), then start this version"
             ),

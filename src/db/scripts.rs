@@ -150,10 +150,12 @@ pub async fn enqueue_ids(
         .key(keys.due(partition))
         .arg(retention_secs)
         .arg(format!("{campaign}:{period}"));
+    // Each key is the partition's delivery prefix plus the id, built in one buffer: a
+    // fan-out makes a million of them.
     let prefix = keys.delivery(partition, "");
     let mut key = String::with_capacity(prefix.len() + 96);
     for (id, release_ms) in items {
-        key.clear();
+        key.truncate(0);
         key.push_str(&prefix);
         key.push_str(id);
         call.key(key.as_str()).arg(id.as_str()).arg(release_ms);
@@ -366,6 +368,13 @@ pub async fn fanout_progress(
         .invoke_async(conn)
         .await?;
     Ok(held == 1)
+}
+
+/// Starts a fan-out still running (record `key`, found by a scan) again from the
+/// beginning of every partition; whether it was running.
+pub async fn fanout_rewind(conn: &mut impl ConnectionLike, key: &str, partitions: u16) -> RedisResult<bool> {
+    let rewound: i64 = SCRIPTS.fanout.key(key).arg("rewind").arg("").arg(0).arg(partitions).invoke_async(conn).await?;
+    Ok(rewound == 1)
 }
 
 /// Marks the fan-out done; `false` if the record is no longer the run's owner's.
