@@ -13,13 +13,21 @@
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
 --   then per member: its campaign (a subscriber may have turned one campaign off:
---   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record
+--   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record;
+--   then '1' if the batch leads a shared tail request (join.lua), else '0', and for a lead the
+--   number of riders k and per rider '<partition>:<batch id>:<emails>' and its body (the JSON
+--   array its own gate left). A lead's gate is the commit: its request is composed here from
+--   its kept members and the riders' bodies, stored with its key, and marked 'sending' in the
+--   same step. The key stays while the request is the same, and is new when it changed (never
+--   sent, so nothing can be replayed under the old one). A lead that may have been sent is
+--   resent exactly as it was committed, or withheld.
 -- Returns one of:
 --   {'go', sends}                                  send the batch as it is
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
 --   {'empty', skipped}                             every member was skipped; the batch is gone
 --   {'withhold', reasons}                          maybe sent and a member is no longer wanted
 --   {'paused'} | {'expired'} | {'deadline', maybe_sent} | {'not_held'} | {'lost'}
+--   {'joint', sends, key, body, parts, positions, skipped}   a lead: send its shared request
 -- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -27,7 +35,7 @@ local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
-  'members')
+  'members', 'joint_key', 'joint_body', 'joint_parts')
 if not b[1] then
   return {'lost'}
 end
@@ -73,7 +81,22 @@ for m = 1, n do
   if reason ~= '' then any = true end
 end
 
-if not any then
+local jbase = 10 + 3 * n
+local joint = ARGV[jbase] == '1'
+
+if joint and maybe_sent then
+  if any then
+    return {'withhold', table.concat(reasons, ' ')}
+  end
+  local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
+  redis.call('HSET', KEYS[1], 'state', 'sending')
+  redis.call('ZADD', KEYS[2], now + lease, bid)
+  local all = {}
+  for m = 1, n do all[m] = tostring(m - 1) end
+  return {'joint', tostring(sends), b[8], b[9], b[10], table.concat(all, ' '), ''}
+end
+
+if not any and not joint then
   local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
   redis.call('HSET', KEYS[1], 'state', 'sending')
   redis.call('ZADD', KEYS[2], now + lease, bid)
@@ -106,6 +129,37 @@ for m = 1, n do
       redis.call('HINCRBY', KEYS[3 + ci], 'skipped', 1)
       redis.call('EXPIRE', KEYS[3 + ci], retention)
     end
+  end
+end
+if joint then
+  -- The commit of a shared request: this batch's kept members, then each rider's.
+  local k = tonumber(ARGV[jbase + 1])
+  local inner, parts, riders = {}, {}, {}
+  if #kept_items > 0 then
+    inner[1] = table.concat(kept_items, ',')
+  end
+  for j = 1, k do
+    local part, pbody = ARGV[jbase + 2 * j], ARGV[jbase + 2 * j + 1]
+    if #pbody > 2 then
+      inner[#inner + 1] = string.sub(pbody, 2, -2)
+    end
+    parts[#parts + 1] = part
+    riders[#riders + 1] = string.match(part, '^(%d+:[^:]+)')
+  end
+  if #inner > 0 then
+    local jbody = '[' .. table.concat(inner, ',') .. ']'
+    local jkey = b[8]
+    if jbody ~= b[9] then
+      jkey = newkey
+    end
+    local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
+    redis.call('HSET', KEYS[1], 'body', '[' .. table.concat(kept_items, ',') .. ']',
+      'sizes', table.concat(kept_sizes, ' '), 'members', table.concat(kept_ids, ' '),
+      'riders', table.concat(riders, ' '), 'joint_key', jkey, 'joint_body', jbody,
+      'joint_parts', table.concat(parts, ' '), 'sealed_ms', now, 'state', 'sending')
+    redis.call('ZADD', KEYS[2], now + lease, bid)
+    return {'joint', tostring(sends), jkey, jbody, table.concat(parts, ' '), table.concat(positions, ' '),
+      table.concat(skipped, ' ')}
   end
 end
 if #kept_items == 0 then

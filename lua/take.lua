@@ -7,7 +7,13 @@
 --
 -- KEYS[1] batch, KEYS[2] batches zset
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
--- Returns {'take', key, body, members, tries, maybe_sent}, {'expired', members},
+-- A batch that rides in another partition's request (field `lead`, see join.lua) is not
+-- taken here: {'rider', lead, state} tells the caller to ask its lead. A lead whose shared
+-- request was committed (its gate stored `joint_key` and `joint_body`) is taken with that
+-- key and body, and `parts` names its riders with their sizes; a lead never committed comes
+-- with its planned `riders`, to be dissolved (its request never left).
+-- Returns {'take', key, body, members, tries, maybe_sent, riders, parts},
+-- {'expired', members, riders, parts}, {'rider', lead, state},
 -- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -17,10 +23,18 @@ local score = redis.call('ZSCORE', KEYS[2], bid)
 if not score or tonumber(score) > now then
   return {'skip'}
 end
-local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent')
+local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent',
+  'lead', 'riders', 'joint_key', 'joint_body', 'joint_parts')
 if not b[1] then
   redis.call('ZREM', KEYS[2], bid)
   return {'lost'}
+end
+if b[8] then
+  return {'rider', b[8], b[6]}
+end
+local riders, parts = b[9] or '', b[12] or ''
+if b[10] then
+  b[1], b[2] = b[10], b[11]
 end
 local maybe_sent = b[7]
 if b[6] == 'sending' then
@@ -31,7 +45,7 @@ redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
 redis.call('ZADD', KEYS[2], now + lease, bid)
 if maybe_sent == '1' and now - tonumber(b[4]) > window then
   redis.call('HSET', KEYS[1], 'state', 'expired')
-  return {'expired', b[3]}
+  return {'expired', b[3], riders, parts}
 end
 redis.call('HSET', KEYS[1], 'state', 'sealed')
-return {'take', b[1], b[2], b[3], b[5], maybe_sent}
+return {'take', b[1], b[2], b[3], b[5], maybe_sent, riders, parts}

@@ -86,18 +86,18 @@ impl Dispatcher {
                 _ = shutdown.wait() => break,
                 _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
             }
-            let mut sealed = match self.batcher.take() {
-                None => continue,
-                Some(Work::Fresh(p, items)) => match sender::seal(&ctx, p, items).await {
-                    Some(sealed) => sealed,
-                    None => continue,
-                },
-                Some(Work::Resend(sealed)) => sealed,
+            let sealed = match self.batcher.take() {
+                None => None,
+                Some(Work::Resend(sealed)) => Some(sealed),
+                Some(Work::Fresh(p, items)) => sender::seal(&ctx, vec![(p, items)]).await,
+                Some(Work::Shared(parts)) => sender::seal(&ctx, parts).await,
             };
-            self.batcher.hold(&sealed.id, sealed.partition);
+            let Some(mut sealed) = sealed else { continue };
+            self.batcher.hold_request(&sealed);
+            let held = Held::of(&sealed);
             let gated = Instant::now();
             if !sender::pass_gate(&ctx, &mut sealed).await {
-                self.batcher.unhold(&sealed.id);
+                held.unhold(&self.batcher);
                 continue;
             }
             // The task that sends takes the slot right before it writes; the next batch is
@@ -106,6 +106,7 @@ impl Dispatcher {
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
                 me.send(&ctx, sealed, gated, asked, taken_tx).await;
+                held.unhold(&me.batcher);
                 drop(permit);
             });
             let _ = taken_rx.await;
@@ -137,23 +138,19 @@ impl Dispatcher {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
                 let _ = taken.send(());
                 sender::put_back(ctx, sealed.partition, &sealed.id, delay).await;
-                self.batcher.unhold(&sealed.id);
                 return;
             }
         };
         let _ = taken.send(());
         // The slot moved while the batch waited: look again right before it leaves.
         if gated.elapsed() > GATE_FRESHNESS && !sender::pass_gate(ctx, &mut sealed).await {
-            self.batcher.unhold(&sealed.id);
             return;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
-        let id = sealed.id.clone();
         // The attempt is polled first, so its request is written (on a ready connection)
         // before the departure is recorded: the record is an upper bound of the real one.
         let (news, _) = tokio::join!(self.sender.attempt(ctx, sealed), self.limiter.departed(slot));
         self.obey(&news).await;
-        self.batcher.unhold(&id);
     }
 
     /// Applies what the provider said about pacing, team-wide.
@@ -163,6 +160,22 @@ impl Dispatcher {
         }
         if let Some(rps) = self.limiter.observe(&news.rate).await {
             tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered team-wide");
+        }
+    }
+}
+
+/// The batches of a request this instance marked as in hand (a shared request's riders
+/// too), to let go of once it is sent or given up, whatever its gate left of it.
+struct Held(Vec<String>);
+
+impl Held {
+    fn of(sealed: &Sealed) -> Held {
+        Held(std::iter::once(&sealed.id).chain(sealed.riders.iter().flatten().map(|r| &r.id)).cloned().collect())
+    }
+
+    fn unhold(&self, batcher: &Batcher) {
+        for id in &self.0 {
+            batcher.unhold(id);
         }
     }
 }

@@ -227,6 +227,8 @@ pub enum Failpoint {
     Claimed,
     /// A batch sealed, its request not yet sent.
     Sealed,
+    /// The lead of a shared tail request sealed, its riders not yet.
+    Led,
     /// The provider answered; nothing recorded yet.
     Answered,
     /// The answer recorded.
@@ -240,6 +242,7 @@ impl Failpoint {
         match self {
             Failpoint::Claimed => "claimed",
             Failpoint::Sealed => "sealed",
+            Failpoint::Led => "led",
             Failpoint::Answered => "answered",
             Failpoint::Settled => "settled",
             Failpoint::ReclaimTick => "reclaim_tick",

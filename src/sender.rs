@@ -18,13 +18,15 @@ use rand::rngs::StdRng;
 
 use crate::config::Config;
 use crate::ctx::Ctx;
-use crate::db::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict};
+use crate::db::scripts::{
+    self, Gate, GateLimits, GateRequest, Reschedule, RiderBody, SealRequest, Settlement, Settler, Verdict,
+};
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::work::{DeliveryRef, Ready, Sealed};
+use crate::work::{DeliveryRef, Ready, Rider, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
@@ -92,13 +94,14 @@ impl Sender {
     /// records what happened.
     pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
         let started = std::time::Instant::now();
-        let answer = self.client.send_batch(&b.key, b.body.clone(), b.members.len()).await;
+        let emails = b.emails();
+        let answer = self.client.send_batch(&b.key, b.body.clone(), emails).await;
         let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
             Ok(accepted) => {
                 self.health.reachable();
-                ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), b.members.len(), took);
+                ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
                 let verdicts: Vec<Verdict> = accepted
                     .items
                     .into_iter()
@@ -107,11 +110,11 @@ impl Sender {
                         ItemResult::Invalid => Verdict::Failed(Reason::Provider(ErrorName::ValidationError)),
                     })
                     .collect();
-                settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts).await;
+                settle_request(ctx, &b, Settler::Answer, verdicts).await;
                 PacingNews { rate: accepted.rate, pause: None }
             }
             Err((e, rate)) => {
-                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), b.members.len(), took);
+                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), emails, took);
                 let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
                 self.failed(ctx, b, e).await;
                 PacingNews { rate, pause }
@@ -158,7 +161,7 @@ impl Sender {
             }
             Plan::Settle(outcome) => {
                 let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
-                settle_all(ctx, b.partition, &b.id, &b.members, verdict).await;
+                settle_request_alike(ctx, &b, verdict).await;
             }
         }
     }
@@ -176,6 +179,17 @@ fn gate_limits(config: &Config) -> GateLimits {
     }
 }
 
+/// What the last gate is asked about `batch` of partition `p`, by this instance.
+fn gate_request<'a>(
+    ctx: &'a Ctx,
+    partition: u16,
+    batch: &'a str,
+    new_key: &'a str,
+    riders: Option<&'a [RiderBody<'a>]>,
+) -> GateRequest<'a> {
+    GateRequest { partition, batch, owner: &ctx.owner, new_key, limits: gate_limits(&ctx.config), riders }
+}
+
 /// Runs the last gate for `b`, just before its slot, and acts on what it says; true
 /// when the request may leave (with `b` updated if members were dropped). On a Redis
 /// error, false: the batch stays sealed and is taken over after its lease.
@@ -190,26 +204,38 @@ pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
 }
 
 async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
+    // A shared tail request (join.lua): each rider's gate first, then the lead's, which
+    // commits the request composed from its own kept members and what the riders kept.
+    if b.riders.is_some() && !gate_riders(ctx, b).await? {
+        return Ok(false);
+    }
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let mut conn = ctx.store.conn().await?;
     let keys = &ctx.store.keys;
-    let request = GateRequest {
-        partition: b.partition,
-        batch: &b.id,
-        owner: &ctx.owner,
-        new_key: &new_key,
-        limits: gate_limits(&ctx.config),
+    let verdict = {
+        let riders: Option<Vec<RiderBody<'_>>> = b.riders.as_ref().map(|riders| {
+            riders
+                .iter()
+                .map(|r| RiderBody { partition: r.partition, batch: &r.id, emails: r.emails, body: &r.body })
+                .collect()
+        });
+        let request = gate_request(ctx, b.partition, &b.id, &new_key, riders.as_deref());
+        scripts::gate(&mut conn, keys, &request, &b.members).await?
     };
-    let verdict = scripts::gate(&mut conn, keys, &request, &b.members).await?;
     let go = match verdict {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {
-            count_skipped(ctx, &b.members, &skipped);
             tracing::info!(batch = %b.id, skipped = skipped.len(), "members no longer wanted were left out at the last gate");
-            let mut members: Vec<Option<DeliveryRef>> = std::mem::take(&mut b.members).into_iter().map(Some).collect();
-            b.members = kept.iter().filter_map(|&i| members.get_mut(i).and_then(Option::take)).collect();
+            keep_members(ctx, b, &kept, &skipped);
             b.key = key;
             b.body = Bytes::from(body);
+            true
+        }
+        Gate::Joint { key, body, parts, kept, skipped, .. } => {
+            keep_members(ctx, b, &kept, &skipped);
+            b.key = key;
+            b.body = Bytes::from(body);
+            b.riders = Some(in_request_order(b.riders.take().unwrap_or_default(), &parts));
             true
         }
         Gate::Empty { skipped } => {
@@ -219,11 +245,11 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         Gate::Withhold { reasons } => {
             tracing::warn!(
                 batch = %b.id,
-                "a batch that may have been sent holds members no longer wanted: it is not resent, and its \
+                "a request that may have been sent holds members no longer wanted: it is not resent, and its \
                  deliveries are outcome_unknown"
             );
-            let verdicts = reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
-            settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
+            let own = reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
+            settle_request_with(ctx, b, Some(own), Verdict::Unknown(Reason::Withheld)).await;
             false
         }
         Gate::Paused => {
@@ -233,17 +259,17 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         Gate::Expired => {
             tracing::error!(
                 batch = %b.id,
-                deliveries = b.members.len(),
+                deliveries = b.emails(),
                 "sealed batch outlived the provider's idempotency window without a known outcome; \
                  its deliveries are outcome_unknown and will not be resent"
             );
-            settle_all(ctx, b.partition, &b.id, &b.members, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
+            settle_request_alike(ctx, b, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
             false
         }
         Gate::Deadline { maybe_sent } => {
-            tracing::error!(batch = %b.id, deliveries = b.members.len(), maybe_sent, "batch passed its delivery deadline");
+            tracing::error!(batch = %b.id, deliveries = b.emails(), maybe_sent, "batch passed its delivery deadline");
             let verdict = if maybe_sent { Verdict::Unknown(Reason::Expired) } else { Verdict::Failed(Reason::Expired) };
-            settle_all(ctx, b.partition, &b.id, &b.members, verdict).await;
+            settle_request_alike(ctx, b, verdict).await;
             false
         }
         Gate::NotHeld => {
@@ -251,6 +277,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
         Gate::Lost => {
+            // A lead's riders find it gone and go alone or settle as unknown (join.lua).
             tracing::error!(batch = %b.id, deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
             settle(
                 ctx,
@@ -264,20 +291,153 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
     };
-    if go && ctx.config.redis.wait_replicas > 0 {
-        // The gate's 'sending' must survive a failover before the request leaves, or a new
-        // primary could think the batch never left and re-seal it under another key.
-        let want = ctx.config.redis.wait_replicas;
+    if !go {
+        return Ok(false);
+    }
+    let batches: Vec<(u16, &str)> = std::iter::once((b.partition, b.id.as_str()))
+        .chain(b.riders.iter().flatten().filter(|r| !r.members.is_empty()).map(|r| (r.partition, r.id.as_str())))
+        .collect();
+    replicated(ctx, &mut conn, b, &batches).await
+}
+
+/// Keeps the members at `kept` (the gate's positions), counting the skipped ones.
+fn keep_members(ctx: &Ctx, b: &mut Sealed, kept: &[usize], skipped: &[(usize, Reason)]) {
+    count_skipped(ctx, &b.members, skipped);
+    let mut members: Vec<Option<DeliveryRef>> = std::mem::take(&mut b.members).into_iter().map(Some).collect();
+    b.members = kept.iter().filter_map(|&i| members.get_mut(i).and_then(Option::take)).collect();
+}
+
+/// A committed request's riders in its order (`parts`); one settled already keeps its
+/// place with no members.
+fn in_request_order(riders: Vec<Rider>, parts: &[scripts::Part]) -> Vec<Rider> {
+    let mut riders: Vec<Option<Rider>> = riders.into_iter().map(Some).collect();
+    parts
+        .iter()
+        .map(|part| {
+            let found = riders.iter_mut().find(|r| r.as_ref().is_some_and(|r| r.id == part.batch));
+            found.and_then(Option::take).unwrap_or_else(|| Rider {
+                partition: part.partition,
+                id: part.batch.clone(),
+                members: Vec::new(),
+                body: Bytes::new(),
+                emails: part.emails,
+            })
+        })
+        .collect()
+}
+
+/// With `redis.wait_replicas`, waits until replicas hold the gates' 'sending' of every
+/// batch in `b`'s request (`batches`), else puts `b` back: a new primary must not think
+/// the request never left and re-seal it under another key.
+async fn replicated(
+    ctx: &Ctx,
+    conn: &mut crate::db::Conn,
+    b: &Sealed,
+    batches: &[(u16, &str)],
+) -> anyhow::Result<bool> {
+    let want = ctx.config.redis.wait_replicas;
+    if want == 0 {
+        return Ok(true);
+    }
+    for (p, id) in batches {
         // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
-        let batch_key = ctx.store.keys.batch(b.partition, &b.id);
+        let batch_key = ctx.store.keys.batch(*p, id);
         let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
         if acked < want {
-            tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits");
+            tracing::warn!(acked, want, batch = %id, "replicas did not acknowledge the batch; it waits");
             put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
             return Ok(false);
         }
     }
-    Ok(go)
+    Ok(true)
+}
+
+/// What a rider's gate means for the shared request it rides in.
+enum RiderGate {
+    /// It rides on, as it was (`None`) or with members skipped (`Some`: its new self).
+    Rides(Option<Rider>),
+    /// It no longer rides: every member skipped, or it was taken over or is gone.
+    Leaves,
+    /// Sending is paused: the whole request is put back.
+    Paused,
+    /// The whole request may not be sent: every member of it is settled with this verdict
+    /// (the rider's own already were, by its reasons, where it withheld).
+    Stops(Verdict),
+}
+
+/// Passes each rider of the shared request `b` leads through its own gate, keeping those
+/// that ride on; false when the request stops here (put back, or settled).
+async fn gate_riders(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
+    let had = b.riders.take().unwrap_or_default();
+    let mut riders = Vec::with_capacity(had.len());
+    for (i, r) in had.iter().enumerate() {
+        // A rider settled already (a resend of a committed request) still has its emails in it.
+        let gate = if r.members.is_empty() { RiderGate::Rides(None) } else { rider_gate(ctx, r, b.maybe_sent).await? };
+        match gate {
+            RiderGate::Rides(changed) => riders.push(changed.unwrap_or_else(|| r.clone())),
+            RiderGate::Leaves => {}
+            RiderGate::Paused => {
+                b.riders = Some(had);
+                put_back(ctx, b.partition, &b.id, QUOTA_RECHECK).await;
+                return Ok(false);
+            }
+            RiderGate::Stops(verdict) => {
+                riders.extend(had[i..].iter().cloned());
+                b.riders = Some(riders);
+                settle_request_alike(ctx, b, verdict).await;
+                return Ok(false);
+            }
+        }
+    }
+    b.riders = Some(riders);
+    Ok(true)
+}
+
+/// Runs a rider's own last gate (its members, its hold), before its lead's.
+async fn rider_gate(ctx: &Ctx, r: &Rider, maybe_sent: bool) -> anyhow::Result<RiderGate> {
+    let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
+    let request = gate_request(ctx, r.partition, &r.id, &new_key, None);
+    let mut conn = ctx.store.conn().await?;
+    let verdict = scripts::gate(&mut conn, &ctx.store.keys, &request, &r.members).await?;
+    Ok(match verdict {
+        Gate::Go { .. } => RiderGate::Rides(None),
+        Gate::Resealed { body, kept, skipped, .. } => {
+            count_skipped(ctx, &r.members, &skipped);
+            let members: Vec<DeliveryRef> = kept.iter().filter_map(|&i| r.members.get(i).cloned()).collect();
+            let body = Bytes::from(body);
+            RiderGate::Rides(Some(Rider {
+                partition: r.partition,
+                id: r.id.clone(),
+                emails: members.len(),
+                members,
+                body,
+            }))
+        }
+        Gate::Empty { skipped } => {
+            count_skipped(ctx, &r.members, &skipped);
+            RiderGate::Leaves
+        }
+        // Its emails are in a request that may have been sent: they stay in it, and whoever
+        // gets an answer records it on its members.
+        Gate::NotHeld | Gate::Lost if maybe_sent => RiderGate::Rides(None),
+        Gate::NotHeld | Gate::Lost | Gate::Joint { .. } => {
+            tracing::info!(batch = %r.id, "a rider was taken over or is gone; the shared request leaves without it");
+            RiderGate::Leaves
+        }
+        Gate::Paused => RiderGate::Paused,
+        Gate::Withhold { reasons } => {
+            let own: Vec<Verdict> =
+                reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
+            settle(ctx, r.partition, &r.id, &r.members, Settler::Holder(&ctx.owner), own).await;
+            RiderGate::Stops(Verdict::Unknown(Reason::Withheld))
+        }
+        Gate::Expired => RiderGate::Stops(Verdict::Unknown(Reason::IdempotencyWindowPassed)),
+        Gate::Deadline { maybe_sent } => RiderGate::Stops(if maybe_sent {
+            Verdict::Unknown(Reason::Expired)
+        } else {
+            Verdict::Failed(Reason::Expired)
+        }),
+    })
 }
 
 /// Counts the members the gate skipped (those it actually settled).
@@ -297,32 +457,70 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
     format!("{prefix}-{batch}")
 }
 
-/// Seals `items` of partition `p` into a new batch (those still held by this
-/// instance); `None` when none was.
-pub async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
-    match seal_batch(ctx, p, items).await {
+/// Seals the emails of one partition into a new batch (those still held by this
+/// instance), or the last partial batches of several as one shared tail request
+/// (join.lua): the lead (the first) sealed naming its riders, then each rider naming its
+/// lead. `None` when nothing was sealed.
+pub async fn seal(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> Option<Sealed> {
+    match seal_parts(ctx, parts).await {
         Ok(sealed) => {
             ctx.failpoints.at(Failpoint::Sealed).await;
             sealed
         }
         Err(e) => {
-            // Nothing left: the members stay claimed and are reclaimed after their lease.
+            // What was sealed is recovered from its records; the rest stays claimed and is
+            // reclaimed after its lease.
             ctx.metrics.redis_error("seal", &e);
             None
         }
     }
 }
 
-async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
-    let batch = new_id();
-    let key = idempotency_key(&ctx.config.redis.prefix, &batch);
+async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<Option<Sealed>> {
+    let mut parts = parts.into_iter();
+    let Some((lp, lead_items)) = parts.next() else { return Ok(None) };
+    let others: Vec<(u16, Vec<Ready>, String)> = parts.map(|(p, items)| (p, items, new_id())).collect();
+    let planned: Vec<String> = others.iter().map(|(p, _, id)| format!("{p}:{id}")).collect();
+    let Some(mut lead) = seal_batch(ctx, lp, lead_items, &new_id(), "", &planned.join(" ")).await? else {
+        // None of the lead's emails was still held: the others go back, to be read again.
+        for (p, items, _) in &others {
+            hand_back(ctx, *p, items).await;
+        }
+        return Ok(None);
+    };
+    if others.is_empty() {
+        return Ok(Some(lead));
+    }
+    ctx.failpoints.at(Failpoint::Led).await;
+    let lead_ref = lead.lead_ref();
+    let mut riders = Vec::with_capacity(others.len());
+    for (p, items, id) in others {
+        if let Some(r) = seal_batch(ctx, p, items, &id, &lead_ref, "").await? {
+            riders.push(Rider { partition: p, id: r.id, emails: r.members.len(), members: r.members, body: r.body });
+        }
+    }
+    lead.riders = Some(riders);
+    Ok(Some(lead))
+}
+
+async fn seal_batch(
+    ctx: &Ctx,
+    p: u16,
+    items: Vec<Ready>,
+    batch: &str,
+    lead: &str,
+    riders: &str,
+) -> anyhow::Result<Option<Sealed>> {
+    let key = idempotency_key(&ctx.config.redis.prefix, batch);
     let request = SealRequest {
         partition: p,
-        batch: &batch,
+        batch,
         idempotency_key: &key,
         owner: &ctx.owner,
         group: &ctx.config.redis.group,
         lease_ms: ctx.config.lease().as_millis() as u64,
+        lead,
+        riders,
     };
     let mut conn = ctx.store.conn().await?;
     let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &items).await?;
@@ -348,7 +546,7 @@ async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Opti
     body.push(']');
     let mut items: Vec<Option<Ready>> = items.into_iter().map(Some).collect();
     let members = positions.iter().filter_map(|&i| items[i].take()).map(|r| r.delivery).collect();
-    Ok(Some(Sealed { partition: p, id: batch, key, body: Bytes::from(body), members, tries: 0, maybe_sent: false }))
+    Ok(Some(Sealed::alone(p, batch.to_string(), key, Bytes::from(body), members)))
 }
 
 /// How soon a batch refused for quota, or put back during a pause, is due again
@@ -435,13 +633,48 @@ pub async fn hand_back(ctx: &Ctx, p: u16, items: &[Ready]) {
     }
 }
 
+/// Settles every member of a request this instance holds with one verdict: a shared
+/// request's riders too, riders first.
+pub async fn settle_request_alike(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
+    settle_request_with(ctx, b, None, verdict).await;
+}
+
+/// Like [`settle_request_alike`], with the lead's own members settled by `own` if given.
+async fn settle_request_with(ctx: &Ctx, b: &Sealed, own: Option<Vec<Verdict>>, rest: Verdict) {
+    let holder = Settler::Holder(&ctx.owner);
+    for r in b.riders.iter().flatten().filter(|r| !r.members.is_empty()) {
+        settle(ctx, r.partition, &r.id, &r.members, holder, vec![rest.clone(); r.members.len()]).await;
+    }
+    let own = own.unwrap_or_else(|| vec![rest; b.members.len()]);
+    settle(ctx, b.partition, &b.id, &b.members, holder, own).await;
+}
+
+/// Records a request's per-email verdicts (in the order of its body): a shared request's
+/// riders first and its lead last, so a lead still there means its answer is not wholly
+/// recorded, and whoever takes it over replays the request and records the rest.
+async fn settle_request(ctx: &Ctx, b: &Sealed, by: Settler<'_>, verdicts: Vec<Verdict>) {
+    let mut verdicts = verdicts.into_iter();
+    let own: Vec<Verdict> = verdicts.by_ref().take(b.members.len()).collect();
+    let mut recorded = true;
+    for r in b.riders.iter().flatten() {
+        let share: Vec<Verdict> = verdicts.by_ref().take(r.emails).collect();
+        if !r.members.is_empty() {
+            recorded &= settle(ctx, r.partition, &r.id, &r.members, by, share).await;
+        }
+    }
+    if recorded {
+        settle(ctx, b.partition, &b.id, &b.members, by, own).await;
+    }
+}
+
 /// Settles every member of a batch this instance holds with one verdict.
 pub async fn settle_all(ctx: &Ctx, partition: u16, batch: &str, members: &[DeliveryRef], verdict: Verdict) {
     let verdicts = vec![verdict; members.len()];
     settle(ctx, partition, batch, members, Settler::Holder(&ctx.owner), verdicts).await;
 }
 
-/// Records each member's verdict (same order as the batch) and counts what was recorded.
+/// Records each member's verdict (same order as the batch) and counts what was recorded;
+/// false when Redis could not be asked (the batch stays sealed for recovery).
 pub async fn settle(
     ctx: &Ctx,
     partition: u16,
@@ -449,7 +682,7 @@ pub async fn settle(
     members: &[DeliveryRef],
     by: Settler<'_>,
     verdicts: Vec<Verdict>,
-) {
+) -> bool {
     let settlements: Vec<Settlement<'_>> =
         members.iter().zip(verdicts).map(|(member, verdict)| Settlement { member, verdict }).collect();
     let result = async {
@@ -472,13 +705,17 @@ pub async fn settle(
             }
             if settled.recorded.iter().all(Option::is_none) {
                 tracing::debug!(batch = %batch, "batch was already settled, or taken over by another holder");
-                return;
+                return true;
             }
             ctx.failpoints.at(Failpoint::Settled).await;
             count_settled(ctx, &settlements, &settled.recorded);
+            true
         }
         // The batch stays sealed; after its lease, a taker resends (a replay) and settles.
-        Err(err) => ctx.metrics.redis_error("settle", &err),
+        Err(err) => {
+            ctx.metrics.redis_error("settle", &err);
+            false
+        }
     }
 }
 

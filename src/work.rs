@@ -140,6 +140,41 @@ pub struct Sealed {
     pub tries: u32,
     /// Whether an earlier attempt may have been processed by the provider.
     pub maybe_sent: bool,
+    /// For the lead of a shared tail request (join.lua), its riders: batches of other
+    /// partitions whose emails follow this one's in the request. Once its gate has
+    /// committed the request, `key` and `body` are the shared request's.
+    pub riders: Option<Vec<Rider>>,
+}
+
+impl Sealed {
+    /// A batch of its own (no riders).
+    pub fn alone(partition: u16, id: String, key: String, body: Bytes, members: Vec<DeliveryRef>) -> Sealed {
+        Sealed { partition, id, key, body, members, tries: 0, maybe_sent: false, riders: None }
+    }
+
+    /// `<partition>:<batch id>`: how its riders name it.
+    pub fn lead_ref(&self) -> String {
+        format!("{}:{}", self.partition, self.id)
+    }
+
+    /// Every email of its request: its own members, then each rider's.
+    pub fn emails(&self) -> usize {
+        self.members.len() + self.riders.iter().flatten().map(|r| r.emails).sum::<usize>()
+    }
+}
+
+/// A batch riding in another partition's request.
+#[derive(Debug, Clone)]
+pub struct Rider {
+    pub partition: u16,
+    pub id: String,
+    /// Its members, in the order of its emails in the request (empty for a rider already
+    /// settled whose emails a resend still carries).
+    pub members: Vec<DeliveryRef>,
+    /// Its own body (a JSON array), as its gate left it.
+    pub body: Bytes,
+    /// How many emails it has in the request.
+    pub emails: usize,
 }
 
 /// The next request to make.
@@ -149,6 +184,9 @@ pub enum Work {
     Fresh(u16, Vec<Ready>),
     /// A sealed batch to send again, same key and body.
     Resend(Sealed),
+    /// The last partial batches of several partitions, to seal as one shared request
+    /// (the first partition leads).
+    Shared(Vec<(u16, Vec<Ready>)>),
 }
 
 #[cfg(test)]

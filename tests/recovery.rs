@@ -5,10 +5,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
+use mailstream::RunOptions;
 use mailstream::config::Config;
 use mailstream::db::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::emulator::{EmulatorConfig, Faults};
@@ -16,7 +16,6 @@ use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::redis_server::RedisOptions;
 use mailstream::resend::ErrorName;
 use mailstream::work::{DeliveryRef, Ready};
-use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(90);
@@ -25,24 +24,6 @@ const SETTLE: Duration = Duration::from_secs(90);
 fn quick(c: &mut Config) {
     c.resend.timeout_seconds = 1;
     c.delivery.lease_seconds = 6;
-}
-
-/// Freezes the daemon at `point` the first time it is reached; `reached` is notified.
-fn freeze_at(point: Failpoint, reached: Arc<Notify>, release: Option<Arc<Notify>>) -> Failpoints {
-    let fired = Arc::new(AtomicBool::new(false));
-    Failpoints::new(move |name| -> Hold {
-        if name != point || fired.swap(true, Ordering::SeqCst) {
-            return Box::pin(async {});
-        }
-        let (reached, release) = (reached.clone(), release.clone());
-        Box::pin(async move {
-            reached.notify_one();
-            match release {
-                Some(release) => release.notified().await,
-                None => std::future::pending().await,
-            }
-        })
-    })
 }
 
 /// Runs a daemon that crashes at `point` (its tasks are aborted, as by kill -9),
@@ -185,6 +166,8 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
         owner,
         group: "mailstream",
         lease_ms: 60_000,
+        lead: "",
+        riders: "",
     };
     assert!(
         scripts::seal(&mut conn, keys, &req("late", "slow"), std::slice::from_ref(&member)).await.unwrap().is_empty()

@@ -34,6 +34,7 @@ struct Scripts {
     optout: Script,
     due: Script,
     fanout: Script,
+    join: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -58,6 +59,7 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     optout: Script::new(include_str!("../../lua/optout.lua")),
     due: Script::new(include_str!("../../lua/due.lua")),
     fanout: Script::new(include_str!("../../lua/fanout.lua")),
+    join: Script::new(include_str!("../../lua/join.lua")),
 });
 
 /// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
@@ -87,6 +89,7 @@ pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> Redis
         &s.optout,
         &s.due,
         &s.fanout,
+        &s.join,
     ];
     for script in ours.iter().chain(more) {
         script.load_async(conn).await?;
@@ -437,6 +440,10 @@ pub struct SealRequest<'a> {
     pub owner: &'a str,
     pub group: &'a str,
     pub lease_ms: u64,
+    /// For a rider of a shared tail request, its lead, `<partition>:<batch id>`; else "".
+    pub lead: &'a str,
+    /// For the lead of one, its riders, `<partition>:<batch id>` space-separated; else "".
+    pub riders: &'a str,
 }
 
 /// Seals a batch of `members`; returns the 0-based positions of those that were sealed.
@@ -459,7 +466,9 @@ pub async fn seal(
         .arg(req.idempotency_key)
         .arg(req.owner)
         .arg(req.group)
-        .arg(req.lease_ms);
+        .arg(req.lease_ms)
+        .arg(req.lead)
+        .arg(req.riders);
     for m in members {
         let id = m.delivery.id();
         call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json).arg(m.variant.as_deref().unwrap_or(""));
@@ -503,6 +512,45 @@ pub enum Gate {
     NotHeld,
     /// Its record is gone.
     Lost,
+    /// The lead of a shared tail request: send this body under this key. `parts` are its
+    /// riders in the order their emails follow its own kept members; `kept` and `skipped`
+    /// are about its own members, as for [`Gate::Resealed`].
+    Joint { sends: u32, key: String, body: String, parts: Vec<Part>, kept: Vec<usize>, skipped: Vec<(usize, Reason)> },
+}
+
+/// A rider's place in a shared tail request: its batch, and how many emails it has there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Part {
+    pub partition: u16,
+    pub batch: String,
+    pub emails: usize,
+}
+
+impl Part {
+    /// `<partition>:<batch id>:<emails>`, as join.lua and gate.lua keep it.
+    fn parse(s: &str) -> Option<Part> {
+        let mut it = s.split(':');
+        let part = Part {
+            partition: it.next()?.parse().ok()?,
+            batch: it.next()?.to_string(),
+            emails: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(part)
+    }
+
+    /// A space-separated list of them.
+    pub fn list(s: &str) -> Vec<Part> {
+        s.split(' ').filter_map(Part::parse).collect()
+    }
+}
+
+/// A rider as the lead's gate needs it: its place and its body (after its own gate).
+#[derive(Debug, Clone, Copy)]
+pub struct RiderBody<'a> {
+    pub partition: u16,
+    pub batch: &'a str,
+    pub emails: usize,
+    pub body: &'a [u8],
 }
 
 /// Which batch the gate is asked about, by whom.
@@ -514,6 +562,8 @@ pub struct GateRequest<'a> {
     /// The key to re-seal under if members are dropped from a batch never sent.
     pub new_key: &'a str,
     pub limits: GateLimits,
+    /// For the lead of a shared tail request, its riders (its gate commits the request).
+    pub riders: Option<&'a [RiderBody<'a>]>,
 }
 
 /// Runs the last gate for a batch this instance holds, right before its request. A
@@ -552,6 +602,17 @@ pub async fn gate(
         call.key(keys.delivery(p, &id)).key(subscriber);
         call.arg(&d.campaign).arg(ci).arg(if check { "1" } else { "0" });
     }
+    match req.riders {
+        None => {
+            call.arg("0");
+        }
+        Some(riders) => {
+            call.arg("1").arg(riders.len());
+            for r in riders {
+                call.arg(format!("{}:{}:{}", r.partition, r.batch, r.emails)).arg(r.body);
+            }
+        }
+    }
     let row: Vec<String> = call.invoke_async(conn).await?;
     let skipped = |s: &str| -> Vec<(usize, Reason)> {
         s.split(' ')
@@ -577,6 +638,14 @@ pub async fn gate(
         [tag] if tag == "expired" => Gate::Expired,
         [tag, maybe] if tag == "deadline" => Gate::Deadline { maybe_sent: maybe == "1" },
         [tag] if tag == "not_held" => Gate::NotHeld,
+        [tag, sends, key, body, parts, kept, gone] if tag == "joint" => Gate::Joint {
+            sends: number(sends),
+            key: key.clone(),
+            body: body.clone(),
+            parts: Part::list(parts),
+            kept: kept.split(' ').filter_map(|i| i.parse().ok()).collect(),
+            skipped: skipped(gone),
+        },
         _ => Gate::Lost,
     })
 }
@@ -585,13 +654,50 @@ pub async fn gate(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
     /// Resend `body` with `key`; `tries` failed requests so far.
-    Take { key: String, body: String, members: Vec<DeliveryRef>, tries: u32, maybe_sent: bool },
+    Take { key: String, body: String, members: Vec<DeliveryRef>, tries: u32, maybe_sent: bool, share: Share },
     /// Sealed too long ago to resend blind: settle every member as outcome_unknown.
-    Expired { members: Vec<DeliveryRef> },
+    Expired { members: Vec<DeliveryRef>, share: Share },
+    /// It rides in a shared request led by `lead` (`<partition>:<batch id>`): its lead
+    /// decides; `sending` if it passed its gate.
+    Rider { lead: String, sending: bool },
     /// The batch record is gone though it was never settled (a lost write).
     Lost,
     /// Not due, taken by someone else, or gone.
     Skip,
+}
+
+/// How a taken batch shares its request (join.lua).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Share {
+    /// A lead never committed: the riders planned at sealing (to dissolve).
+    pub planned: Vec<(u16, String)>,
+    /// A committed lead: its riders, in the order of the request (`key` and `body` are the
+    /// shared request's).
+    pub parts: Vec<Part>,
+}
+
+impl Share {
+    fn parse(riders: &str, parts: &str) -> Share {
+        let parts = Part::list(parts);
+        let planned = if parts.is_empty() { parse_batch_refs(riders) } else { Vec::new() };
+        Share { planned, parts }
+    }
+
+    /// Whether the batch leads a shared request, committed or not.
+    pub fn leads(&self) -> bool {
+        !self.planned.is_empty() || !self.parts.is_empty()
+    }
+}
+
+/// `<partition>:<batch id>` references, space-separated.
+pub fn parse_batch_refs(s: &str) -> Vec<(u16, String)> {
+    s.split(' ').filter_map(parse_batch_ref).collect()
+}
+
+/// One `<partition>:<batch id>`.
+pub fn parse_batch_ref(s: &str) -> Option<(u16, String)> {
+    let (p, id) = s.split_once(':')?;
+    Some((p.parse().ok()?, id.to_string())).filter(|(_, id)| !id.is_empty() && !id.contains(':'))
 }
 
 /// A sealed batch's members, as recorded in it (space-separated delivery ids).
@@ -620,17 +726,140 @@ pub async fn take(
         .invoke_async(conn)
         .await?;
     Ok(match row.as_slice() {
-        [tag, key, body, ids, tries, maybe_sent] if tag == "take" => Take::Take {
+        [tag, key, body, ids, tries, maybe_sent, riders, parts] if tag == "take" => Take::Take {
             key: key.clone(),
             body: body.clone(),
             members: parse_members(ids),
             tries: tries.parse().unwrap_or(0),
             maybe_sent: maybe_sent == "1",
+            share: Share::parse(riders, parts),
         },
-        [tag, ids] if tag == "expired" => Take::Expired { members: parse_members(ids) },
+        [tag, ids, riders, parts] if tag == "expired" => {
+            Take::Expired { members: parse_members(ids), share: Share::parse(riders, parts) }
+        }
+        [tag, lead, state] if tag == "rider" => Take::Rider { lead: lead.clone(), sending: state == "sending" },
         [tag] if tag == "lost" => Take::Lost,
         _ => Take::Skip,
     })
+}
+
+/// One step of a shared tail request on one of its batches (join.lua).
+#[derive(Debug, Clone, Copy)]
+pub struct JoinStep<'a> {
+    pub partition: u16,
+    pub batch: &'a str,
+    /// The lead the batch is expected to name, `<partition>:<batch id>`.
+    pub lead: &'a str,
+    pub owner: &'a str,
+    pub lease_ms: u64,
+}
+
+/// When a rider may leave its lead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnjoinMode {
+    /// Only if it never passed its gate (its lead is gone: it was never sealed).
+    Sealed,
+    /// Whatever its state: its lead says the shared request never carried it.
+    Any,
+    /// Its lead is gone while it may have been carried: held as maybe sent.
+    Lost,
+}
+
+/// What `unjoin` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unjoin {
+    /// It is a batch of its own now, held by the caller.
+    Alone { key: String, body: String, members: Vec<DeliveryRef>, tries: u32 },
+    /// It passed its gate (mode `Sealed` refused).
+    Sending,
+    /// It has no such lead (any more).
+    No,
+}
+
+/// What `adopt` found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Adopt {
+    /// Still riding; now held by the caller.
+    Joined { body: String, members: Vec<DeliveryRef> },
+    /// It left its lead.
+    Unjoined,
+    /// Settled (its record is gone).
+    Gone,
+}
+
+fn join_call(op: &str, keys: &Keys, step: &JoinStep<'_>) -> redis::ScriptInvocation<'static> {
+    let mut call = SCRIPTS.join.prepare_invoke();
+    call.key(keys.batch(step.partition, step.batch)).key(keys.batches(step.partition)).arg(op).arg(step.batch);
+    call
+}
+
+/// A rider whose lead decides: its due time moves a lease on. False if it has no such lead.
+pub async fn join_wait(conn: &mut impl ConnectionLike, keys: &Keys, step: &JoinStep<'_>) -> RedisResult<bool> {
+    let mut call = join_call("wait", keys, step);
+    call.arg(step.lead).arg(step.lease_ms);
+    let moved: i64 = call.invoke_async(conn).await?;
+    Ok(moved == 1)
+}
+
+/// A rider leaves its lead and becomes a batch of its own, held by `step.owner`.
+pub async fn unjoin(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    step: &JoinStep<'_>,
+    mode: UnjoinMode,
+) -> RedisResult<Unjoin> {
+    let mode = match mode {
+        UnjoinMode::Sealed => "sealed",
+        UnjoinMode::Any => "any",
+        UnjoinMode::Lost => "lost",
+    };
+    let mut call = join_call("unjoin", keys, step);
+    call.arg(step.lead).arg(step.owner).arg(step.lease_ms).arg(mode);
+    let row: Vec<String> = call.invoke_async(conn).await?;
+    Ok(match row.as_slice() {
+        [tag, key, body, ids, tries] if tag == "ok" => Unjoin::Alone {
+            key: key.clone(),
+            body: body.clone(),
+            members: parse_members(ids),
+            tries: tries.parse().unwrap_or(0),
+        },
+        [tag] if tag == "sending" => Unjoin::Sending,
+        _ => Unjoin::No,
+    })
+}
+
+/// The taker of a committed lead takes its rider over (marked maybe sent if the shared
+/// request may have been).
+pub async fn adopt(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    step: &JoinStep<'_>,
+    maybe_sent: bool,
+) -> RedisResult<Adopt> {
+    let mut call = join_call("adopt", keys, step);
+    call.arg(step.lead).arg(step.owner).arg(step.lease_ms).arg(u8::from(maybe_sent));
+    let row: Vec<String> = call.invoke_async(conn).await?;
+    Ok(match row.as_slice() {
+        [tag, body, ids] if tag == "joined" => Adopt::Joined { body: body.clone(), members: parse_members(ids) },
+        [tag] if tag == "unjoined" => Adopt::Unjoined,
+        _ => Adopt::Gone,
+    })
+}
+
+/// A lead never committed goes alone (its riders were unjoined first). False if it is not
+/// held by `owner` or was committed.
+pub async fn dissolve(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    batch: &str,
+    owner: &str,
+) -> RedisResult<bool> {
+    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
+    let mut call = join_call("dissolve", keys, &step);
+    call.arg(owner);
+    let done: i64 = call.invoke_async(conn).await?;
+    Ok(done == 1)
 }
 
 /// A retry to schedule (or a putting back) for a batch this instance holds.

@@ -378,6 +378,8 @@ pub async fn sealed_batch(
         owner,
         group: "mailstream",
         lease_ms: 1,
+        lead: "",
+        riders: "",
     };
     let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
@@ -389,8 +391,14 @@ pub async fn sealed_batch(
             maybe_sent_deadline_ms: 6 * 3_600_000,
             retention_secs: 3600,
         };
-        let request =
-            mailstream::db::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
+        let request = mailstream::db::scripts::GateRequest {
+            partition: 0,
+            batch: "B1",
+            owner,
+            new_key: "unused",
+            limits,
+            riders: None,
+        };
         let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &items).await.unwrap();
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
@@ -403,4 +411,27 @@ pub fn daily_three_hours_ago() -> String {
     use chrono::Timelike;
     let then = (chrono::Utc::now() - chrono::Duration::hours(3)).with_timezone(&chrono_tz::Asia::Tokyo);
     format!("{} {} * * *", then.minute(), then.hour())
+}
+
+/// Failpoints that freeze at `point` the first time it is reached (`reached` is
+/// notified) until `release` is notified, or for good.
+pub fn freeze_at(
+    point: mailstream::outcome::Failpoint,
+    reached: Arc<tokio::sync::Notify>,
+    release: Option<Arc<tokio::sync::Notify>>,
+) -> mailstream::Failpoints {
+    let fired = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    mailstream::Failpoints::new(move |name| -> mailstream::Hold {
+        if name != point || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Box::pin(async {});
+        }
+        let (reached, release) = (reached.clone(), release.clone());
+        Box::pin(async move {
+            reached.notify_one();
+            match release {
+                Some(release) => release.notified().await,
+                None => std::future::pending().await,
+            }
+        })
+    })
 }
