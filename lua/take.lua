@@ -9,9 +9,10 @@
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
 -- A batch that rides in another partition's request (field `lead`, see join.lua) is not
 -- taken here: {'rider', lead, state} tells the caller to ask its lead. A lead whose shared
--- request was committed (its gate stored `joint_key` and `joint_body`) is taken with that
--- key and body, and `parts` names its riders with their sizes; a lead never committed comes
--- with its planned `riders`, to be dissolved (its request never left).
+-- request was committed (its gate stored `joint_key` and `joint_body`) and may have been sent
+-- is taken with that key and body, and `parts` names its riders with their sizes, to be
+-- resent whole; any other lead comes with its `riders`, to be dissolved (its request never
+-- left).
 -- Returns {'take', key, body, members, tries, maybe_sent, riders, parts},
 -- {'expired', members, riders, parts}, {'rider', lead, state},
 -- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
@@ -32,14 +33,14 @@ end
 if b[8] then
   return {'rider', b[8], b[6]}
 end
-local riders, parts = b[9] or '', b[12] or ''
-if b[10] then
-  b[1], b[2] = b[10], b[11]
-end
+local riders, parts = b[9] or '', ''
 local maybe_sent = b[7]
 if b[6] == 'sending' then
   -- The holder's lease ran out while the request may have been on the wire.
   maybe_sent = '1'
+end
+if maybe_sent == '1' and b[10] and b[12] and b[12] ~= '' then
+  b[1], b[2], parts = b[10], b[11], b[12]
 end
 redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
 redis.call('ZADD', KEYS[2], now + lease, bid)

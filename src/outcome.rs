@@ -227,8 +227,8 @@ pub enum Failpoint {
     Claimed,
     /// A batch sealed, its request not yet sent.
     Sealed,
-    /// The lead of a shared tail request sealed, its riders not yet.
-    Led,
+    /// The riders of a shared tail request sealed, their lead not yet.
+    Riding,
     /// The provider answered; nothing recorded yet.
     Answered,
     /// The answer recorded.
@@ -242,7 +242,7 @@ impl Failpoint {
         match self {
             Failpoint::Claimed => "claimed",
             Failpoint::Sealed => "sealed",
-            Failpoint::Led => "led",
+            Failpoint::Riding => "riding",
             Failpoint::Answered => "answered",
             Failpoint::Settled => "settled",
             Failpoint::ReclaimTick => "reclaim_tick",

@@ -180,6 +180,11 @@ impl Reclaimer {
         let lease_ms = ctx.config.lease().as_millis() as u64;
         let step = |partition, batch| JoinStep { partition, batch, lead: &lead_ref, owner: &ctx.owner, lease_ms };
         if !share.planned.is_empty() {
+            if lead.maybe_sent {
+                // The protocol rules this out: a request that may have left is committed.
+                tracing::error!(batch = %lead.id, "a shared request that may have been sent has no committed form");
+                return Ok(false);
+            }
             for (p, id) in &share.planned {
                 if let Unjoin::Alone { key, body, members, tries } =
                     scripts::unjoin(conn, keys, &step(*p, id), UnjoinMode::Any).await?
@@ -198,13 +203,16 @@ impl Reclaimer {
         for part in &share.parts {
             let (members, body) =
                 match scripts::adopt(conn, keys, &step(part.partition, &part.batch), lead.maybe_sent).await? {
-                    Adopt::Joined { body, members } => (members, Bytes::from(body)),
+                    Adopt::Joined { body, members } if members.len() == part.emails => (members, Bytes::from(body)),
                     Adopt::Gone => (Vec::new(), Bytes::new()),
-                    Adopt::Unjoined => {
+                    Adopt::Joined { .. } | Adopt::Unjoined => {
+                        // Ruled out by the protocol too (a committed rider never changes, and never
+                        // leaves a lead that may have sent it): resending could mislabel or repeat.
                         tracing::error!(
                             batch = %lead.id,
                             rider = %part.batch,
-                            "a rider left a committed shared request; it is not resent (check both batches)"
+                            "a rider no longer matches its committed shared request; it is not resent (check both \
+                             batches)"
                         );
                         return Ok(false);
                     }

@@ -19,7 +19,8 @@ use rand::rngs::StdRng;
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::scripts::{
-    self, Gate, GateLimits, GateRequest, Reschedule, RiderBody, SealRequest, Settlement, Settler, Verdict,
+    self, Gate, GateLimits, GateRequest, JoinStep, Reschedule, RiderBody, SealRequest, Settlement, Settler, UnjoinMode,
+    Verdict,
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
@@ -204,14 +205,27 @@ pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
 }
 
 async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
-    // A shared tail request (join.lua): each rider's gate first, then the lead's, which
-    // commits the request composed from its own kept members and what the riders kept.
-    if b.riders.is_some() && !gate_riders(ctx, b).await? {
-        return Ok(false);
-    }
-    let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let mut conn = ctx.store.conn().await?;
     let keys = &ctx.store.keys;
+    // A shared tail request (join.lua): each rider's gate first, then the lead's, which
+    // commits the request composed from its own kept members and what the riders kept.
+    // One known not to have left is uncommitted first (a no-op before its first commit),
+    // so a rider that drops a member now leaves no stale request behind; one left with
+    // no riders goes alone.
+    if b.riders.is_some() {
+        if !b.maybe_sent && !scripts::uncommit(&mut conn, keys, b.partition, &b.id, &ctx.owner).await? {
+            tracing::info!(batch = %b.id, "shared request was taken over by another holder before it left");
+            return Ok(false);
+        }
+        if !gate_riders(ctx, b).await? {
+            return Ok(false);
+        }
+        if !b.maybe_sent && b.riders.as_ref().is_some_and(Vec::is_empty) {
+            scripts::dissolve(&mut conn, keys, b.partition, &b.id, &ctx.owner).await?;
+            b.riders = None;
+        }
+    }
+    let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let verdict = {
         let riders: Option<Vec<RiderBody<'_>>> = b.riders.as_ref().map(|riders| {
             riders
@@ -479,27 +493,32 @@ pub async fn seal(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> Option<Sealed> {
 async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<Option<Sealed>> {
     let mut parts = parts.into_iter();
     let Some((lp, lead_items)) = parts.next() else { return Ok(None) };
-    let others: Vec<(u16, Vec<Ready>, String)> = parts.map(|(p, items)| (p, items, new_id())).collect();
-    let planned: Vec<String> = others.iter().map(|(p, _, id)| format!("{p}:{id}")).collect();
-    let Some(mut lead) = seal_batch(ctx, lp, lead_items, &new_id(), "", &planned.join(" ")).await? else {
-        // None of the lead's emails was still held: the others go back, to be read again.
-        for (p, items, _) in &others {
-            hand_back(ctx, *p, items).await;
+    let lead_id = new_id();
+    // The riders first: a rider whose lead does not exist was never in a request.
+    let lead_ref = format!("{lp}:{lead_id}");
+    let mut riders = Vec::new();
+    for (p, items) in parts {
+        if let Some(r) = seal_batch(ctx, p, items, &new_id(), &lead_ref, "").await? {
+            riders.push(Rider { partition: p, emails: r.members.len(), id: r.id, members: r.members, body: r.body });
+        }
+    }
+    if !riders.is_empty() {
+        ctx.failpoints.at(Failpoint::Riding).await;
+    }
+    let planned: Vec<String> = riders.iter().map(|r| format!("{}:{}", r.partition, r.id)).collect();
+    let lead = seal_batch(ctx, lp, lead_items, &lead_id, "", &planned.join(" ")).await?;
+    let Some(mut lead) = lead else {
+        // None of the lead's emails was still held: each rider goes alone, due at once.
+        let mut conn = ctx.store.conn().await?;
+        let lease_ms = ctx.config.lease().as_millis() as u64;
+        for r in &riders {
+            let step = JoinStep { partition: r.partition, batch: &r.id, lead: &lead_ref, owner: &ctx.owner, lease_ms };
+            scripts::unjoin(&mut conn, &ctx.store.keys, &step, UnjoinMode::Sealed).await?;
+            put_back(ctx, r.partition, &r.id, Duration::ZERO).await;
         }
         return Ok(None);
     };
-    if others.is_empty() {
-        return Ok(Some(lead));
-    }
-    ctx.failpoints.at(Failpoint::Led).await;
-    let lead_ref = lead.lead_ref();
-    let mut riders = Vec::with_capacity(others.len());
-    for (p, items, id) in others {
-        if let Some(r) = seal_batch(ctx, p, items, &id, &lead_ref, "").await? {
-            riders.push(Rider { partition: p, id: r.id, emails: r.members.len(), members: r.members, body: r.body });
-        }
-    }
-    lead.riders = Some(riders);
+    lead.riders = (!riders.is_empty()).then_some(riders);
     Ok(Some(lead))
 }
 
@@ -642,11 +661,16 @@ pub async fn settle_request_alike(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
 /// Like [`settle_request_alike`], with the lead's own members settled by `own` if given.
 async fn settle_request_with(ctx: &Ctx, b: &Sealed, own: Option<Vec<Verdict>>, rest: Verdict) {
     let holder = Settler::Holder(&ctx.owner);
+    let mut recorded = true;
     for r in b.riders.iter().flatten().filter(|r| !r.members.is_empty()) {
-        settle(ctx, r.partition, &r.id, &r.members, holder, vec![rest.clone(); r.members.len()]).await;
+        recorded &= settle(ctx, r.partition, &r.id, &r.members, holder, vec![rest.clone(); r.members.len()]).await;
     }
-    let own = own.unwrap_or_else(|| vec![rest; b.members.len()]);
-    settle(ctx, b.partition, &b.id, &b.members, holder, own).await;
+    // The lead last, and only once every rider is settled: a lead gone while a rider is
+    // not would leave that rider unable to tell whether the request carried it.
+    if recorded {
+        let own = own.unwrap_or_else(|| vec![rest; b.members.len()]);
+        settle(ctx, b.partition, &b.id, &b.members, holder, own).await;
+    }
 }
 
 /// Records a request's per-email verdicts (in the order of its body): a shared request's

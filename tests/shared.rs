@@ -17,6 +17,7 @@ use mailstream::batcher::Batcher;
 use mailstream::config::Config;
 use mailstream::consumer::Consumer;
 use mailstream::ctx::Ctx;
+use mailstream::db::scripts::{self, Gate, GateLimits, GateRequest};
 use mailstream::db::streams::entry_of;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults};
 use mailstream::outcome::Failpoint;
@@ -187,17 +188,17 @@ async fn four_partial_batches_go_out_as_one_request_and_settle_in_their_own_slot
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crash_after_the_lead_is_sealed_and_before_its_riders_loses_and_repeats_nothing() {
+async fn a_crash_after_the_riders_are_sealed_and_before_their_lead_loses_and_repeats_nothing() {
     let (world, emulator, _stop, subs) = world(Faults::default()).await;
     let reached = Arc::new(Notify::new());
-    let me = Arc::new(Instance::new(&world.config, &world, freeze_at(Failpoint::Led, reached.clone(), None)));
+    let me = Arc::new(Instance::new(&world.config, &world, freeze_at(Failpoint::Riding, reached.clone(), None)));
     me.read_all().await;
     let parts = me.take_shared();
     let sealing = {
         let me = me.clone();
         tokio::spawn(async move { sender::seal(&me.ctx, parts).await })
     };
-    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the lead is sealed");
+    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the riders are sealed");
     sealing.abort();
     let _ = sealing.await;
 
@@ -265,11 +266,7 @@ async fn a_rider_member_who_unsubscribes_before_the_gate_is_left_out_of_the_requ
     let (world, emulator, _stop, subs) = world(Faults::default()).await;
     let me = Instance::new(&world.config, &world, Failpoints::default());
     let mut sealed = me.sealed().await;
-    let rider = &sealed.riders.as_ref().unwrap()[1];
-    let leaving_id = rider.members[3].subscriber.clone();
-    let mut leaving = subs.iter().find(|s| s.id == leaving_id).unwrap().clone();
-    leaving.subscribed = false;
-    subscribers::upsert(&world.store, std::slice::from_ref(&leaving)).await.unwrap();
+    let email = unsubscribe(&world, &subs, &sealed.riders.as_ref().unwrap()[1].members[3].subscriber).await;
 
     assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
     assert_eq!(sealed.emails(), 79);
@@ -278,7 +275,106 @@ async fn a_rider_member_who_unsubscribes_before_the_gate_is_left_out_of_the_requ
     assert_eq!((seen.len(), seen[0].emails), (1, 79));
     let counts = world.counts().await;
     assert_eq!((counts.sent, counts.skipped), (79, 1));
-    assert!(!emulator.sends_matching(PERIOD).contains_key(&leaving.email), "no mail after unsubscribing");
+    assert!(!emulator.sends_matching(PERIOD).contains_key(&email), "no mail after unsubscribing");
+}
+
+/// `subscriber`, unsubscribed.
+async fn unsubscribe(world: &World, subs: &[Subscriber], subscriber: &str) -> String {
+    let mut leaving = subs.iter().find(|s| s.id == subscriber).unwrap().clone();
+    leaving.subscribed = false;
+    subscribers::upsert(&world.store, std::slice::from_ref(&leaving)).await.unwrap();
+    leaving.email
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_who_leaves_after_the_commit_is_never_mailed_whatever_crash_follows() {
+    // Committed, then looked at again before leaving (the slot moved): the holder uncommits
+    // first, so a crash right after a rider drops the member leaves no request behind that
+    // still holds them; the taker dissolves it and each batch goes alone.
+    let (world, emulator, _stop, subs) = world(Faults::default()).await;
+    let me = Instance::new(&world.config, &world, Failpoints::default());
+    let mut sealed = me.sealed().await;
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    let rider = sealed.riders.as_ref().unwrap()[0].clone();
+    let email = unsubscribe(&world, &subs, &rider.members[2].subscriber).await;
+    let (keys, owner) = (&world.store.keys, me.ctx.owner.as_str());
+    let mut conn = world.store.conn().await.unwrap();
+    assert!(scripts::uncommit(&mut conn, keys, sealed.partition, &sealed.id, owner).await.unwrap());
+    let limits = GateLimits {
+        lease_ms: 6_000,
+        window_ms: 23 * 3_600_000,
+        deadline_ms: 48 * 3_600_000,
+        maybe_sent_deadline_ms: 6 * 3_600_000,
+        retention_secs: 3600,
+    };
+    let request =
+        GateRequest { partition: rider.partition, batch: &rider.id, owner, new_key: "k2", limits, riders: None };
+    let gate = scripts::gate(&mut conn, keys, &request, &rider.members).await.unwrap();
+    assert!(matches!(gate, Gate::Resealed { .. }), "{gate:?}");
+    drop(me); // the lead's gate never ran again
+
+    let counts = recover(&world).await;
+    assert_eq!((counts.sent, counts.skipped, counts.outcome_unknown), (79, 1, 0));
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends, stats.idempotency_mismatches), (79, 0, 0));
+    assert!(!emulator.sends_matching(PERIOD).contains_key(&email), "no mail after unsubscribing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_who_leaves_after_the_commit_is_left_out_when_the_gate_looks_again() {
+    let (world, emulator, _stop, subs) = world(Faults::default()).await;
+    let me = Instance::new(&world.config, &world, Failpoints::default());
+    let mut sealed = me.sealed().await;
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    let first = sealed.key.clone();
+    let email = unsubscribe(&world, &subs, &sealed.riders.as_ref().unwrap()[1].members[0].subscriber).await;
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await, "the slot moved: the gate looks again");
+    assert_eq!(sealed.emails(), 79);
+    assert_ne!(sealed.key, first, "a request that changed gets a new key (the first never left)");
+    drop(me); // and the holder dies before sending: its taker resends the second commit whole
+    let counts = recover(&world).await;
+    assert_eq!((counts.sent, counts.skipped, counts.outcome_unknown), (79, 1, 0));
+    let seen = emulator.seen();
+    assert_eq!((seen.len(), seen[0].emails, seen[0].idempotency_key.as_deref()), (1, 79, Some(sealed.key.as_str())));
+    assert!(!emulator.sends_matching(PERIOD).contains_key(&email));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_request_put_back_unsent_is_dissolved_into_batches_of_their_own() {
+    let (world, emulator, _stop, subs) = world(Faults::default()).await;
+    let me = Instance::new(&world.config, &world, Failpoints::default());
+    let mut sealed = me.sealed().await;
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    // Its slot moved far away (a long retry-after): put back, known unsent.
+    sender::put_back(&me.ctx, sealed.partition, &sealed.id, Duration::ZERO).await;
+    drop(me);
+    let counts = recover(&world).await;
+    assert_eq!((counts.sent, counts.outcome_unknown), (80, 0));
+    each_sent_once(&emulator, &subs);
+    let seen = emulator.seen();
+    assert!(seen.len() == 4 && seen.iter().all(|s| s.emails == EACH), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_rider_leaves_at_its_gate_the_lead_goes_alone() {
+    let (world, emulator, _stop, subs) = world(Faults::default()).await;
+    let me = Instance::new(&world.config, &world, Failpoints::default());
+    let mut sealed = me.sealed().await;
+    let own_key = sealed.key.clone();
+    for r in sealed.riders.clone().unwrap() {
+        for m in &r.members {
+            unsubscribe(&world, &subs, &m.subscriber).await;
+        }
+    }
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    assert!(sealed.riders.is_none(), "no riders left: a batch of its own");
+    assert_eq!((sealed.emails(), sealed.key.as_str()), (EACH, own_key.as_str()));
+    let fields = record(&world, sealed.partition, &sealed.id).await;
+    assert!(!fields.contains_key("riders") && !fields.contains_key("joint_key"), "{fields:?}");
+    me.sender.attempt(&me.ctx, sealed).await;
+    let counts = world.counts().await;
+    assert_eq!((counts.sent, counts.skipped), (20, 60));
+    assert_eq!(emulator.seen().len(), 1);
 }
 
 /// Seals a shared request (and passes its gate if `gated`), loses its lead's record (a

@@ -846,8 +846,8 @@ pub async fn adopt(
     })
 }
 
-/// A lead never committed goes alone (its riders were unjoined first). False if it is not
-/// held by `owner` or was committed.
+/// A lead whose request never left goes alone (its riders were unjoined first). False if
+/// it is not held by `owner` or may have been sent.
 pub async fn dissolve(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -855,8 +855,31 @@ pub async fn dissolve(
     batch: &str,
     owner: &str,
 ) -> RedisResult<bool> {
+    lead_step("dissolve", conn, keys, partition, batch, owner).await
+}
+
+/// A lead known not to have been sent, about to be gated again, drops its committed
+/// request. False if it is not held by `owner` or may have been sent.
+pub async fn uncommit(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    batch: &str,
+    owner: &str,
+) -> RedisResult<bool> {
+    lead_step("uncommit", conn, keys, partition, batch, owner).await
+}
+
+async fn lead_step(
+    op: &str,
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    batch: &str,
+    owner: &str,
+) -> RedisResult<bool> {
     let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
-    let mut call = join_call("dissolve", keys, &step);
+    let mut call = join_call(op, keys, &step);
     call.arg(owner);
     let done: i64 = call.invoke_async(conn).await?;
     Ok(done == 1)
