@@ -5,8 +5,9 @@
 -- (`lead`). The riders pass their last gate first, then the lead's gate composes the request
 -- from its own members and the riders' bodies and stores it (`joint_key`, `joint_body`,
 -- `joint_parts`) in the same step that marks it 'sending': that is the commit. Before it the
--- shared request never left, so it can be dissolved into batches of their own; after it, it
--- is only ever resent whole, by whoever holds the lead, and settled riders first, lead last.
+-- shared request never left, so it can be dissolved into batches of their own; once it may
+-- have left, it is only ever resent whole, by whoever holds the lead (adopting the riders),
+-- and settled riders first, lead last.
 -- A rider never sends on its own while it has a lead. The riders are sealed before their lead,
 -- so a rider whose lead does not exist and which never passed its gate cannot have been sent.
 -- A committed request known not to have left (put back, refused with nothing processed, or

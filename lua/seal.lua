@@ -14,7 +14,7 @@
 -- ARGV[1] batch id, ARGV[2] idempotency key, ARGV[3] owner, ARGV[4] group, ARGV[5] lease ms,
 --   ARGV[6] lead: '<partition>:<batch id>' when this batch rides in another partition's request
 --   (a shared tail request, see join.lua), else '', ARGV[7] riders: '<partition>:<batch id> ...'
---   when this batch leads one (the riders are sealed after it), else '';
+--   when this batch leads one (its riders are sealed before it), else '';
 --   then per member: stream entry id, delivery id, email JSON, A/B variant ('' for none; kept
 --   on the record, counted as an exposure by settle.lua once the provider accepted it)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
