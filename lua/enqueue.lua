@@ -9,17 +9,20 @@
 -- on), and the counts hash keeps how many were new and how many were duplicates.
 --
 -- KEYS[1] stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] due set;
---   then per item KEYS[4+i] delivery key
--- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, release ms
---   (0: now)
+--   then per item KEYS[4+i] delivery key: the partition's delivery prefix plus the delivery id
+-- ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the prefix's length,
+--   ARGV[4] '1' if a release time (ms; 0: now) follows per item as ARGV[4+i], else '0' (all now)
 -- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
-local retention = tonumber(ARGV[1])
+local retention, plen, timed = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1'
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local result, added = {}, 0
 for i = 5, #KEYS do
-  local id, release = ARGV[3 + 2 * (i - 5)], tonumber(ARGV[4 + 2 * (i - 5)])
   if redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
+    local id, release = string.sub(KEYS[i], plen + 1), 0
+    if timed then
+      release = tonumber(ARGV[i])
+    end
     if release > now then
       redis.call('HSET', KEYS[i], 'release_ms', release)
       redis.call('ZADD', KEYS[4], release, id)

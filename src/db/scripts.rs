@@ -146,22 +146,28 @@ pub async fn enqueue_ids(
     if items.is_empty() {
         return Ok(Vec::new());
     }
+    // Each key is the partition's delivery prefix plus the id (the script reads the id
+    // back from it), built in one buffer: a fan-out makes a million of them.
+    let prefix = keys.delivery(partition, "");
+    let timed = items.iter().any(|(_, release_ms)| *release_ms > 0);
     let mut call = SCRIPTS.enqueue.prepare_invoke();
     call.key(keys.stream(partition))
         .key(keys.counts(partition, campaign, period))
         .key(keys.periods(partition))
         .key(keys.due(partition))
         .arg(retention_secs)
-        .arg(format!("{campaign}:{period}"));
-    // Each key is the partition's delivery prefix plus the id, built in one buffer: a
-    // fan-out makes a million of them.
-    let prefix = keys.delivery(partition, "");
+        .arg(format!("{campaign}:{period}"))
+        .arg(prefix.len())
+        .arg(if timed { "1" } else { "0" });
     let mut key = String::with_capacity(prefix.len() + 96);
     for (id, release_ms) in items {
         key.truncate(0);
         key.push_str(&prefix);
         key.push_str(id);
-        call.key(key.as_str()).arg(id.as_str()).arg(release_ms);
+        call.key(key.as_str());
+        if timed {
+            call.arg(release_ms);
+        }
     }
     let added: Vec<i64> = call.invoke_async(conn).await?;
     Ok(added.into_iter().map(|a| a == 1).collect())
