@@ -572,8 +572,8 @@ async fn dispatch(path: PathBuf, command: Command, preloaded: Option<Config>) ->
                     Ok(())
                 })
                 .await?;
-            if upgraded {
-                println!("upgraded to key layout {}", mailstream::db::keys::LAYOUT);
+            if let Some(from) = upgraded {
+                println!("upgraded from key layout {from} to {}", mailstream::db::keys::LAYOUT);
             } else {
                 println!("nothing to upgrade: key layout {}", mailstream::db::keys::LAYOUT);
             }

@@ -368,7 +368,7 @@ async fn every_readme_command_line_works_as_written() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("mailstream upgrade"), "{refused:?}");
     let upgraded = run(&path, &url, &["upgrade"], "");
     assert!(stdout(&upgraded).contains("built the kick's audience: "), "{}", stdout(&upgraded));
-    assert!(stdout(&upgraded).contains("upgraded to key layout 3"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 4"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     let _ = std::fs::remove_file(ndjson);
 }

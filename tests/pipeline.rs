@@ -113,7 +113,7 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
         })
         .await
         .unwrap();
-    assert!(upgraded);
+    assert_eq!(upgraded, Some(2));
     assert_eq!(built.into_inner(), 38, "all but the one not entitled and the one unsubscribed");
     mailstream::db::Store::open(&world.config).await.expect("upgraded");
     let cursors: Vec<String> =
@@ -124,7 +124,34 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
     assert_eq!((report.new, report.not_eligible), (38, 3), "{report:?}");
     // And nothing is left to upgrade.
     let again = world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.unwrap();
-    assert!(!again);
+    assert_eq!(again, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_3_deployment_is_refused_until_upgraded_with_nothing_rebuilt() {
+    // Layout 3 predates shared tail requests: an instance of it would resend a rider on its
+    // own. A new version refuses it until every instance is stopped and it is upgraded.
+    let world = World::new().await;
+    world.subscribers(5).await;
+    let mut conn = world.store.conn().await.unwrap();
+    let meta = world.store.keys.meta();
+    let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(3).query_async(&mut conn).await.unwrap();
+    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 3 is refused");
+    assert!(refused.to_string().contains("shared tail requests"), "{refused}");
+    assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
+    let upgraded = world
+        .store
+        .upgrade_layout(async |_: &mailstream::db::Store| panic!("layout 3 has its audience index already"))
+        .await
+        .unwrap();
+    assert_eq!(upgraded, Some(3));
+    mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    assert_eq!(report.new, 5);
+    // A newer layout than this version knows is refused, not upgraded.
+    let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(9).query_async(&mut conn).await.unwrap();
+    assert!(mailstream::db::Store::open(&world.config).await.is_err());
+    assert!(world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,11 +9,17 @@ use crate::work::{DeliveryRef, Lane};
 
 /// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key;
 /// 2: natural-key records, fan-out over the registry's records; 3: fan-out over each
-/// partition's audience and the campaigns' opt-out sets).
-pub const LAYOUT: u32 = 3;
+/// partition's audience and the campaigns' opt-out sets; 4: batches of several
+/// partitions may share a request, a batch record naming its `lead` or `riders`, which
+/// an older version would resend on their own).
+pub const LAYOUT: u32 = 4;
 
-/// The one earlier layout `mailstream upgrade` moves to [`LAYOUT`].
-pub const UPGRADABLE_LAYOUT: u32 = LAYOUT - 1;
+/// The layout that also needs the audience index built (`subscribers::build_audience`)
+/// on its way to [`LAYOUT`].
+pub const AUDIENCE_LAYOUT: u32 = 2;
+
+/// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
+pub const UPGRADABLE_LAYOUTS: [u32; 2] = [AUDIENCE_LAYOUT, 3];
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]

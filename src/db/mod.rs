@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
-use self::keys::{Keys, LAYOUT, UPGRADABLE_LAYOUT};
+use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
 
 /// Connections plus the key layout. Cheap to clone.
@@ -95,25 +95,29 @@ impl Store {
         self.backend.dedicated().await
     }
 
-    /// Moves a deployment of [`UPGRADABLE_LAYOUT`] to this one: `build` (the registry's
-    /// part, in `subscribers`) runs first, then `meta` says the new layout. Refuses any other.
-    pub async fn upgrade_layout<F>(&self, build: F) -> anyhow::Result<bool>
+    /// Moves a deployment of one of [`UPGRADABLE_LAYOUTS`] to this one: from layout 2,
+    /// `build_audience` (the registry's part, in `subscribers`) runs first; then `meta`
+    /// says the new layout. Returns the layout it moved from, `None` when there was
+    /// nothing to do. Refuses any other.
+    pub async fn upgrade_layout<F>(&self, build_audience: F) -> anyhow::Result<Option<u32>>
     where
         F: AsyncFnOnce(&Store) -> anyhow::Result<()>,
     {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
         let layout: Option<u32> = conn.hget(&meta, "layout").await?;
-        match layout {
-            Some(LAYOUT) | None => return Ok(false),
-            Some(UPGRADABLE_LAYOUT) => {}
+        let from = match layout {
+            Some(LAYOUT) | None => return Ok(None),
+            Some(from) if UPGRADABLE_LAYOUTS.contains(&from) => from,
             Some(other) => {
-                bail!("{meta} says key layout {other}; this mailstream upgrades layout {UPGRADABLE_LAYOUT} only")
+                bail!("{meta} says key layout {other}; this mailstream upgrades layouts {UPGRADABLE_LAYOUTS:?} only")
             }
+        };
+        if from == AUDIENCE_LAYOUT {
+            build_audience(self).await?;
         }
-        build(self).await?;
         let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
-        Ok(true)
+        Ok(Some(from))
     }
 
     /// Records the partition count on first use and refuses a different one later:
@@ -128,10 +132,15 @@ impl Store {
             redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         match (layout, existing) {
             (Some(LAYOUT), _) | (None, None) => {}
-            (Some(UPGRADABLE_LAYOUT), _) => bail!(
-                "{meta} says this deployment uses key layout {UPGRADABLE_LAYOUT}, from before the kick's audience index; \
+            (Some(AUDIENCE_LAYOUT), _) => bail!(
+                "{meta} says this deployment uses key layout {AUDIENCE_LAYOUT}, from before the kick's audience index; \
                  stop every instance, run `mailstream upgrade` once (it builds the index from the \
                  subscriber records; nothing else changes), then start this version"
+            ),
+            (Some(from), _) if UPGRADABLE_LAYOUTS.contains(&from) => bail!(
+                "{meta} says this deployment uses key layout {from}, from before shared tail requests (an older \
+                 instance would resend a batch that rides in another partition's request on its own); stop \
+                 every instance, run `mailstream upgrade` once (nothing is rebuilt), then start this version"
             ),
             (Some(other), _) => bail!(
                 "{meta} says this deployment uses key layout {other}, and this mailstream knows layout {LAYOUT}; \
