@@ -30,7 +30,8 @@
 -- 'uncommit' (a lead about to be gated again, known not sent): ARGV[3] owner. Drops the
 --   stored request and marks it 'sealed'. Returns 1, or 0 if not held by that owner or maybe sent.
 -- 'dissolve' (a lead whose request never left goes alone; its riders were unjoined first):
---   ARGV[3] owner. Returns 1, or 0 if not held by that owner or maybe sent.
+--   ARGV[3] owner. Returns {key, body}, its own, to send alone, or 0 if not held by that
+--   owner or maybe sent.
 local op, bid = ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
@@ -71,7 +72,7 @@ elseif op == 'adopt' then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), bid)
   return {'joined', b[2], b[3]}
 elseif op == 'uncommit' or op == 'dissolve' then
-  local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'state')
+  local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'state', 'key', 'body')
   if b[1] ~= ARGV[3] or b[2] == '1' then
     return 0
   end
@@ -79,7 +80,9 @@ elseif op == 'uncommit' or op == 'dissolve' then
   redis.call('HDEL', KEYS[1], 'joint_key', 'joint_body', 'joint_parts')
   if op == 'dissolve' then
     redis.call('HDEL', KEYS[1], 'riders')
-  elseif b[3] == 'sending' then
+    return {b[4], b[5]}
+  end
+  if b[3] == 'sending' then
     redis.call('HSET', KEYS[1], 'state', 'sealed')
   end
   return 1

@@ -194,7 +194,7 @@ impl Reclaimer {
                     self.batcher.push_resend(alone);
                 }
             }
-            return Ok(scripts::dissolve(conn, keys, lead.partition, &lead.id, &ctx.owner).await?);
+            return Ok(scripts::dissolve(conn, keys, lead.partition, &lead.id, &ctx.owner).await?.is_some());
         }
         if share.parts.is_empty() {
             return Ok(true);

@@ -221,8 +221,12 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             return Ok(false);
         }
         if !b.maybe_sent && b.riders.as_ref().is_some_and(Vec::is_empty) {
-            scripts::dissolve(&mut conn, keys, b.partition, &b.id, &ctx.owner).await?;
-            b.riders = None;
+            // Its own key and body again: what `b` holds may be an earlier commit's request.
+            let Some((key, body)) = scripts::dissolve(&mut conn, keys, b.partition, &b.id, &ctx.owner).await? else {
+                tracing::info!(batch = %b.id, "shared request was taken over by another holder before it left");
+                return Ok(false);
+            };
+            (b.key, b.body, b.riders) = (key, Bytes::from(body), None);
         }
     }
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
@@ -291,8 +295,12 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
         Gate::Lost => {
-            // A lead's riders find it gone and go alone or settle as unknown (join.lua).
             tracing::error!(batch = %b.id, deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
+            if !b.maybe_sent {
+                // Its riders passed their gates, but it never committed: they go alone.
+                let riders = b.riders.as_deref().unwrap_or_default();
+                release_riders(ctx, &mut conn, &b.lead_ref(), riders, UnjoinMode::Any).await?;
+            }
             settle(
                 ctx,
                 b.partition,
@@ -312,6 +320,25 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         .chain(b.riders.iter().flatten().filter(|r| !r.members.is_empty()).map(|r| (r.partition, r.id.as_str())))
         .collect();
     replicated(ctx, &mut conn, b, &batches).await
+}
+
+/// Sends the riders of `lead`, whose request never left, off alone, due at once (a rider
+/// found no longer riding is left as it is).
+async fn release_riders(
+    ctx: &Ctx,
+    conn: &mut crate::db::Conn,
+    lead: &str,
+    riders: &[Rider],
+    mode: UnjoinMode,
+) -> anyhow::Result<()> {
+    let lease_ms = ctx.config.lease().as_millis() as u64;
+    for r in riders {
+        let step = JoinStep { partition: r.partition, batch: &r.id, lead, owner: &ctx.owner, lease_ms };
+        if let scripts::Unjoin::Alone { .. } = scripts::unjoin(conn, &ctx.store.keys, &step, mode).await? {
+            put_back(ctx, r.partition, &r.id, Duration::ZERO).await;
+        }
+    }
+    Ok(())
 }
 
 /// Keeps the members at `kept` (the gate's positions), counting the skipped ones.
@@ -510,12 +537,7 @@ async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<
     let Some(mut lead) = lead else {
         // None of the lead's emails was still held: each rider goes alone, due at once.
         let mut conn = ctx.store.conn().await?;
-        let lease_ms = ctx.config.lease().as_millis() as u64;
-        for r in &riders {
-            let step = JoinStep { partition: r.partition, batch: &r.id, lead: &lead_ref, owner: &ctx.owner, lease_ms };
-            scripts::unjoin(&mut conn, &ctx.store.keys, &step, UnjoinMode::Sealed).await?;
-            put_back(ctx, r.partition, &r.id, Duration::ZERO).await;
-        }
+        release_riders(ctx, &mut conn, &lead_ref, &riders, UnjoinMode::Sealed).await?;
         return Ok(None);
     };
     lead.riders = (!riders.is_empty()).then_some(riders);

@@ -377,6 +377,32 @@ async fn when_every_rider_leaves_at_its_gate_the_lead_goes_alone() {
     assert_eq!(emulator.seen().len(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_rider_leaves_as_the_gate_looks_again_the_lead_goes_alone_with_its_own_key() {
+    // Committed, then the slot moved and every rider's members unsubscribed: the request in
+    // hand is the old commit's; what leaves is the lead's own batch under its own key.
+    let (world, emulator, _stop, subs) = world(Faults::default()).await;
+    let me = Instance::new(&world.config, &world, Failpoints::default());
+    let mut sealed = me.sealed().await;
+    let own_key = sealed.key.clone();
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    assert_ne!(sealed.key, own_key, "committed: the shared request's key");
+    for r in sealed.riders.clone().unwrap() {
+        for m in &r.members {
+            unsubscribe(&world, &subs, &m.subscriber).await;
+        }
+    }
+    assert!(sender::pass_gate(&me.ctx, &mut sealed).await);
+    assert!(sealed.riders.is_none());
+    assert_eq!((sealed.emails(), sealed.key.as_str()), (EACH, own_key.as_str()));
+    me.sender.attempt(&me.ctx, sealed).await;
+    let seen = emulator.seen();
+    assert_eq!((seen.len(), seen[0].emails, seen[0].status), (1, EACH, 200), "{seen:?}");
+    let counts = world.counts().await;
+    assert_eq!((counts.sent, counts.skipped, counts.outcome_unknown), (20, 60, 0));
+    assert_eq!(emulator.stats().emails_accepted, 20, "no unsubscribed member was mailed");
+}
+
 /// Seals a shared request (and passes its gate if `gated`), loses its lead's record (a
 /// write Redis acknowledged and then lost), and lets a daemon recover.
 async fn lose_the_lead(gated: bool) -> (mailstream::db::Counts, mailstream::emulator::Stats) {

@@ -852,16 +852,20 @@ pub async fn adopt(
     })
 }
 
-/// A lead whose request never left goes alone (its riders were unjoined first). False if
-/// it is not held by `owner` or may have been sent.
+/// A lead whose request never left goes alone (its riders were unjoined first): its own
+/// key and body, to send alone. `None` if it is not held by `owner` or may have been sent.
 pub async fn dissolve(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     batch: &str,
     owner: &str,
-) -> RedisResult<bool> {
-    lead_step("dissolve", conn, keys, partition, batch, owner).await
+) -> RedisResult<Option<(String, String)>> {
+    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
+    let mut call = join_call("dissolve", keys, &step);
+    call.arg(owner);
+    let own: Option<(String, String)> = call.invoke_async(conn).await?;
+    Ok(own)
 }
 
 /// A lead known not to have been sent, about to be gated again, drops its committed
@@ -873,19 +877,8 @@ pub async fn uncommit(
     batch: &str,
     owner: &str,
 ) -> RedisResult<bool> {
-    lead_step("uncommit", conn, keys, partition, batch, owner).await
-}
-
-async fn lead_step(
-    op: &str,
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    partition: u16,
-    batch: &str,
-    owner: &str,
-) -> RedisResult<bool> {
     let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
-    let mut call = join_call(op, keys, &step);
+    let mut call = join_call("uncommit", keys, &step);
     call.arg(owner);
     let done: i64 = call.invoke_async(conn).await?;
     Ok(done == 1)
