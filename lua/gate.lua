@@ -17,10 +17,9 @@
 --   then '1' if the batch leads a shared tail request (join.lua), else '0', and for a lead the
 --   number of riders k and per rider '<partition>:<batch id>:<emails>' and its body (the JSON
 --   array its own gate left). A lead's gate is the commit: its request is composed here from
---   its kept members and the riders' bodies, stored with its key, and marked 'sending' in the
---   same step. The key stays while the request is the same, and is new when it changed (never
---   sent, so nothing can be replayed under the old one). A lead that may have been sent is
---   resent exactly as it was committed, or withheld.
+--   its kept members and the riders' bodies, stored with a new key (its holder uncommitted any
+--   earlier commit, which never left), and marked 'sending' in the same step. A lead that may
+--   have been sent is resent exactly as it was committed, or withheld.
 -- Returns one of:
 --   {'go', sends}                                  send the batch as it is
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
@@ -147,11 +146,7 @@ if joint then
     riders[#riders + 1] = string.match(part, '^(%d+:[^:]+)')
   end
   if #inner > 0 then
-    local jbody = '[' .. table.concat(inner, ',') .. ']'
-    local jkey = b[8]
-    if jbody ~= b[9] then
-      jkey = newkey
-    end
+    local jkey, jbody = newkey, '[' .. table.concat(inner, ',') .. ']'
     local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
     redis.call('HSET', KEYS[1], 'body', '[' .. table.concat(kept_items, ',') .. ']',
       'sizes', table.concat(kept_sizes, ' '), 'members', table.concat(kept_ids, ' '),

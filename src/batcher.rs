@@ -159,9 +159,8 @@ impl Batcher {
 
     /// Marks a request's batches as in hand: a shared request's riders too.
     pub fn hold_request(&self, sealed: &Sealed) {
-        self.hold(&sealed.id, sealed.partition);
-        for r in sealed.riders.iter().flatten() {
-            self.hold(&r.id, r.partition);
+        for (p, id) in sealed.batches() {
+            self.hold(id, p);
         }
     }
 

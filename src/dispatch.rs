@@ -170,7 +170,7 @@ struct Held(Vec<String>);
 
 impl Held {
     fn of(sealed: &Sealed) -> Held {
-        Held(std::iter::once(&sealed.id).chain(sealed.riders.iter().flatten().map(|r| &r.id)).cloned().collect())
+        Held(sealed.batches().map(|(_, id)| id.to_string()).collect())
     }
 
     fn unhold(&self, batcher: &Batcher) {

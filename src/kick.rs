@@ -383,15 +383,8 @@ async fn scan_audience(
     key: &str,
     cursor: u64,
 ) -> anyhow::Result<(u64, Vec<(String, String)>)> {
-    let (next, flat): (u64, Vec<(String, String)>) = redis::cmd("HSCAN")
-        .arg(key)
-        .arg(cursor)
-        .arg("COUNT")
-        .arg(1000)
-        .query_async(conn)
-        .await
-        .context("scanning the audience")?;
-    Ok((next, flat))
+    let page = redis::cmd("HSCAN").arg(key).arg(cursor).arg("COUNT").arg(1000).query_async(conn).await;
+    page.context("scanning the audience")
 }
 
 /// Which campaign period a kick enqueues, and when its deliveries are released.

@@ -173,8 +173,9 @@ enum Command {
     },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
     Resume,
-    /// Moves a deployment of an earlier key layout (2) to this version's: builds the
-    /// kick's audience index from the subscriber records. Stop every instance first.
+    /// Moves a deployment of an earlier key layout (2 or 3) to this version's: from 2 it
+    /// builds the kick's audience index from the subscriber records. Stop every instance
+    /// first.
     Upgrade,
     /// Look at, add and lift address suppressions (bounces, complaints, by hand).
     Suppressions {

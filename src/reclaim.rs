@@ -22,7 +22,7 @@ use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Failpoint, Reason};
 use crate::sender;
 use crate::stuck;
-use crate::work::{Lane, Rider, Sealed};
+use crate::work::{Lane, Rider, Sealed, parse_batch_ref};
 
 /// Due batches examined per partition per pass.
 const DUE_BATCHES_PER_PASS: isize = 64;
@@ -127,8 +127,7 @@ impl Reclaimer {
                 Take::Take { key, body, members, tries, maybe_sent, share } => {
                     tracing::debug!(batch = %batch, tries, "resending sealed batch");
                     let body = Bytes::from(body);
-                    let mut sealed =
-                        Sealed { partition: p, id: batch, key, body, members, tries, maybe_sent, riders: None };
+                    let mut sealed = Sealed { tries, maybe_sent, ..Sealed::alone(p, batch, key, body, members) };
                     if !self.share(&mut conn, &mut sealed, &share).await? {
                         continue;
                     }
@@ -142,17 +141,8 @@ impl Reclaimer {
                          its deliveries are outcome_unknown and will not be resent"
                     );
                     let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
-                    let key = String::new();
-                    let mut sealed = Sealed {
-                        partition: p,
-                        id: batch,
-                        key,
-                        body: Bytes::new(),
-                        members,
-                        tries: 0,
-                        maybe_sent: true,
-                        riders: None,
-                    };
+                    let alone = Sealed::alone(p, batch, String::new(), Bytes::new(), members);
+                    let mut sealed = Sealed { maybe_sent: true, ..alone };
                     if self.share(&mut conn, &mut sealed, &share).await? {
                         sender::settle_request_alike(ctx, &sealed, verdict).await;
                     }
@@ -239,7 +229,7 @@ impl Reclaimer {
         let keys = &ctx.store.keys;
         let lease_ms = ctx.config.lease().as_millis() as u64;
         let step = JoinStep { partition: p, batch, lead, owner: &ctx.owner, lease_ms };
-        let Some((lp, lid)) = scripts::parse_batch_ref(lead) else {
+        let Some((lp, lid)) = parse_batch_ref(lead) else {
             tracing::error!(batch = %batch, lead = %lead, "a rider names a lead that is not a batch");
             return Ok(());
         };

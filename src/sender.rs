@@ -27,7 +27,7 @@ use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::work::{DeliveryRef, Ready, Rider, Sealed};
+use crate::work::{DeliveryRef, Ready, Rider, Sealed, batch_ref};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
@@ -217,7 +217,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             tracing::info!(batch = %b.id, "shared request was taken over by another holder before it left");
             return Ok(false);
         }
-        if !gate_riders(ctx, b).await? {
+        if !gate_riders(ctx, &mut conn, b).await? {
             return Ok(false);
         }
         if !b.maybe_sent && b.riders.as_ref().is_some_and(Vec::is_empty) {
@@ -244,17 +244,24 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {
             tracing::info!(batch = %b.id, skipped = skipped.len(), "members no longer wanted were left out at the last gate");
-            keep_members(ctx, b, &kept, &skipped);
+            keep_members(ctx, &mut b.members, &kept, &skipped);
             b.key = key;
             b.body = Bytes::from(body);
             true
         }
         Gate::Joint { key, body, parts, kept, skipped, .. } => {
-            keep_members(ctx, b, &kept, &skipped);
+            keep_members(ctx, &mut b.members, &kept, &skipped);
             b.key = key;
             b.body = Bytes::from(body);
-            b.riders = Some(in_request_order(b.riders.take().unwrap_or_default(), &parts));
-            true
+            // The request committed is the one in hand, riders in its order (a resend of one
+            // that may have been sent: as committed); else its answer would be mislabelled.
+            let riders = b.riders.iter().flatten();
+            let same = riders.clone().count() == parts.len()
+                && riders.zip(&parts).all(|(r, part)| r.id == part.batch && r.emails == part.emails);
+            if !same {
+                tracing::error!(batch = %b.id, "the gate committed a shared request unlike the one in hand; it waits");
+            }
+            same
         }
         Gate::Empty { skipped } => {
             count_skipped(ctx, &b.members, &skipped);
@@ -316,10 +323,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
     if !go {
         return Ok(false);
     }
-    let batches: Vec<(u16, &str)> = std::iter::once((b.partition, b.id.as_str()))
-        .chain(b.riders.iter().flatten().filter(|r| !r.members.is_empty()).map(|r| (r.partition, r.id.as_str())))
-        .collect();
-    replicated(ctx, &mut conn, b, &batches).await
+    replicated(ctx, &mut conn, b).await
 }
 
 /// Sends the riders of `lead`, whose request never left, off alone, due at once (a rider
@@ -342,47 +346,25 @@ async fn release_riders(
 }
 
 /// Keeps the members at `kept` (the gate's positions), counting the skipped ones.
-fn keep_members(ctx: &Ctx, b: &mut Sealed, kept: &[usize], skipped: &[(usize, Reason)]) {
-    count_skipped(ctx, &b.members, skipped);
-    let mut members: Vec<Option<DeliveryRef>> = std::mem::take(&mut b.members).into_iter().map(Some).collect();
-    b.members = kept.iter().filter_map(|&i| members.get_mut(i).and_then(Option::take)).collect();
-}
-
-/// A committed request's riders in its order (`parts`); one settled already keeps its
-/// place with no members.
-fn in_request_order(riders: Vec<Rider>, parts: &[scripts::Part]) -> Vec<Rider> {
-    let mut riders: Vec<Option<Rider>> = riders.into_iter().map(Some).collect();
-    parts
-        .iter()
-        .map(|part| {
-            let found = riders.iter_mut().find(|r| r.as_ref().is_some_and(|r| r.id == part.batch));
-            found.and_then(Option::take).unwrap_or_else(|| Rider {
-                partition: part.partition,
-                id: part.batch.clone(),
-                members: Vec::new(),
-                body: Bytes::new(),
-                emails: part.emails,
-            })
-        })
-        .collect()
+fn keep_members(ctx: &Ctx, members: &mut Vec<DeliveryRef>, kept: &[usize], skipped: &[(usize, Reason)]) {
+    count_skipped(ctx, members, skipped);
+    let mut all: Vec<Option<DeliveryRef>> = std::mem::take(members).into_iter().map(Some).collect();
+    *members = kept.iter().filter_map(|&i| all.get_mut(i).and_then(Option::take)).collect();
 }
 
 /// With `redis.wait_replicas`, waits until replicas hold the gates' 'sending' of every
-/// batch in `b`'s request (`batches`), else puts `b` back: a new primary must not think
-/// the request never left and re-seal it under another key.
-async fn replicated(
-    ctx: &Ctx,
-    conn: &mut crate::db::Conn,
-    b: &Sealed,
-    batches: &[(u16, &str)],
-) -> anyhow::Result<bool> {
+/// batch in `b`'s request (a rider settled already wrote nothing new), else puts `b`
+/// back: a new primary must not think the request never left and re-seal it under
+/// another key.
+async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow::Result<bool> {
     let want = ctx.config.redis.wait_replicas;
     if want == 0 {
         return Ok(true);
     }
-    for (p, id) in batches {
+    let settled = |id: &str| b.riders.iter().flatten().any(|r| r.id == id && r.members.is_empty());
+    for (p, id) in b.batches().filter(|(_, id)| !settled(id)) {
         // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
-        let batch_key = ctx.store.keys.batch(*p, id);
+        let batch_key = ctx.store.keys.batch(p, id);
         let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
         if acked < want {
             tracing::warn!(acked, want, batch = %id, "replicas did not acknowledge the batch; it waits");
@@ -408,12 +390,13 @@ enum RiderGate {
 
 /// Passes each rider of the shared request `b` leads through its own gate, keeping those
 /// that ride on; false when the request stops here (put back, or settled).
-async fn gate_riders(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
+async fn gate_riders(ctx: &Ctx, conn: &mut crate::db::Conn, b: &mut Sealed) -> anyhow::Result<bool> {
     let had = b.riders.take().unwrap_or_default();
     let mut riders = Vec::with_capacity(had.len());
     for (i, r) in had.iter().enumerate() {
         // A rider settled already (a resend of a committed request) still has its emails in it.
-        let gate = if r.members.is_empty() { RiderGate::Rides(None) } else { rider_gate(ctx, r, b.maybe_sent).await? };
+        let gate =
+            if r.members.is_empty() { RiderGate::Rides(None) } else { rider_gate(ctx, conn, r, b.maybe_sent).await? };
         match gate {
             RiderGate::Rides(changed) => riders.push(changed.unwrap_or_else(|| r.clone())),
             RiderGate::Leaves => {}
@@ -435,24 +418,17 @@ async fn gate_riders(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
 }
 
 /// Runs a rider's own last gate (its members, its hold), before its lead's.
-async fn rider_gate(ctx: &Ctx, r: &Rider, maybe_sent: bool) -> anyhow::Result<RiderGate> {
+async fn rider_gate(ctx: &Ctx, conn: &mut crate::db::Conn, r: &Rider, maybe_sent: bool) -> anyhow::Result<RiderGate> {
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let request = gate_request(ctx, r.partition, &r.id, &new_key, None);
-    let mut conn = ctx.store.conn().await?;
-    let verdict = scripts::gate(&mut conn, &ctx.store.keys, &request, &r.members).await?;
+    let verdict = scripts::gate(conn, &ctx.store.keys, &request, &r.members).await?;
     Ok(match verdict {
         Gate::Go { .. } => RiderGate::Rides(None),
         Gate::Resealed { body, kept, skipped, .. } => {
-            count_skipped(ctx, &r.members, &skipped);
-            let members: Vec<DeliveryRef> = kept.iter().filter_map(|&i| r.members.get(i).cloned()).collect();
-            let body = Bytes::from(body);
-            RiderGate::Rides(Some(Rider {
-                partition: r.partition,
-                id: r.id.clone(),
-                emails: members.len(),
-                members,
-                body,
-            }))
+            let mut members = r.members.clone();
+            keep_members(ctx, &mut members, &kept, &skipped);
+            let (emails, body) = (members.len(), Bytes::from(body));
+            RiderGate::Rides(Some(Rider { partition: r.partition, id: r.id.clone(), members, body, emails }))
         }
         Gate::Empty { skipped } => {
             count_skipped(ctx, &r.members, &skipped);
@@ -522,7 +498,7 @@ async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<
     let Some((lp, lead_items)) = parts.next() else { return Ok(None) };
     let lead_id = new_id();
     // The riders first: a rider whose lead does not exist was never in a request.
-    let lead_ref = format!("{lp}:{lead_id}");
+    let lead_ref = batch_ref(lp, &lead_id);
     let mut riders = Vec::new();
     for (p, items) in parts {
         if let Some(r) = seal_batch(ctx, p, items, &new_id(), &lead_ref, "").await? {
@@ -532,7 +508,7 @@ async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<
     if !riders.is_empty() {
         ctx.failpoints.at(Failpoint::Riding).await;
     }
-    let planned: Vec<String> = riders.iter().map(|r| format!("{}:{}", r.partition, r.id)).collect();
+    let planned: Vec<String> = riders.iter().map(|r| batch_ref(r.partition, &r.id)).collect();
     let lead = seal_batch(ctx, lp, lead_items, &lead_id, "", &planned.join(" ")).await?;
     let Some(mut lead) = lead else {
         // None of the lead's emails was still held: each rider goes alone, due at once.
@@ -682,22 +658,16 @@ pub async fn settle_request_alike(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
 
 /// Like [`settle_request_alike`], with the lead's own members settled by `own` if given.
 async fn settle_request_with(ctx: &Ctx, b: &Sealed, own: Option<Vec<Verdict>>, rest: Verdict) {
-    let holder = Settler::Holder(&ctx.owner);
-    let mut recorded = true;
-    for r in b.riders.iter().flatten().filter(|r| !r.members.is_empty()) {
-        recorded &= settle(ctx, r.partition, &r.id, &r.members, holder, vec![rest.clone(); r.members.len()]).await;
-    }
-    // The lead last, and only once every rider is settled: a lead gone while a rider is
-    // not would leave that rider unable to tell whether the request carried it.
-    if recorded {
-        let own = own.unwrap_or_else(|| vec![rest; b.members.len()]);
-        settle(ctx, b.partition, &b.id, &b.members, holder, own).await;
-    }
+    let mut verdicts = own.unwrap_or_else(|| vec![rest.clone(); b.members.len()]);
+    verdicts.resize(b.emails(), rest);
+    settle_request(ctx, b, Settler::Holder(&ctx.owner), verdicts).await;
 }
 
 /// Records a request's per-email verdicts (in the order of its body): a shared request's
 /// riders first and its lead last, so a lead still there means its answer is not wholly
-/// recorded, and whoever takes it over replays the request and records the rest.
+/// recorded, and whoever takes it over replays the request and records the rest (a lead
+/// gone while a rider is not would leave that rider unable to tell whether the request
+/// carried it).
 async fn settle_request(ctx: &Ctx, b: &Sealed, by: Settler<'_>, verdicts: Vec<Verdict>) {
     let mut verdicts = verdicts.into_iter();
     let own: Vec<Verdict> = verdicts.by_ref().take(b.members.len()).collect();

@@ -242,19 +242,8 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
             }
         }
     }
-    for node in conn.primaries().await? {
-        let mut cursor = 0u64;
-        loop {
-            let scan = redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(format!("{}:fanout:*", keys.prefix())).clone();
-            let (next, found): (u64, Vec<String>) = conn.on_node(&node, &scan).await?;
-            for key in found {
-                crate::db::scripts::fanout_rewind(&mut conn, &key, keys.partitions()).await?;
-            }
-            cursor = next;
-            if cursor == 0 {
-                break;
-            }
-        }
+    for key in store.scan(&keys.fanout("*", "*")).await? {
+        crate::db::scripts::fanout_rewind(&mut conn, &key, keys.partitions()).await?;
     }
     Ok(wanted)
 }

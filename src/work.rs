@@ -152,15 +152,33 @@ impl Sealed {
         Sealed { partition, id, key, body, members, tries: 0, maybe_sent: false, riders: None }
     }
 
-    /// `<partition>:<batch id>`: how its riders name it.
+    /// How its riders name it ([`batch_ref`]).
     pub fn lead_ref(&self) -> String {
-        format!("{}:{}", self.partition, self.id)
+        batch_ref(self.partition, &self.id)
+    }
+
+    /// Its request's batches: its own, then each rider's.
+    pub fn batches(&self) -> impl Iterator<Item = (u16, &str)> {
+        std::iter::once((self.partition, self.id.as_str()))
+            .chain(self.riders.iter().flatten().map(|r| (r.partition, r.id.as_str())))
     }
 
     /// Every email of its request: its own members, then each rider's.
     pub fn emails(&self) -> usize {
         self.members.len() + self.riders.iter().flatten().map(|r| r.emails).sum::<usize>()
     }
+}
+
+/// `<partition>:<batch id>`: how the batches of a shared tail request name each other
+/// (a batch id, a ULID, holds no `:`).
+pub fn batch_ref(partition: u16, id: &str) -> String {
+    format!("{partition}:{id}")
+}
+
+/// The batch a [`batch_ref`] names.
+pub fn parse_batch_ref(s: &str) -> Option<(u16, String)> {
+    let (p, id) = s.split_once(':')?;
+    Some((p.parse().ok()?, id.to_string())).filter(|(_, id)| !id.is_empty() && !id.contains(':'))
 }
 
 /// A batch riding in another partition's request.

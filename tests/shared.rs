@@ -17,7 +17,7 @@ use mailstream::batcher::Batcher;
 use mailstream::config::Config;
 use mailstream::consumer::Consumer;
 use mailstream::ctx::Ctx;
-use mailstream::db::scripts::{self, Gate, GateLimits, GateRequest};
+use mailstream::db::scripts::{self, Gate, GateRequest};
 use mailstream::db::streams::entry_of;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults};
 use mailstream::outcome::Failpoint;
@@ -300,13 +300,7 @@ async fn a_member_who_leaves_after_the_commit_is_never_mailed_whatever_crash_fol
     let (keys, owner) = (&world.store.keys, me.ctx.owner.as_str());
     let mut conn = world.store.conn().await.unwrap();
     assert!(scripts::uncommit(&mut conn, keys, sealed.partition, &sealed.id, owner).await.unwrap());
-    let limits = GateLimits {
-        lease_ms: 6_000,
-        window_ms: 23 * 3_600_000,
-        deadline_ms: 48 * 3_600_000,
-        maybe_sent_deadline_ms: 6 * 3_600_000,
-        retention_secs: 3600,
-    };
+    let limits = gate_limits(6_000);
     let request =
         GateRequest { partition: rider.partition, batch: &rider.id, owner, new_key: "k2", limits, riders: None };
     let gate = scripts::gate(&mut conn, keys, &request, &rider.members).await.unwrap();

@@ -10,7 +10,7 @@ use redis::{RedisResult, Script};
 
 use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
-use crate::work::{DeliveryRef, Lane, Ready};
+use crate::work::{DeliveryRef, Lane, Ready, parse_batch_ref};
 
 struct Scripts {
     enqueue: Script,
@@ -535,13 +535,9 @@ pub struct Part {
 impl Part {
     /// `<partition>:<batch id>:<emails>`, as join.lua and gate.lua keep it.
     fn parse(s: &str) -> Option<Part> {
-        let mut it = s.split(':');
-        let part = Part {
-            partition: it.next()?.parse().ok()?,
-            batch: it.next()?.to_string(),
-            emails: it.next()?.parse().ok()?,
-        };
-        it.next().is_none().then_some(part)
+        let (batch, emails) = s.rsplit_once(':')?;
+        let (partition, batch) = parse_batch_ref(batch)?;
+        Some(Part { partition, batch, emails: emails.parse().ok()? })
     }
 
     /// A space-separated list of them.
@@ -685,25 +681,10 @@ pub struct Share {
 impl Share {
     fn parse(riders: &str, parts: &str) -> Share {
         let parts = Part::list(parts);
-        let planned = if parts.is_empty() { parse_batch_refs(riders) } else { Vec::new() };
+        let planned =
+            if parts.is_empty() { riders.split(' ').filter_map(parse_batch_ref).collect() } else { Vec::new() };
         Share { planned, parts }
     }
-
-    /// Whether the batch leads a shared request, committed or not.
-    pub fn leads(&self) -> bool {
-        !self.planned.is_empty() || !self.parts.is_empty()
-    }
-}
-
-/// `<partition>:<batch id>` references, space-separated.
-pub fn parse_batch_refs(s: &str) -> Vec<(u16, String)> {
-    s.split(' ').filter_map(parse_batch_ref).collect()
-}
-
-/// One `<partition>:<batch id>`.
-pub fn parse_batch_ref(s: &str) -> Option<(u16, String)> {
-    let (p, id) = s.split_once(':')?;
-    Some((p.parse().ok()?, id.to_string())).filter(|(_, id)| !id.is_empty() && !id.contains(':'))
 }
 
 /// A sealed batch's members, as recorded in it (space-separated delivery ids).
@@ -861,11 +842,7 @@ pub async fn dissolve(
     batch: &str,
     owner: &str,
 ) -> RedisResult<Option<(String, String)>> {
-    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
-    let mut call = join_call("dissolve", keys, &step);
-    call.arg(owner);
-    let own: Option<(String, String)> = call.invoke_async(conn).await?;
-    Ok(own)
+    lead_step("dissolve", conn, keys, partition, batch, owner).await
 }
 
 /// A lead known not to have been sent, about to be gated again, drops its committed
@@ -877,11 +854,23 @@ pub async fn uncommit(
     batch: &str,
     owner: &str,
 ) -> RedisResult<bool> {
-    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
-    let mut call = join_call("uncommit", keys, &step);
-    call.arg(owner);
-    let done: i64 = call.invoke_async(conn).await?;
+    let done: i64 = lead_step("uncommit", conn, keys, partition, batch, owner).await?;
     Ok(done == 1)
+}
+
+/// A join.lua step on a lead held by `owner`.
+async fn lead_step<T: redis::FromRedisValue>(
+    op: &str,
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    batch: &str,
+    owner: &str,
+) -> RedisResult<T> {
+    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
+    let mut call = join_call(op, keys, &step);
+    call.arg(owner);
+    call.invoke_async(conn).await
 }
 
 /// A retry to schedule (or a putting back) for a batch this instance holds.

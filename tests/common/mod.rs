@@ -384,13 +384,7 @@ pub async fn sealed_batch(
     let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
     if sending {
-        let limits = mailstream::db::scripts::GateLimits {
-            lease_ms: 1,
-            window_ms: 23 * 3_600_000,
-            deadline_ms: 48 * 3_600_000,
-            maybe_sent_deadline_ms: 6 * 3_600_000,
-            retention_secs: 3600,
-        };
+        let limits = gate_limits(1);
         let request = mailstream::db::scripts::GateRequest {
             partition: 0,
             batch: "B1",
@@ -434,4 +428,16 @@ pub fn freeze_at(
             }
         })
     })
+}
+
+/// The last gate's limits in tests: a resend window of 23 h, deadlines of 48 h (never
+/// sent) and 6 h (maybe sent), an hour's retention, and a lease of `lease_ms`.
+pub fn gate_limits(lease_ms: u64) -> mailstream::db::scripts::GateLimits {
+    mailstream::db::scripts::GateLimits {
+        lease_ms,
+        window_ms: 23 * 3_600_000,
+        deadline_ms: 48 * 3_600_000,
+        maybe_sent_deadline_ms: 6 * 3_600_000,
+        retention_secs: 3600,
+    }
 }
