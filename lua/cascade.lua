@@ -1,21 +1,28 @@
--- cascade.lua: a suppression reaches the subscribers who have the address, in one of their
--- partitions: each is marked suppressed (the reason) and unsubscribed, and leaves the
--- partition's audience, so neither the kick nor the last gate sends to them. Lifting it
--- clears the mark (not the unsubscribe: that is the application's or the subscriber's to
--- undo). For a webhook event this is done once per
--- partition (SET NX on the event's seen key in the same step).
+-- cascade.lua: a suppression reaches one partition. The address's hash goes into (or, when
+-- lifted, out of) the partition's `suppressed` hash, which the last gate reads for every
+-- address in a sealed body, whoever supplied it; and the subscribers of this partition who
+-- have the address are marked suppressed (the reason) and unsubscribed, and leave the
+-- partition's audience, so the kick does not enqueue them. Lifting it clears the mark (not
+-- the unsubscribe: that is the application's or the subscriber's to undo). Run in every
+-- partition; for a webhook event, once per partition (SET NX on the event's seen key in the
+-- same step).
 --
--- KEYS[1] seen key (ignored without an event), KEYS[2] audience hash, KEYS[3..] subscriber
--- records
+-- KEYS[1] seen key (ignored without an event), KEYS[2] audience hash, KEYS[3] suppressed
+-- addresses hash, KEYS[4..] subscriber records
 -- ARGV[1] mode ('suppress' | 'remove'), ARGV[2] reason, ARGV[3] event id ('' for an
--- operator), ARGV[4] seen TTL s, ARGV[5..] the subscribers' ids (as KEYS[3..])
+-- operator), ARGV[4] seen TTL s, ARGV[5] address hash, ARGV[6..] the subscribers' ids (as KEYS[4..])
 -- Returns how many subscribers changed (-1: the event was already applied here).
-local mode, reason, event, ttl = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local mode, reason, event, ttl, hash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if event ~= '' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then
   return -1
 end
+if mode == 'suppress' then
+  redis.call('HSET', KEYS[3], hash, reason)
+else
+  redis.call('HDEL', KEYS[3], hash)
+end
 local changed = 0
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   if redis.call('EXISTS', KEYS[i]) == 1 then
     if mode == 'suppress' then
       redis.call('HSET', KEYS[i], 'suppressed', reason, 'subscribed', '0')

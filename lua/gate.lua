@@ -2,14 +2,19 @@
 -- resend). In one step it checks that the batch is still held by this owner, that sending is
 -- not paused, that it is within its deadline (and, if an earlier request may have been
 -- processed, within the provider's idempotency window), and that every member is still
--- wanted: entitled, subscribed, not suppressed. Then it marks the batch 'sending' (so a taker
--- after a crash knows the request may have left) and counts the send.
+-- wanted: no address its email is sent to is suppressed (whoever supplied it: the registry,
+-- an inline transactional recipient, the render hook; read from the batch's `addresses`,
+-- hashed from the sealed body, against the partition's `suppressed` hash), and for a campaign
+-- member, its subscriber is entitled, subscribed and not suppressed. Then it marks the batch
+-- 'sending' (so a taker after a crash knows the request may have left) and counts the request
+-- (`sends`: once per request that may leave, not per look: a second look before the request
+-- left counts nothing, and reschedule.lua takes back the count of one put back unsent).
 -- Members no longer wanted are settled 'skipped' here. A batch never sent is re-sealed
 -- without them under a new key (its body rebuilt byte-exactly from `sizes`); a batch that
 -- may have been sent is resent byte-identical or not at all ('withhold').
 --
--- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4..3+c] counts hashes,
---   then per member: delivery key, subscriber key
+-- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
+--   KEYS[5..4+c] counts hashes, then per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
 --   then per member: its campaign (a subscriber may have turned one campaign off:
@@ -25,7 +30,10 @@
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
 --   {'empty', skipped}                             every member was skipped; the batch is gone
 --   {'withhold', reasons}                          maybe sent and a member is no longer wanted
---   {'paused'} | {'expired'} | {'deadline', maybe_sent} | {'not_held'} | {'lost'}
+--   {'paused'} | {'expired'} | {'deadline', maybe_sent} | {'not_held'}
+--   {'settled'}                                    no batch record, every member final: another
+--                                                  holder settled it (a normal race)
+--   {'lost'}                                       no batch record, a member not final
 --   {'joint', sends, key, body, parts, positions, skipped}   a lead: send its shared request
 -- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
 local bid, owner = ARGV[1], ARGV[2]
@@ -33,10 +41,17 @@ local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), to
 local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local n = (#KEYS - 4 - c) / 2
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
-  'members', 'joint_key', 'joint_body', 'joint_parts')
+  'members', 'joint_key', 'joint_body', 'joint_parts', 'addresses', 'state', 'sends')
 if not b[1] then
-  return {'lost'}
+  local final = {sent = true, failed = true, skipped = true, outcome_unknown = true}
+  for m = 1, n do
+    if not final[redis.call('HGET', KEYS[4 + c + 2 * m - 1], 'state') or ''] then
+      return {'lost'}
+    end
+  end
+  return {'settled'}
 end
 if b[1] ~= owner then
   return {'not_held'}
@@ -55,15 +70,28 @@ if not maybe_sent and now - tonumber(b[4]) > deadline then
   return {'deadline', '0'}
 end
 
-local n = (#KEYS - 3 - c) / 2
+-- Per member, the hashes of its email's addresses (a batch sealed before they were kept has
+-- none: its members' subscriber records still say whether they are suppressed).
+local addresses = {}
+for group in string.gmatch(b[11] or '', '%S+') do addresses[#addresses + 1] = group end
+local function suppressed(m)
+  for hash in string.gmatch(addresses[m] or '', '[^,]+') do
+    if hash ~= '-' and redis.call('HEXISTS', KEYS[4], hash) == 1 then
+      return true
+    end
+  end
+  return false
+end
 local reasons, any = {}, false
 for m = 1, n do
-  local dkey, skey = KEYS[3 + c + 2 * m - 1], KEYS[3 + c + 2 * m]
+  local dkey, skey = KEYS[4 + c + 2 * m - 1], KEYS[4 + c + 2 * m]
   local campaign, check = ARGV[9 + 3 * m - 2], ARGV[9 + 3 * m]
   local reason = ''
   local d = redis.call('HMGET', dkey, 'state', 'batch')
   if d[1] ~= 'sealed' or d[2] ~= bid then
     reason = 'record_lost'
+  elseif suppressed(m) then
+    reason = 'suppressed'
   elseif check == '1' then
     local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed', 'off:' .. campaign)
     if not s[1] then
@@ -80,6 +108,19 @@ for m = 1, n do
   if reason ~= '' then any = true end
 end
 
+-- Marks the batch 'sending' (with `fields`), so a taker after a crash knows its request may
+-- have left, and counts that request, unless this holder passed the gate before and no
+-- request left since (still 'sending': the holder looks again after its slot moved).
+local function sending(fields)
+  local sends = tonumber(b[13]) or 0
+  if b[12] ~= 'sending' then
+    sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
+  end
+  redis.call('HSET', KEYS[1], 'state', 'sending', unpack(fields))
+  redis.call('ZADD', KEYS[2], now + lease, bid)
+  return tostring(sends)
+end
+
 local jbase = 10 + 3 * n
 local joint = ARGV[jbase] == '1'
 
@@ -87,19 +128,14 @@ if joint and maybe_sent then
   if any then
     return {'withhold', table.concat(reasons, ' ')}
   end
-  local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
-  redis.call('HSET', KEYS[1], 'state', 'sending')
-  redis.call('ZADD', KEYS[2], now + lease, bid)
+  local sends = sending({})
   local all = {}
   for m = 1, n do all[m] = tostring(m - 1) end
-  return {'joint', tostring(sends), b[8], b[9], b[10], table.concat(all, ' '), ''}
+  return {'joint', sends, b[8], b[9], b[10], table.concat(all, ' '), ''}
 end
 
 if not any and not joint then
-  local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
-  redis.call('HSET', KEYS[1], 'state', 'sending')
-  redis.call('ZADD', KEYS[2], now + lease, bid)
-  return {'go', tostring(sends)}
+  return {'go', sending({})}
 end
 if maybe_sent then
   return {'withhold', table.concat(reasons, ' ')}
@@ -110,7 +146,7 @@ local sizes, ids = {}, {}
 for s in string.gmatch(b[5], '%S+') do sizes[#sizes + 1] = tonumber(s) end
 for s in string.gmatch(b[7], '%S+') do ids[#ids + 1] = s end
 local body, offset = b[6], 2
-local kept_items, kept_sizes, kept_ids, positions, skipped = {}, {}, {}, {}, {}
+local kept_items, kept_sizes, kept_ids, kept_addresses, positions, skipped = {}, {}, {}, {}, {}, {}
 for m = 1, n do
   local item = string.sub(body, offset, offset + sizes[m] - 1)
   offset = offset + sizes[m] + 1
@@ -118,15 +154,16 @@ for m = 1, n do
     kept_items[#kept_items + 1] = item
     kept_sizes[#kept_sizes + 1] = sizes[m]
     kept_ids[#kept_ids + 1] = ids[m]
+    kept_addresses[#kept_addresses + 1] = addresses[m] or '-'
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[3 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
+    local dkey, ci = KEYS[4 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
       redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
       redis.call('EXPIRE', dkey, retention)
-      redis.call('HINCRBY', KEYS[3 + ci], 'skipped', 1)
-      redis.call('EXPIRE', KEYS[3 + ci], retention)
+      redis.call('HINCRBY', KEYS[4 + ci], 'skipped', 1)
+      redis.call('EXPIRE', KEYS[4 + ci], retention)
     end
   end
 end
@@ -147,13 +184,11 @@ if joint then
   end
   if #inner > 0 then
     local jkey, jbody = newkey, '[' .. table.concat(inner, ',') .. ']'
-    local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
-    redis.call('HSET', KEYS[1], 'body', '[' .. table.concat(kept_items, ',') .. ']',
+    local sends = sending({'body', '[' .. table.concat(kept_items, ',') .. ']',
       'sizes', table.concat(kept_sizes, ' '), 'members', table.concat(kept_ids, ' '),
-      'riders', table.concat(riders, ' '), 'joint_key', jkey, 'joint_body', jbody,
-      'joint_parts', table.concat(parts, ' '), 'sealed_ms', now, 'state', 'sending')
-    redis.call('ZADD', KEYS[2], now + lease, bid)
-    return {'joint', tostring(sends), jkey, jbody, table.concat(parts, ' '), table.concat(positions, ' '),
+      'addresses', table.concat(kept_addresses, ' '), 'riders', table.concat(riders, ' '), 'joint_key', jkey,
+      'joint_body', jbody, 'joint_parts', table.concat(parts, ' '), 'sealed_ms', now})
+    return {'joint', sends, jkey, jbody, table.concat(parts, ' '), table.concat(positions, ' '),
       table.concat(skipped, ' ')}
   end
 end
@@ -163,8 +198,6 @@ if #kept_items == 0 then
   return {'empty', table.concat(skipped, ' ')}
 end
 local newbody = '[' .. table.concat(kept_items, ',') .. ']'
-local sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
-redis.call('HSET', KEYS[1], 'key', newkey, 'body', newbody, 'sizes', table.concat(kept_sizes, ' '),
-  'members', table.concat(kept_ids, ' '), 'sealed_ms', now, 'state', 'sending')
-redis.call('ZADD', KEYS[2], now + lease, bid)
-return {'resealed', tostring(sends), newkey, newbody, table.concat(positions, ' '), table.concat(skipped, ' ')}
+local sends = sending({'key', newkey, 'body', newbody, 'sizes', table.concat(kept_sizes, ' '),
+  'members', table.concat(kept_ids, ' '), 'addresses', table.concat(kept_addresses, ' '), 'sealed_ms', now})
+return {'resealed', sends, newkey, newbody, table.concat(positions, ' '), table.concat(skipped, ' ')}

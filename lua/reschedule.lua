@@ -10,9 +10,14 @@
 local bid, owner = ARGV[1], ARGV[2]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent')
+local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'state')
 if b[1] ~= owner then
   return -1
+end
+if ARGV[4] == '0' and b[3] == 'sending' then
+  -- Put back after its last gate, before its request left: the gate counted a request
+  -- that was never made.
+  redis.call('HINCRBY', KEYS[1], 'sends', -1)
 end
 local tries = redis.call('HINCRBY', KEYS[1], 'tries', tonumber(ARGV[4]))
 local maybe_sent = b[2]

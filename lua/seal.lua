@@ -3,7 +3,9 @@
 -- here the batch record, not the stream, is what guarantees the members are settled.
 -- Only members still processing under this owner's claim are sealed (a member taken over
 -- by another instance is left out); the body is the sealed members' JSON, in order, and
--- `sizes` keeps each member's length so the last gate can drop a member byte-exactly.
+-- `sizes` keeps each member's length so the last gate can drop a member byte-exactly, and
+-- `addresses` the salted hashes of every address each member's email is sent to, so the last
+-- gate checks the partition's suppressed addresses against what the body really carries.
 -- The batch record has no expiry: it lives until it is settled.
 --
 -- A batch may carry both lanes of its partition (receipts first, the spare room filled with
@@ -16,16 +18,17 @@
 --   (a shared tail request, see join.lua), else '', ARGV[7] riders: '<partition>:<batch id> ...'
 --   when this batch leads one (its riders are sealed before it), else '';
 --   then per member: stream entry id, delivery id, email JSON, A/B variant ('' for none; kept
---   on the record, counted as an exposure by settle.lua once the provider accepted it)
+--   on the record, counted as an exposure by settle.lua once the provider accepted it), the
+--   hashes of its email's addresses, comma-separated ('-' for none)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
 local bid, ikey, owner, group, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local lead, riders = ARGV[6], ARGV[7]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
-local sealed, entries, tx_entries, ids, items, sizes = {}, {}, {}, {}, {}, {}
+local sealed, entries, tx_entries, ids, items, sizes, addresses = {}, {}, {}, {}, {}, {}, {}
 for i = 5, #KEYS do
   local m = i - 4
-  local base = 7 + 4 * (m - 1)
+  local base = 7 + 5 * (m - 1)
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
   if d[1] == 'processing' and d[2] == owner then
     redis.call('HSET', KEYS[i], 'state', 'sealed', 'batch', bid)
@@ -42,6 +45,7 @@ for i = 5, #KEYS do
     ids[#ids + 1] = ARGV[base + 2]
     items[#items + 1] = ARGV[base + 3]
     sizes[#sizes + 1] = #ARGV[base + 3]
+    addresses[#addresses + 1] = ARGV[base + 5]
   end
 end
 if #sealed == 0 then
@@ -55,7 +59,7 @@ if #tx_entries > 0 then
 end
 redis.call('HSET', KEYS[1], 'key', ikey, 'body', '[' .. table.concat(items, ',') .. ']',
   'sizes', table.concat(sizes, ' '), 'members', table.concat(ids, ' '),
-  'first_sealed_ms', now, 'sealed_ms', now, 'owner', owner, 'state', 'sealed',
+  'addresses', table.concat(addresses, ' '), 'first_sealed_ms', now, 'sealed_ms', now, 'owner', owner, 'state', 'sealed',
   'maybe_sent', 0, 'sends', 0, 'tries', 0)
 if lead ~= '' then
   redis.call('HSET', KEYS[1], 'lead', lead)

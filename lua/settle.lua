@@ -20,7 +20,9 @@
 -- ARGV[4] owner, '' for a 2xx answer, '*lost*' for a lost batch;
 --   then per member: delivery id, state, detail (provider id or error name), counts index (1-based)
 -- Returns {status, per member the state recorded now ('' where nothing changed)} with status
--- 'ok', 'missing' (no batch record; an answer was recorded anyway) or 'not_held'.
+-- 'ok', 'not_held', 'settled' (no batch record, and every member was already final: another
+-- holder settled it first, a normal race) or 'missing' (no batch record while a member was not
+-- final: a lost write; an answer was recorded anyway).
 local bid, c, retention, owner = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local out = {}
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sends')
@@ -38,6 +40,8 @@ end
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local sends = b[3] or 0
+local final = {sent = true, failed = true, skipped = true, outcome_unknown = true}
+local all_final = true
 for i = 5 + c, #KEYS do
   local base = 4 + 4 * (i - 5 - c)
   local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
@@ -45,6 +49,7 @@ for i = 5 + c, #KEYS do
     state = 'outcome_unknown'
   end
   local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant')
+  all_final = all_final and final[d[1] or ''] == true
   local open = d[1] == 'sealed' and d[2] == bid
   if status == 'missing' and owner == '' then
     -- The seal was lost but the provider accepted: record it unless already final.
@@ -78,4 +83,7 @@ for i = 5 + c, #KEYS do
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], bid)
+if status == 'missing' and all_final then
+  status = 'settled'
+end
 return {status, out}

@@ -404,7 +404,8 @@ impl Consumer {
                     continue;
                 }
             };
-            let suppressed: bool = conn.exists(keys.suppression(&keys.address(&to))).await?;
+            // Early, as the last gate will do it: the partition's suppressed addresses.
+            let suppressed: bool = conn.hexists(keys.suppressed(p), keys.address(&to).hash).await?;
             if suppressed {
                 fates.push(Fate::Decide(Outcome::Skipped, Reason::Suppressed));
                 continue;

@@ -209,6 +209,7 @@ async fn read_rows(
     }
     let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
     let mut out = Vec::new();
+    let mut sealed_into = Vec::new();
     for (d, pair) in refs.into_iter().zip(replies.chunks(2)) {
         let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&pair[0]).unwrap_or_default();
         if fields.is_empty() {
@@ -217,10 +218,41 @@ async fn read_rows(
         let email: Option<String> = redis::from_redis_value_ref(&pair[1]).ok().flatten();
         let r = row(d, &fields, email.as_deref());
         if wanted(filter, &fields, &r) {
+            sealed_into.push(sealed_batch(&r, &fields));
             out.push(r);
         }
     }
+    batch_sends(conn, store, p, &mut out, &sealed_into).await?;
     Ok(out)
+}
+
+/// The batch a sealed delivery is in (its record gets the request count only when settled).
+fn sealed_batch(r: &Row, fields: &BTreeMap<String, String>) -> Option<String> {
+    (r.status == "sealed").then(|| fields.get("batch").cloned()).flatten()
+}
+
+/// Sets each sealed row's requests from its batch record, which counts them as they are made.
+async fn batch_sends(
+    conn: &mut crate::db::Conn,
+    store: &Store,
+    p: u16,
+    rows: &mut [Row],
+    batches: &[Option<String>],
+) -> anyhow::Result<()> {
+    let sealed: Vec<(usize, &String)> =
+        batches.iter().enumerate().filter_map(|(i, b)| Some((i, b.as_ref()?))).collect();
+    if sealed.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for (_, batch) in &sealed {
+        pipe.cmd("HGET").arg(store.keys.batch(p, batch)).arg("sends");
+    }
+    let sends: Vec<Option<u64>> = pipe.query_async(conn).await?;
+    for ((i, _), n) in sealed.into_iter().zip(sends) {
+        rows[i].sends = n.unwrap_or(rows[i].sends);
+    }
+    Ok(())
 }
 
 /// One delivery in full: its row, every field of its record (no field holds an
@@ -255,7 +287,9 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         r.to = r.to.as_deref().map(mask);
         fields.insert("request".into(), serde_json::to_string(&r).unwrap_or_default());
     }
-    let row = row(d, &fields, email.as_deref());
+    let mut row = row(d, &fields, email.as_deref());
+    let batch = sealed_batch(&row, &fields);
+    batch_sends(&mut conn, store, p, std::slice::from_mut(&mut row), &[batch]).await?;
     let mut history: Vec<(i64, String)> = Vec::new();
     let ms = |f: &str| fields.get(f).and_then(|v| v.parse::<i64>().ok());
     if let Some(at) = ms("lease_until") {

@@ -267,7 +267,8 @@ impl Reclaimer {
         let keys = &ctx.store.keys;
         let count = ctx.config.delivery.read_count;
         let mut cursor = "0-0".to_string();
-        while !ctx.shutdown.is_triggered() && self.batcher.room(p, lane) > 0 {
+        while !ctx.shutdown.is_triggered() {
+            let Some(room) = autoclaim_count(count, self.batcher.room(p, lane)) else { break };
             let mut conn = ctx.store.conn().await?;
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(keys.lane_stream(p, lane))
@@ -276,7 +277,7 @@ impl Reclaimer {
                 .arg(ctx.config.lease().as_millis() as u64)
                 .arg(&cursor)
                 .arg("COUNT")
-                .arg(count.min(self.batcher.room(p, lane)))
+                .arg(room)
                 .query_async(&mut conn)
                 .await?;
             // Redis 7 drops entries deleted from the stream out of the pending list itself
@@ -331,6 +332,13 @@ impl Reclaimer {
         sender::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
         Ok(())
     }
+}
+
+/// How many entries one XAUTOCLAIM may take: a read's worth, at most the queue's room
+/// (read once: the queue may fill between a check and the call); `None` when there is
+/// no room, since `COUNT 0` is an error to Redis.
+fn autoclaim_count(read_count: usize, room: usize) -> Option<usize> {
+    Some(read_count.min(room)).filter(|&n| n > 0)
 }
 
 /// Deliveries released from a due set per partition per pass.
@@ -394,3 +402,16 @@ pub async fn trim(ctx: &Ctx, p: u16, lane: Lane) -> anyhow::Result<Option<stream
 
 /// Whether the "other consumer groups" warning was given (once per process).
 static FOREIGN_GROUPS_SEEN: AtomicBool = AtomicBool::new(false);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_queue_claims_nothing_and_never_asks_for_count_0() {
+        assert_eq!(autoclaim_count(100, 0), None);
+        assert_eq!(autoclaim_count(0, 50), None);
+        assert_eq!(autoclaim_count(100, 30), Some(30));
+        assert_eq!(autoclaim_count(100, 300), Some(100));
+    }
+}

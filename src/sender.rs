@@ -19,8 +19,8 @@ use rand::rngs::StdRng;
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::scripts::{
-    self, Gate, GateLimits, GateRequest, JoinStep, Reschedule, RiderBody, SealRequest, Settlement, Settler, UnjoinMode,
-    Verdict,
+    self, BatchFound, Gate, GateLimits, GateRequest, JoinStep, Reschedule, RiderBody, SealRequest, Settlement, Settler,
+    UnjoinMode, Verdict,
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
@@ -301,6 +301,10 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             tracing::info!(batch = %b.id, "batch was taken over by another holder before its request left");
             false
         }
+        Gate::Settled => {
+            tracing::debug!(batch = %b.id, "batch was taken over and settled by another holder");
+            false
+        }
         Gate::Lost => {
             tracing::error!(batch = %b.id, deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
             if !b.maybe_sent {
@@ -436,8 +440,8 @@ async fn rider_gate(ctx: &Ctx, conn: &mut crate::db::Conn, r: &Rider, maybe_sent
         }
         // Its emails are in a request that may have been sent: they stay in it, and whoever
         // gets an answer records it on its members.
-        Gate::NotHeld | Gate::Lost if maybe_sent => RiderGate::Rides(None),
-        Gate::NotHeld | Gate::Lost | Gate::Joint { .. } => {
+        Gate::NotHeld | Gate::Lost | Gate::Settled if maybe_sent => RiderGate::Rides(None),
+        Gate::NotHeld | Gate::Lost | Gate::Settled | Gate::Joint { .. } => {
             tracing::info!(batch = %r.id, "a rider was taken over or is gone; the shared request leaves without it");
             RiderGate::Leaves
         }
@@ -708,7 +712,9 @@ pub async fn settle(
     };
     match result.await {
         Ok(settled) => {
-            if settled.batch_missing && by == Settler::Answer {
+            // Already settled by another holder is a normal race (a holder that stalled past
+            // its lease): only a record truly missing is a lost write.
+            if settled.batch == BatchFound::Missing && by == Settler::Answer {
                 let recorded = settled.recorded.iter().filter(|r| r.is_some()).count();
                 tracing::error!(
                     batch = %batch,

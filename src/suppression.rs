@@ -1,8 +1,9 @@
 //! Suppression: an address that bounced for good, complained or was suppressed
 //! by the provider gets no more mail. The record lives in the address's home
 //! partition under a salted hash (never the address); the suppression cascades
-//! to every subscriber with that address, who are marked suppressed and
-//! unsubscribed in their own partitions. Transient bounces are counted, and
+//! to every partition, whose `suppressed` hash the last gate reads for every
+//! address in a sealed body, and to every subscriber with that address, who are
+//! marked suppressed and unsubscribed in their own partitions. Transient bounces are counted, and
 //! suppress at a threshold within a window. Used by the webhook listener and by
 //! `mailstream suppressions`.
 
@@ -91,7 +92,8 @@ pub async fn apply(
         Suppressed::Counted => false,
     };
     if cascade {
-        let mut by_partition: BTreeMap<u16, Vec<&str>> = BTreeMap::new();
+        // Every partition: each keeps the suppressed addresses its last gate reads.
+        let mut by_partition: BTreeMap<u16, Vec<&str>> = (0..keys.partitions()).map(|p| (p, Vec::new())).collect();
         for id in &ids {
             by_partition.entry(keys.partition_of(id)).or_default().push(id);
         }
@@ -107,7 +109,7 @@ pub async fn apply(
         };
         let step = Suppression { mode, reason: &reason, ..step };
         for (p, ids) in by_partition {
-            scripts::cascade(&mut conn, keys, p, &ids, &step).await?;
+            scripts::cascade(&mut conn, keys, p, &address, &ids, &step).await?;
         }
     }
     Ok(state)

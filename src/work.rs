@@ -126,6 +126,26 @@ pub struct Ready {
     pub variant: Option<String>,
 }
 
+impl Ready {
+    /// Every address its email is addressed to (`to`, `cc`, `bcc`; a string or a list
+    /// each), read from the JSON that will be sealed, so the last gate checks exactly
+    /// the addresses the request carries, whoever supplied them.
+    pub fn recipients(&self) -> Vec<String> {
+        let Ok(email) = serde_json::from_str::<serde_json::Value>(&self.json) else { return Vec::new() };
+        let mut out = Vec::new();
+        for field in ["to", "cc", "bcc"] {
+            match email.get(field) {
+                Some(serde_json::Value::String(s)) => out.push(s.clone()),
+                Some(serde_json::Value::Array(list)) => {
+                    out.extend(list.iter().filter_map(|v| v.as_str()).map(str::to_string));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
 /// A sealed batch in hand: what to send and who is in it.
 #[derive(Debug, Clone)]
 pub struct Sealed {
@@ -210,6 +230,20 @@ pub enum Work {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recipients_are_read_from_the_email_itself() {
+        let ready = |json: &str| Ready {
+            entry: "0-1".into(),
+            delivery: DeliveryRef::new("c", "p", "s", "t"),
+            json: json.into(),
+            variant: None,
+        };
+        let email = r#"{"to":["a@x.example"],"cc":"b@x.example","bcc":["c@x.example","d@x.example"],"subject":"s"}"#;
+        assert_eq!(ready(email).recipients(), ["a@x.example", "b@x.example", "c@x.example", "d@x.example"]);
+        assert_eq!(ready(r#"{"to":"Ann <a@x.example>"}"#).recipients(), ["Ann <a@x.example>"]);
+        assert!(ready("not json").recipients().is_empty());
+    }
 
     #[test]
     fn ids_and_tags_round_trip() {

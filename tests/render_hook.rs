@@ -1,8 +1,9 @@
 //! The render hook, against a small application on a port of its own that
 //! checks every request's signature: send/skip per delivery, entitlement
 //! revoked between kick and send, a hook that answers 500, garbage, too slowly
-//! or only in part, a hook that is down for a while; and A/B variants whose
-//! exposures match what the provider accepted, with faults injected.
+//! or only in part, a hook that is down for a while, an address it supplies that
+//! bounced; and A/B variants whose exposures match what the provider accepted,
+//! with faults injected.
 
 mod common;
 
@@ -167,6 +168,33 @@ async fn the_hook_decides_at_send_time_and_revoked_entitlements_get_nothing() {
         state.calls,
         state.largest_request
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_the_hook_supplies_is_checked_against_suppressions() {
+    let app = App::start(AppState::default()).await;
+    let mut world = World::with(Default::default(), with_hook(&app)).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(20).await;
+    // The application keeps answering with an address that bounced for good; no
+    // subscriber in the registry has it, so only the address itself can tell.
+    let bounced: Vec<String> = subs.iter().step_by(5).map(|s| format!("delivered+app-{}@resend.dev", s.id)).collect();
+    for (i, address) in bounced.iter().enumerate() {
+        let act = mailstream::suppression::Act::Suppress(mailstream::suppression::Why::Bounced);
+        let event = format!("evt-{i}");
+        mailstream::suppression::apply(&world.store, &world.config, address, act, Some(&event)).await.unwrap();
+    }
+    world.kick().await;
+    let daemon = world.daemon();
+    let counts = world.settled(Duration::from_secs(60)).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.failed), (16, 4, 0), "{counts:?}");
+    let sends = emulator.sends_matching("");
+    for (s, address) in subs.iter().step_by(5).zip(&bounced) {
+        assert!(!sends.contains_key(address), "{address} bounced and was mailed");
+        let d = delivery(&world.store, &delivery_of(s).id()).await;
+        assert_eq!((d["state"].as_str(), d["reason"].as_str()), ("skipped", "suppressed"));
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -137,14 +137,18 @@ impl Conn {
     }
 }
 
-/// The `host:port` of each live primary in a `CLUSTER NODES` reply.
+/// The `host:port` of each live primary that serves slots in a `CLUSTER NODES` reply
+/// (`<id> <addr> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...`): a primary
+/// with no slots (one just added, or emptied) serves no key, and the cluster client
+/// has no connection to route to it.
 pub fn primaries_of(nodes: &str) -> Vec<String> {
     nodes
         .lines()
         .filter_map(|line| {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let flags = fields.get(2)?;
-            let is_primary = flags.split(',').any(|f| f == "master") && !flags.contains("fail");
+            let serves_slots = fields.len() > 8;
+            let is_primary = flags.split(',').any(|f| f == "master") && !flags.contains("fail") && serves_slots;
             let address = fields.get(1)?.split('@').next()?;
             is_primary.then(|| address.to_string())
         })
@@ -214,7 +218,9 @@ mod tests {
 67ed2db8d677e59ec4a4cefb06858cf2a1a89fa1 127.0.0.1:30002@31002 master - 0 1426238316232 2 connected 5461-10922
 292f8b365bb7edb5e285caf0b7e6ddc7265d2f4f 127.0.0.1:30003@31003 master,fail - 0 1426238318243 3 connected 10923-16383
 e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@31001 myself,master - 0 0 1 connected 0-5460
+5c1b2a0f36c4f4a6d2d3f9b1a7e0c2d4b6a8e0f1 127.0.0.1:30005@31005 master - 0 1426238316232 5 connected
 ";
+        // A primary serving no slot (just added to the cluster) is not one to route to.
         assert_eq!(primaries_of(nodes), vec!["127.0.0.1:30002", "127.0.0.1:30001"]);
     }
 }

@@ -50,14 +50,16 @@ impl Keys {
         self
     }
 
-    /// The hash and home partition of an address (trimmed, lower-cased): 32 hex
-    /// digits of SHA-256 over the salt and the address, safe in key names and logs.
+    /// The hash and home partition of an address ([`normalized`]): 32 hex digits of
+    /// SHA-256 over the salt and the address, safe in key names and logs. The webhook
+    /// side and the last gate both name an address this way, so a suppression made from
+    /// a provider's event finds the address the gate reads out of a sealed body.
     pub fn address(&self, email: &str) -> Address {
         use sha2::Digest;
         let mut h = sha2::Sha256::new();
         h.update(self.salt.as_bytes());
         h.update(b":");
-        h.update(email.trim().to_ascii_lowercase().as_bytes());
+        h.update(normalized(email).as_bytes());
         let digest = h.finalize();
         let hash: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
         let partition = u16::from_be_bytes([digest[0], digest[1]]) % self.partitions;
@@ -72,6 +74,13 @@ impl Keys {
     /// Hash: an address's suppression (reason, at_ms, source, event), in its home partition.
     pub fn suppression(&self, a: &Address) -> String {
         self.tagged(a.partition, &format!("suppression:{}", a.hash))
+    }
+
+    /// Hash: address hash → reason, for every suppressed address, kept in every
+    /// partition (written by the cascade), so the last gate reads it in the batch's own
+    /// slot, whoever supplied the address.
+    pub fn suppressed(&self, p: u16) -> String {
+        self.tagged(p, "suppressed")
     }
 
     /// The pattern matching every suppression record (for SCAN).
@@ -234,6 +243,16 @@ impl Keys {
     }
 }
 
+/// An address as mailstream compares it: the part inside `<…>` if there is one
+/// (`Ann <ann@acme.example>`), trimmed and lower-cased.
+pub fn normalized(email: &str) -> String {
+    let inner = match (email.rfind('<'), email.rfind('>')) {
+        (Some(open), Some(close)) if open < close => &email[open + 1..close],
+        _ => email,
+    };
+    inner.trim().to_ascii_lowercase()
+}
+
 /// The part of `key` Redis Cluster hashes: the first `{…}` if it is not empty, else
 /// the whole key (keys with one tag share a slot).
 pub fn hash_tag(key: &str) -> &str {
@@ -259,6 +278,16 @@ mod tests {
         );
         assert_eq!(keys.paused(2), "mailstream:{2}:paused");
         assert_eq!(keys.stream(0), "mailstream:{0}:stream");
+    }
+
+    #[test]
+    fn an_address_is_named_alike_however_it_is_written() {
+        let keys = Keys::new("mailstream", 4).with_salt("s");
+        let plain = keys.address("ann@acme.example");
+        for written in [" Ann@Acme.Example ", "Ann <ann@acme.example>", "\"Ann B\" < ANN@acme.example >"] {
+            assert_eq!(keys.address(written), plain, "{written}");
+        }
+        assert_ne!(keys.address("bob@acme.example"), plain);
     }
 
     #[test]

@@ -97,6 +97,12 @@ pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> Redis
     Ok(ours.len() + more.len())
 }
 
+/// A reply a script's caller does not know: an error, never a guessed state.
+fn unexpected(script: &str, reply: &str) -> redis::RedisError {
+    let detail = format!("{script} answered {reply:?}");
+    redis::RedisError::from((redis::ErrorKind::UnexpectedReturnType, "unexpected script reply", detail))
+}
+
 /// Enqueues deliveries of one partition and one campaign period; `true` where new.
 pub async fn enqueue(
     conn: &mut impl ConnectionLike,
@@ -478,9 +484,19 @@ pub async fn seal(
     for m in members {
         let id = m.delivery.id();
         call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json).arg(m.variant.as_deref().unwrap_or(""));
+        call.arg(address_hashes(keys, &m.recipients()));
     }
     let sealed: Vec<usize> = call.invoke_async(conn).await?;
     Ok(sealed.into_iter().map(|i| i - 1).collect())
+}
+
+/// The hashes of `addresses` as seal.lua keeps them for the last gate: comma-separated,
+/// `-` for none.
+fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
+    if addresses.is_empty() {
+        return "-".to_string();
+    }
+    addresses.iter().map(|a| keys.address(a).hash).collect::<Vec<_>>().join(",")
 }
 
 /// The limits the last gate applies, in milliseconds.
@@ -516,7 +532,9 @@ pub enum Gate {
     Deadline { maybe_sent: bool },
     /// Another instance holds it now.
     NotHeld,
-    /// Its record is gone.
+    /// Its record is gone and every member is final: another holder settled it.
+    Settled,
+    /// Its record is gone while a member is not final (a lost write).
     Lost,
     /// The lead of a shared tail request: send this body under this key. `parts` are its
     /// riders in the order their emails follow its own kept members; `kept` and `skipped`
@@ -568,10 +586,11 @@ pub struct GateRequest<'a> {
     pub riders: Option<&'a [RiderBody<'a>]>,
 }
 
-/// Runs the last gate for a batch this instance holds, right before its request. A
-/// campaign member's subscriber record says whether it is still wanted; a
-/// transactional member has no subscription to check (its subscriber, if any, lives
-/// in another slot; its suppression was checked when it was claimed).
+/// Runs the last gate for a batch this instance holds, right before its request. Every
+/// member's addresses (as sealed) are checked against the partition's suppressed
+/// addresses; a campaign member's subscriber record also says whether it is still
+/// wanted (a transactional member has no subscription to check, and its subscriber, if
+/// any, lives in another slot).
 pub async fn gate(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -584,6 +603,7 @@ pub async fn gate(
     call.key(keys.batch(p, batch))
         .key(keys.batches(p))
         .key(keys.paused(p))
+        .key(keys.suppressed(p))
         .arg(batch)
         .arg(req.owner)
         .arg(limits.lease_ms)
@@ -640,6 +660,8 @@ pub async fn gate(
         [tag] if tag == "expired" => Gate::Expired,
         [tag, maybe] if tag == "deadline" => Gate::Deadline { maybe_sent: maybe == "1" },
         [tag] if tag == "not_held" => Gate::NotHeld,
+        [tag] if tag == "settled" => Gate::Settled,
+        [tag] if tag == "lost" => Gate::Lost,
         [tag, sends, key, body, parts, kept, gone] if tag == "joint" => Gate::Joint {
             sends: number(sends),
             key: key.clone(),
@@ -648,7 +670,8 @@ pub async fn gate(
             kept: kept.split(' ').filter_map(|i| i.parse().ok()).collect(),
             skipped: skipped(gone),
         },
-        _ => Gate::Lost,
+        // Only the tag: the rest may hold a body, and with it addresses.
+        _ => return Err(unexpected("gate.lua", row.first().map_or("", String::as_str))),
     })
 }
 
@@ -984,11 +1007,24 @@ pub enum Settler<'a> {
     Lost,
 }
 
+/// What a settle call found of the batch record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchFound {
+    /// There, and settled now.
+    Open,
+    /// Another instance holds it: nothing was recorded.
+    NotHeld,
+    /// Gone, and every member was already final: another holder settled it first (a
+    /// normal race, such as a holder that stalled past its lease).
+    AlreadySettled,
+    /// Gone while a member was not final: a lost write (an answer was recorded anyway).
+    Missing,
+}
+
 /// How a settle call went.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settled {
-    /// The batch record was missing (a lost write); an answer was recorded anyway.
-    pub batch_missing: bool,
+    pub batch: BatchFound,
     /// Per member, the outcome recorded now (`None` where nothing changed).
     pub recorded: Vec<Option<Outcome>>,
 }
@@ -1033,7 +1069,14 @@ pub async fn settle(
             .arg(ci);
     }
     let (status, recorded): (String, Vec<String>) = call.invoke_async(conn).await?;
-    Ok(Settled { batch_missing: status == "missing", recorded: recorded.iter().map(|s| Outcome::parse(s)).collect() })
+    let batch = match status.as_str() {
+        "ok" => BatchFound::Open,
+        "not_held" => BatchFound::NotHeld,
+        "settled" => BatchFound::AlreadySettled,
+        "missing" => BatchFound::Missing,
+        _ => return Err(unexpected("settle.lua", &status)),
+    };
+    Ok(Settled { batch, recorded: recorded.iter().map(|s| Outcome::parse(s)).collect() })
 }
 
 /// A claimed delivery that will not be sent, and why.
@@ -1277,22 +1320,24 @@ pub async fn suppress(
     Ok((state, it.collect()))
 }
 
-/// Marks (or unmarks) the subscribers `ids` of partition `p` as suppressed; `None`
-/// when this event's cascade was already done in this partition.
+/// Adds (or lifts) `address` in partition `p`'s suppressed addresses and marks (or
+/// unmarks) the subscribers `ids` of `p` as suppressed; `None` when this event's
+/// cascade was already done in this partition.
 pub async fn cascade(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     p: u16,
+    address: &crate::db::keys::Address,
     ids: &[&str],
     s: &Suppression<'_>,
 ) -> RedisResult<Option<u64>> {
     let mut call = SCRIPTS.cascade.prepare_invoke();
-    call.key(keys.seen(p, s.event, "c")).key(keys.audience(p));
+    call.key(keys.seen(p, s.event, "c")).key(keys.audience(p)).key(keys.suppressed(p));
     for id in ids {
         call.key(keys.subscriber(p, id));
     }
     let mode = if s.mode == SuppressMode::Remove { "remove" } else { "suppress" };
-    call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs).arg(ids);
+    call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs).arg(&address.hash).arg(ids);
     let changed: i64 = call.invoke_async(conn).await?;
     Ok(u64::try_from(changed).ok())
 }

@@ -1,0 +1,227 @@
+//! The last gate, for every address and every lane: an address suppressed while its
+//! email waited, sealed, for Resend is never mailed, whoever supplied the address (the
+//! registry, an inline transactional recipient; the render hook's case is in
+//! `render_hook.rs`). Also: a holder that finds its batch already settled by a taker
+//! raises no lost-write alarm, and a batch record counts requests, not looks.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use mailstream::RunOptions;
+use mailstream::config::Config;
+use mailstream::db::scripts::{self, Gate, GateRequest, Reschedule, Settlement, Settler, Take, Verdict};
+use mailstream::emulator::{Emulator, EmulatorConfig};
+use mailstream::outcome::{Failpoint, Reason};
+use mailstream::suppression::{self, Act, Why};
+use mailstream::work::TRANSACTIONAL;
+use mailstream::{deliveries, ingest, subscribers};
+use serde_json::json;
+use tokio::sync::Notify;
+
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// Points the config at a loopback port that refuses every connection (Resend down);
+/// [`resend_returns`] serves the emulator on it.
+fn resend_down(config: &mut Config) -> tokio::net::TcpSocket {
+    let (socket, port) = closed_port();
+    config.resend.base_url = format!("http://127.0.0.1:{port}");
+    socket
+}
+
+/// Resend comes back on the port `socket` kept.
+fn resend_returns(socket: tokio::net::TcpSocket) -> (Emulator, mailstream::shutdown::Trigger) {
+    let emulator = Emulator::new(EmulatorConfig { requests_per_second: None, ..Default::default() });
+    let (stop, down) = mailstream::shutdown::channel();
+    tokio::spawn(emulator.clone().serve(socket.listen(64).unwrap(), down));
+    (emulator, stop)
+}
+
+/// Waits until `n` deliveries are sealed into batches (rendered, their requests refused).
+async fn all_sealed(world: &World, n: usize) {
+    let store = world.store.clone();
+    let sealed = eventually(SETTLE, || {
+        let store = store.clone();
+        async move {
+            let records = deliveries(&store).await;
+            (records.iter().filter(|(_, r)| r.get("state").map(String::as_str) == Some("sealed")).count() == n)
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(sealed.is_some(), "{n} deliveries sealed while Resend was down");
+}
+
+/// A hard bounce reported by Resend's webhook for `email` (what the listener applies).
+async fn hard_bounce(world: &World, email: &str, event: &str) {
+    suppression::apply(&world.store, &world.config, email, Act::Suppress(Why::Bounced), Some(event)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_whose_address_bounced_while_it_waited_sealed_is_not_sent() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 4).await;
+    let socket = resend_down(&mut world.config);
+    let receipt =
+        |key: &str, to: &str| json!({"idempotency_key": key, "to": to, "subject": "Your receipt", "text": "Thanks."});
+    let items = vec![receipt("late-bounce", "delivered+late@resend.dev"), receipt("fine", "delivered+fine@resend.dev")];
+    let results = ingest::enqueue(&world.store, &world.config, items).await.unwrap();
+    assert!(results.iter().all(|r| matches!(r, ingest::ItemResult::Accepted { .. })), "{results:?}");
+    let daemon = world.daemon();
+    all_sealed(&world, 2).await;
+    // Written as a mail client may show it: the gate compares addresses normalized.
+    hard_bounce(&world, "Late <Delivered+Late@resend.dev>", "evt-late").await;
+    let (emulator, _stop) = resend_returns(socket);
+    let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
+    let store = world.store.clone();
+    let counts = eventually(SETTLE, || {
+        let (store, day) = (store.clone(), day.clone());
+        async move { store.counts(TRANSACTIONAL, &day).await.ok().filter(|c| c.settled() >= 2) }
+    })
+    .await
+    .expect("both receipts settle");
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.failed), (1, 1, 0), "{counts:?}");
+    let late = delivery(&world.store, &format!("{TRANSACTIONAL}:{day}:-:late-bounce")).await;
+    assert_eq!((late["state"].as_str(), late["reason"].as_str()), ("skipped", "suppressed"));
+    let sent = emulator.sends_matching("");
+    assert!(!sent.contains_key("delivered+late@resend.dev"), "the bounced address was mailed: {sent:?}");
+    assert_eq!((sent.len(), emulator.stats().emails_accepted), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_digest_sealed_to_an_address_its_subscriber_since_left_and_that_bounced_is_not_sent() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 4).await;
+    let socket = resend_down(&mut world.config);
+    let subs = world.subscribers(6).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    all_sealed(&world, 6).await;
+    // Subscriber 1 moves to a new address; the old one, still in the sealed body, bounces.
+    // Their record is neither suppressed nor unsubscribed: only the address tells.
+    let mut moved = subs[1].clone();
+    let old = std::mem::replace(&mut moved.email, "delivered+moved@resend.dev".into());
+    subscribers::upsert(&world.store, std::slice::from_ref(&moved)).await.unwrap();
+    hard_bounce(&world, &old, "evt-old").await;
+    let (emulator, _stop) = resend_returns(socket);
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.failed), (5, 1, 0), "{counts:?}");
+    let record = delivery(&world.store, &delivery_of(&moved).id()).await;
+    assert_eq!((record["state"].as_str(), record["reason"].as_str()), ("skipped", "suppressed"));
+    let sent = emulator.sends_matching(PERIOD);
+    assert!(!sent.contains_key(&old), "the bounced address was mailed");
+    assert_eq!(emulator.stats().duplicate_sends, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_that_finds_its_batch_settled_by_a_taker_raises_no_lost_write_alarm() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 1).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    world.subscribers(5).await;
+    world.kick().await;
+    // The holder stalls right after Resend answered (as a paused process would)...
+    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failpoints = freeze_at(Failpoint::Answered, reached.clone(), Some(release.clone()));
+    let holder = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
+    tokio::time::timeout(SETTLE, reached.notified()).await.expect("the answer came");
+    // ...long enough for its lease to run out and a taker to resend (a replay) and settle.
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let batches: Vec<String> =
+        redis::cmd("ZRANGE").arg(keys.batches(0)).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+    let [batch] = batches.as_slice() else { panic!("one batch in hand: {batches:?}") };
+    let _: () = redis::cmd("ZADD").arg(keys.batches(0)).arg(0).arg(batch).query_async(&mut conn).await.unwrap();
+    let Take::Take { members, maybe_sent: true, .. } =
+        scripts::take(&mut conn, keys, 0, batch, "taker", 60_000, 3_600_000).await.unwrap()
+    else {
+        panic!("the taker takes it, knowing it may have been sent")
+    };
+    let sent: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, verdict: Verdict::Sent("re_replayed".into()) }).collect();
+    let settled = scripts::settle(&mut conn, keys, 0, batch, Settler::Answer, &sent, 3600).await.unwrap();
+    assert_eq!(settled.batch, scripts::BatchFound::Open);
+    // The holder wakes up and records the same answer: the batch is gone, every member
+    // final. A normal race, not a lost write.
+    release.notify_one();
+    let metrics = holder.metrics.clone();
+    holder.stop().await;
+    let counts = world.settled(SETTLE).await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (5, 0, 0), "{counts:?}");
+    let text = metrics.render();
+    let lost = text.lines().find(|l| l.starts_with("mailstream_records_lost_total ")).expect("the counter is exported");
+    assert_eq!(lost, "mailstream_records_lost_total 0");
+}
+
+fn gate_request<'a>(owner: &'a str, new_key: &'a str) -> GateRequest<'a> {
+    GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000), riders: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gate_on_a_batch_a_taker_settled_is_told_so_and_a_lost_one_is_lost() {
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "slow", true).await;
+    tokio::time::sleep(Duration::from_millis(5)).await; // the 1 ms lease runs out
+    assert!(matches!(
+        scripts::take(&mut conn, keys, 0, &batch, "new", 60_000, 3_600_000).await.unwrap(),
+        Take::Take { .. }
+    ));
+    let sent: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, verdict: Verdict::Sent("re_1".into()) }).collect();
+    scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3600).await.unwrap();
+    // The slow holder looks again before its own request: settled, not lost.
+    assert_eq!(scripts::gate(&mut conn, keys, &gate_request("slow", "k2"), &members).await.unwrap(), Gate::Settled);
+    // The same answer recorded again: already settled, not missing.
+    let again = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3600).await.unwrap();
+    assert_eq!(again.batch, scripts::BatchFound::AlreadySettled);
+
+    // A batch record gone while its members are still sealed into it is lost.
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "holder", false).await;
+    let _: () = redis::cmd("DEL").arg(keys.batch(0, &batch)).query_async(&mut conn).await.unwrap();
+    assert_eq!(scripts::gate(&mut conn, keys, &gate_request("holder", "k2"), &members).await.unwrap(), Gate::Lost);
+    let answered = scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3600).await.unwrap();
+    assert_eq!(answered.batch, scripts::BatchFound::Missing);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_counts_requests_not_looks_and_the_log_shows_them_while_sealed() {
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "holder", false).await;
+    let sends = |world: &World, id: String| {
+        let store = world.store.clone();
+        async move { deliveries::get(&store, &id).await.unwrap().expect("a record").row.sends }
+    };
+    let gate = scripts::gate(&mut conn, keys, &gate_request("holder", "k2"), &members).await.unwrap();
+    assert_eq!(gate, Gate::Go { sends: 1 });
+    // Its slot moved: the holder looks again before the request leaves. Still one.
+    let again = scripts::gate(&mut conn, keys, &gate_request("holder", "k3"), &members).await.unwrap();
+    assert_eq!(again, Gate::Go { sends: 1 });
+    assert_eq!(sends(&world, members[0].id()).await, 1, "the log shows the batch's requests while sealed");
+    // Put back before it left (replicas behind, say): that request was never made.
+    let put_back = Reschedule { delay_ms: 0, failed_request: false, maybe_sent: false, error: Reason::Postponed };
+    scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &put_back).await.unwrap();
+    assert_eq!(sends(&world, members[0].id()).await, 0);
+    // Sent, and timed out: one request made, one more to come.
+    let _ = scripts::gate(&mut conn, keys, &gate_request("holder", "k4"), &members).await.unwrap();
+    let timeout = Reschedule {
+        delay_ms: 0,
+        failed_request: true,
+        maybe_sent: true,
+        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+    };
+    scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
+    assert_eq!(
+        scripts::gate(&mut conn, keys, &gate_request("holder", "k5"), &members).await.unwrap(),
+        Gate::Go { sends: 2 }
+    );
+    assert_eq!(sends(&world, members[1].id()).await, 2);
+    let sent: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, verdict: Verdict::Sent("re_1".into()) }).collect();
+    scripts::settle(&mut conn, keys, 0, &batch, Settler::Answer, &sent, 3600).await.unwrap();
+    let record = delivery(&world.store, &members[0].id()).await;
+    assert_eq!((record["state"].as_str(), record["sends"].as_str()), ("sent", "2"));
+}
