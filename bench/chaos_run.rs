@@ -107,6 +107,9 @@ fn say(opts: &ChaosOptions, line: &str) {
     }
 }
 
+/// `redis.partitions` of the run: one Redis, one partition.
+const PARTITIONS: u16 = 1;
+
 fn config_text(redis_url: &str, emulator_url: &str, rps: u32) -> String {
     // The benchmark kicks by hand; the shipped schedule would fire by the wall clock.
     let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
@@ -114,6 +117,7 @@ fn config_text(redis_url: &str, emulator_url: &str, rps: u32) -> String {
         ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis_url}\"")),
         ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator_url}\"")),
         ("requests_per_second = 10".into(), format!("requests_per_second = {rps}")),
+        ("partitions = 1".into(), format!("partitions = {PARTITIONS}")),
         ("timeout_seconds = 30".into(), "timeout_seconds = 2".into()),
         ("lease_seconds = 15".into(), "lease_seconds = 6".into()),
         ("retry_base_ms = 1000".into(), "retry_base_ms = 200".into()),
@@ -190,6 +194,7 @@ struct Script {
 
 /// Runs the chaos scenario and reports; the caller judges with [`ChaosReport::problems`].
 pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
+    say(opts, &format!("partitions: {PARTITIONS}"));
     let mut rng = StdRng::seed_from_u64(opts.seed);
     let mut redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
 

@@ -29,6 +29,8 @@ use serde_json::json;
 const HOOK_SECRET: &str = "bench-render-hook-secret";
 const INGEST_TOKEN: &str = "bench-ingest-token-0123";
 const RPS: u32 = 10;
+/// `redis.partitions` of the run: one Redis, one partition.
+const PARTITIONS: u16 = 1;
 
 #[derive(Debug, Serialize)]
 struct Report {
@@ -160,6 +162,7 @@ async fn answer(hook: &Mutex<Hook>, req: HttpRequest) -> HttpResponse {
 }
 
 async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyhow::Result<Report> {
+    eprintln!("partitions: {PARTITIONS}");
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let hook = Arc::new(Mutex::new(Hook::default()));
     let app = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -177,6 +180,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
 
     let mut config = Config::example();
     config.redis.url = Secret::new(redis.url());
+    config.redis.partitions = PARTITIONS;
     config.resend.base_url = emulator_url;
     config.resend.api_key = Some(Secret::new("re_bench_key"));
     config.resend.requests_per_second = RPS;

@@ -35,6 +35,9 @@ use serde_json::Value;
 
 const RPS: u32 = 10;
 const CAMPAIGN: &str = "weekly_digest";
+/// The partition count of every run here: one Redis, so one partition (a request carries
+/// one partition's batch; each partition ends a run on a partial batch of its own).
+const PARTITIONS: u16 = 1;
 
 struct Sizes {
     sent: u64,
@@ -47,6 +50,8 @@ struct Sizes {
 #[derive(Debug, Default, Serialize)]
 struct Results {
     quick: bool,
+    /// `redis.partitions` of every run.
+    partitions: u16,
     // 1. throughput and footprint
     deliveries: u64,
     sent: u64,
@@ -139,7 +144,8 @@ fn main() -> ExitCode {
 
 async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
     let started = Instant::now();
-    let mut r = Results { quick, machine: machine(), ..Default::default() };
+    let mut r = Results { quick, partitions: PARTITIONS, machine: machine(), ..Default::default() };
+    eprintln!("partitions: {PARTITIONS} (redis.partitions of every run)");
     let dir = std::env::temp_dir().join(format!("mailstream-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
@@ -158,7 +164,7 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
             r.daemon_peak_rss_mib,
             r.cpu_seconds_per_10k_emails
         );
-        // The tail: at the end of a run every partition holds a partial batch (they share requests).
+        // The tail: at the end of a run every partition holds a partial batch of its own.
         let small = if quick { None } else { Some(5_000) };
         if let Some(n) = small {
             let mut tail = Results::default();
@@ -219,6 +225,7 @@ fn config_text(redis: &str, emulator: &str, batch: usize) -> String {
         ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis}\"")),
         ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator}\"")),
         ("batch_size = 100".into(), format!("batch_size = {batch}")),
+        ("partitions = 1".into(), format!("partitions = {PARTITIONS}")),
         ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
         ("pacing_guard_ms = 20".into(), format!("pacing_guard_ms = {GUARD_MS}")),
     ] {
@@ -336,6 +343,7 @@ async fn fan_out(sizes: &Sizes, r: &mut Results) -> anyhow::Result<()> {
     let mut config = Config::example();
     config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     config.redis.url = Secret::new(redis.url());
+    config.redis.partitions = PARTITIONS;
     config.redis.durability = mailstream::config::Durability::Relaxed;
     let store = Store::open(&config).await?;
     let subs: Vec<Subscriber> = (0..sizes.kicked).map(Subscriber::synthetic).collect();

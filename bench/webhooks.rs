@@ -19,6 +19,8 @@ use mailstream::work::DeliveryRef;
 use serde::Serialize;
 
 const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
+/// `redis.partitions` of the run: one Redis, one partition.
+const PARTITIONS: u16 = 1;
 const DELIVERIES: u64 = 20_000;
 
 #[derive(Debug, Serialize)]
@@ -71,10 +73,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
+    eprintln!("partitions: {PARTITIONS}");
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let mut config = Config::example();
     config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     config.redis.url = Secret::new(redis.url());
+    config.redis.partitions = PARTITIONS;
     let store = Store::open(&config).await?;
     let subs: Vec<Subscriber> = (0..DELIVERIES).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
@@ -91,6 +95,7 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     let text = mailstream::config::EXAMPLE
         .replacen("schedule = \"0 9 * * MON\"", "", 1)
         .replacen("url = \"redis://127.0.0.1:6379\"", &format!("url = \"{}\"", redis.url()), 1)
+        .replacen("partitions = 1", &format!("partitions = {PARTITIONS}"), 1)
         .replacen(
             "metrics_listen = \"127.0.0.1:9464\"",
             "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"",

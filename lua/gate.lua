@@ -18,13 +18,7 @@
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
 --   then per member: its campaign (a subscriber may have turned one campaign off:
---   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record;
---   then '1' if the batch leads a shared tail request (join.lua), else '0', and for a lead the
---   number of riders k and per rider '<partition>:<batch id>:<emails>' and its body (the JSON
---   array its own gate left). A lead's gate is the commit: its request is composed here from
---   its kept members and the riders' bodies, stored with a new key (its holder uncommitted any
---   earlier commit, which never left), and marked 'sending' in the same step. A lead that may
---   have been sent is resent exactly as it was committed, or withheld.
+--   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record
 -- Returns one of:
 --   {'go', sends}                                  send the batch as it is
 --   {'resealed', sends, key, body, positions, skipped}   send this instead (positions: kept members)
@@ -34,7 +28,6 @@
 --   {'settled'}                                    no batch record, every member final: another
 --                                                  holder settled it (a normal race)
 --   {'lost'}                                       no batch record, a member not final
---   {'joint', sends, key, body, parts, positions, skipped}   a lead: send its shared request
 -- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -43,7 +36,7 @@ local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local n = (#KEYS - 4 - c) / 2
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
-  'members', 'joint_key', 'joint_body', 'joint_parts', 'addresses', 'state', 'sends')
+  'members', 'addresses', 'state', 'sends')
 if not b[1] then
   local final = {sent = true, failed = true, skipped = true, outcome_unknown = true}
   for m = 1, n do
@@ -73,7 +66,7 @@ end
 -- Per member, the hashes of its email's addresses (a batch sealed before they were kept has
 -- none: its members' subscriber records still say whether they are suppressed).
 local addresses = {}
-for group in string.gmatch(b[11] or '', '%S+') do addresses[#addresses + 1] = group end
+for group in string.gmatch(b[8] or '', '%S+') do addresses[#addresses + 1] = group end
 local function suppressed(m)
   for hash in string.gmatch(addresses[m] or '', '[^,]+') do
     if hash ~= '-' and redis.call('HEXISTS', KEYS[4], hash) == 1 then
@@ -112,8 +105,8 @@ end
 -- have left, and counts that request, unless this holder passed the gate before and no
 -- request left since (still 'sending': the holder looks again after its slot moved).
 local function sending(fields)
-  local sends = tonumber(b[13]) or 0
-  if b[12] ~= 'sending' then
+  local sends = tonumber(b[10]) or 0
+  if b[9] ~= 'sending' then
     sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
   end
   redis.call('HSET', KEYS[1], 'state', 'sending', unpack(fields))
@@ -121,20 +114,7 @@ local function sending(fields)
   return tostring(sends)
 end
 
-local jbase = 10 + 3 * n
-local joint = ARGV[jbase] == '1'
-
-if joint and maybe_sent then
-  if any then
-    return {'withhold', table.concat(reasons, ' ')}
-  end
-  local sends = sending({})
-  local all = {}
-  for m = 1, n do all[m] = tostring(m - 1) end
-  return {'joint', sends, b[8], b[9], b[10], table.concat(all, ' '), ''}
-end
-
-if not any and not joint then
+if not any then
   return {'go', sending({})}
 end
 if maybe_sent then
@@ -165,31 +145,6 @@ for m = 1, n do
       redis.call('HINCRBY', KEYS[4 + ci], 'skipped', 1)
       redis.call('EXPIRE', KEYS[4 + ci], retention)
     end
-  end
-end
-if joint then
-  -- The commit of a shared request: this batch's kept members, then each rider's.
-  local k = tonumber(ARGV[jbase + 1])
-  local inner, parts, riders = {}, {}, {}
-  if #kept_items > 0 then
-    inner[1] = table.concat(kept_items, ',')
-  end
-  for j = 1, k do
-    local part, pbody = ARGV[jbase + 2 * j], ARGV[jbase + 2 * j + 1]
-    if #pbody > 2 then
-      inner[#inner + 1] = string.sub(pbody, 2, -2)
-    end
-    parts[#parts + 1] = part
-    riders[#riders + 1] = string.match(part, '^(%d+:[^:]+)')
-  end
-  if #inner > 0 then
-    local jkey, jbody = newkey, '[' .. table.concat(inner, ',') .. ']'
-    local sends = sending({'body', '[' .. table.concat(kept_items, ',') .. ']',
-      'sizes', table.concat(kept_sizes, ' '), 'members', table.concat(kept_ids, ' '),
-      'addresses', table.concat(kept_addresses, ' '), 'riders', table.concat(riders, ' '), 'joint_key', jkey,
-      'joint_body', jbody, 'joint_parts', table.concat(parts, ' '), 'sealed_ms', now})
-    return {'joint', sends, jkey, jbody, table.concat(parts, ' '), table.concat(positions, ' '),
-      table.concat(skipped, ' ')}
   end
 end
 if #kept_items == 0 then

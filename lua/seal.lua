@@ -13,22 +13,18 @@
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] digest stream, KEYS[4] transactional stream,
 --   KEYS[4+i] delivery key of member i
--- ARGV[1] batch id, ARGV[2] idempotency key, ARGV[3] owner, ARGV[4] group, ARGV[5] lease ms,
---   ARGV[6] lead: '<partition>:<batch id>' when this batch rides in another partition's request
---   (a shared tail request, see join.lua), else '', ARGV[7] riders: '<partition>:<batch id> ...'
---   when this batch leads one (its riders are sealed before it), else '';
+-- ARGV[1] batch id, ARGV[2] idempotency key, ARGV[3] owner, ARGV[4] group, ARGV[5] lease ms;
 --   then per member: stream entry id, delivery id, email JSON, A/B variant ('' for none; kept
 --   on the record, counted as an exposure by settle.lua once the provider accepted it), the
 --   hashes of its email's addresses, comma-separated ('-' for none)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
 local bid, ikey, owner, group, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local lead, riders = ARGV[6], ARGV[7]
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local sealed, entries, tx_entries, ids, items, sizes, addresses = {}, {}, {}, {}, {}, {}, {}
 for i = 5, #KEYS do
   local m = i - 4
-  local base = 7 + 5 * (m - 1)
+  local base = 5 + 5 * (m - 1)
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
   if d[1] == 'processing' and d[2] == owner then
     redis.call('HSET', KEYS[i], 'state', 'sealed', 'batch', bid)
@@ -61,11 +57,5 @@ redis.call('HSET', KEYS[1], 'key', ikey, 'body', '[' .. table.concat(items, ',')
   'sizes', table.concat(sizes, ' '), 'members', table.concat(ids, ' '),
   'addresses', table.concat(addresses, ' '), 'first_sealed_ms', now, 'sealed_ms', now, 'owner', owner, 'state', 'sealed',
   'maybe_sent', 0, 'sends', 0, 'tries', 0)
-if lead ~= '' then
-  redis.call('HSET', KEYS[1], 'lead', lead)
-end
-if riders ~= '' then
-  redis.call('HSET', KEYS[1], 'riders', riders)
-end
 redis.call('ZADD', KEYS[2], now + lease, bid)
 return sealed

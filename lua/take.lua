@@ -7,14 +7,7 @@
 --
 -- KEYS[1] batch, KEYS[2] batches zset
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
--- A batch that rides in another partition's request (field `lead`, see join.lua) is not
--- taken here: {'rider', lead, state} tells the caller to ask its lead. A lead whose shared
--- request was committed (its gate stored `joint_key` and `joint_body`) and may have been sent
--- is taken with that key and body, and `parts` names its riders with their sizes, to be
--- resent whole; any other lead comes with its `riders`, to be dissolved (its request never
--- left).
--- Returns {'take', key, body, members, tries, maybe_sent, riders, parts},
--- {'expired', members, riders, parts}, {'rider', lead, state},
+-- Returns {'take', key, body, members, tries, maybe_sent}, {'expired', members},
 -- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -24,29 +17,21 @@ local score = redis.call('ZSCORE', KEYS[2], bid)
 if not score or tonumber(score) > now then
   return {'skip'}
 end
-local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent',
-  'lead', 'riders', 'joint_key', 'joint_body', 'joint_parts')
+local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent')
 if not b[1] then
   redis.call('ZREM', KEYS[2], bid)
   return {'lost'}
 end
-if b[8] then
-  return {'rider', b[8], b[6]}
-end
-local riders, parts = b[9] or '', ''
 local maybe_sent = b[7]
 if b[6] == 'sending' then
   -- The holder's lease ran out while the request may have been on the wire.
   maybe_sent = '1'
 end
-if maybe_sent == '1' and b[10] and b[12] and b[12] ~= '' then
-  b[1], b[2], parts = b[10], b[11], b[12]
-end
 redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
 redis.call('ZADD', KEYS[2], now + lease, bid)
 if maybe_sent == '1' and now - tonumber(b[4]) > window then
   redis.call('HSET', KEYS[1], 'state', 'expired')
-  return {'expired', b[3], riders, parts}
+  return {'expired', b[3]}
 end
 redis.call('HSET', KEYS[1], 'state', 'sealed')
-return {'take', b[1], b[2], b[3], b[5], maybe_sent, riders, parts}
+return {'take', b[1], b[2], b[3], b[5], maybe_sent}

@@ -157,13 +157,6 @@ impl Batcher {
         self.in_hand.lock().expect("batcher lock").insert(batch.to_string(), p);
     }
 
-    /// Marks a request's batches as in hand: a shared request's riders too.
-    pub fn hold_request(&self, sealed: &Sealed) {
-        for (p, id) in sealed.batches() {
-            self.hold(id, p);
-        }
-    }
-
     /// The batch is no longer in hand (settled, rescheduled, given up).
     pub fn unhold(&self, batch: &str) {
         self.in_hand.lock().expect("batcher lock").remove(batch);
@@ -219,10 +212,7 @@ impl Batcher {
                 if let Some(sealed) = q.resend.pop_front() {
                     return Some(Work::Resend(sealed));
                 }
-                match oldest(&q.fresh[digest], true) {
-                    Some(p) => p,
-                    None => return self.share(&mut q),
-                }
+                oldest(&q.fresh[digest], true).or_else(|| oldest(&q.fresh[digest], false))?
             }
         };
         // The partition's receipts first, the spare room filled with its digest emails:
@@ -236,38 +226,7 @@ impl Batcher {
         }
         Some(Work::Fresh(p as u16, items))
     }
-
-    /// No partition has a full batch of digest emails (the end of a run, or readers
-    /// behind): the partial ones, oldest first, share one request of up to `batch_size`
-    /// (at most [`SHARED_PARTS`] partitions), rather than one request each.
-    fn share(&self, q: &mut Queues) -> Option<Work> {
-        let digest = Lane::Digest.index();
-        let mut waiting: Vec<(Instant, usize)> =
-            q.fresh[digest].iter().enumerate().filter_map(|(p, f)| Some((f.front()?.0, p))).collect();
-        waiting.sort_unstable();
-        let mut parts = Vec::new();
-        let mut room = self.batch_size;
-        for (_, p) in waiting.into_iter().take(SHARED_PARTS) {
-            if room == 0 {
-                break;
-            }
-            let queue = &mut q.fresh[digest][p];
-            let n = queue.len().min(room);
-            parts.push((p as u16, queue.drain(..n).map(|(_, r)| r).collect::<Vec<Ready>>()));
-            self.space[digest][p].add_permits(n);
-            room -= n;
-        }
-        match parts.len() {
-            0 => None,
-            1 => parts.pop().map(|(p, items)| Work::Fresh(p, items)),
-            _ => Some(Work::Shared(parts)),
-        }
-    }
 }
-
-/// The most partitions one shared request carries: each costs a seal and a gate (two
-/// fsynced round trips) in the few milliseconds before the slot.
-pub const SHARED_PARTS: usize = 4;
 
 #[cfg(test)]
 mod tests {
@@ -294,11 +253,10 @@ mod tests {
             .collect()
     }
 
-    /// Each request's partitions and emails (a shared one lists several).
-    fn sizes(b: &Batcher) -> Vec<Vec<(u16, usize)>> {
+    /// Each request's partition and emails.
+    fn sizes(b: &Batcher) -> Vec<(u16, usize)> {
         std::iter::from_fn(|| match b.take()? {
-            Work::Fresh(p, items) => Some(vec![(p, items.len())]),
-            Work::Shared(parts) => Some(parts.iter().map(|(p, items)| (*p, items.len())).collect()),
+            Work::Fresh(p, items) => Some((p, items.len())),
             Work::Resend(_) => None,
         })
         .collect()
@@ -310,24 +268,10 @@ mod tests {
         b.push(0, Lane::Digest, ready(30)).await.unwrap();
         tokio::time::advance(Duration::from_millis(1)).await;
         b.push(2, Lane::Digest, ready(250)).await.unwrap();
-        // Partition 2 has full batches; then the partial ones share a request, partition 0's
-        // 30 (waiting longest) leading.
-        assert_eq!(sizes(&b), vec![vec![(2, 100)], vec![(2, 100)], vec![(0, 30), (2, 50)]]);
+        // Partition 2 has full batches; then partition 0's 30 have waited longest. A
+        // request never mixes partitions.
+        assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
         assert!(b.take().is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn partial_batches_share_requests_oldest_first_up_to_the_batch_size() {
-        let b = Batcher::new(6, 100, 300);
-        for (p, n) in [(3, 60), (1, 70), (0, 20), (5, 10), (4, 5), (2, 1)] {
-            b.push(p, Lane::Digest, ready(n)).await.unwrap();
-            tokio::time::advance(Duration::from_millis(1)).await;
-        }
-        // 166 emails of six partitions: two requests, not six. A partition's rest waits
-        // for the next one (oldest first still), and no request carries more than
-        // SHARED_PARTS partitions.
-        assert_eq!(sizes(&b), vec![vec![(3, 60), (1, 40)], vec![(1, 30), (0, 20), (5, 10), (4, 5)], vec![(2, 1)]]);
-        assert_eq!(b.queued(), (0, 0));
     }
 
     #[tokio::test(start_paused = true)]
@@ -361,7 +305,6 @@ mod tests {
             members: Vec::new(),
             tries: 1,
             maybe_sent: false,
-            riders: None,
         });
         tokio::time::advance(Duration::from_millis(5)).await;
         // A digest backlog does not hold a receipt's reader back: each lane has its room.

@@ -1,6 +1,6 @@
 //! Dispatch: turns request slots into requests. It waits for work, asks the
 //! limiter when the next slot is, takes a batch's worth from the batcher just
-//! before it, seals it and passes the last gate in the lead, then hands it to
+//! before it, seals it and passes the last gate ahead of it, then hands it to
 //! a task that takes the slot (team-wide, in Redis by default) immediately
 //! before it writes the request, and waits for that before preparing the next.
 //! It bounds the requests in flight, keeps the leases of what this instance
@@ -89,15 +89,16 @@ impl Dispatcher {
             let sealed = match self.batcher.take() {
                 None => None,
                 Some(Work::Resend(sealed)) => Some(sealed),
-                Some(Work::Fresh(p, items)) => sender::seal(&ctx, vec![(p, items)]).await,
-                Some(Work::Shared(parts)) => sender::seal(&ctx, parts).await,
+                Some(Work::Fresh(p, items)) => sender::seal(&ctx, p, items).await,
             };
             let Some(mut sealed) = sealed else { continue };
-            self.batcher.hold_request(&sealed);
-            let held = Held::of(&sealed);
+            // In hand (whatever its gate leaves of it) until it is sent or given up: its
+            // lease is renewed, and the reclaimer leaves it alone.
+            let held = sealed.id.clone();
+            self.batcher.hold(&held, sealed.partition);
             let gated = Instant::now();
             if !sender::pass_gate(&ctx, &mut sealed).await {
-                held.unhold(&self.batcher);
+                self.batcher.unhold(&held);
                 continue;
             }
             // The task that sends takes the slot right before it writes; the next batch is
@@ -106,7 +107,7 @@ impl Dispatcher {
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
                 me.send(&ctx, sealed, gated, asked, taken_tx).await;
-                held.unhold(&me.batcher);
+                me.batcher.unhold(&held);
                 drop(permit);
             });
             let _ = taken_rx.await;
@@ -160,22 +161,6 @@ impl Dispatcher {
         }
         if let Some(rps) = self.limiter.observe(&news.rate).await {
             tracing::warn!(requests_per_second = rps, "provider declares a lower rate limit; pacing lowered team-wide");
-        }
-    }
-}
-
-/// The batches of a request this instance marked as in hand (a shared request's riders
-/// too), to let go of once it is sent or given up, whatever its gate left of it.
-struct Held(Vec<String>);
-
-impl Held {
-    fn of(sealed: &Sealed) -> Held {
-        Held(sealed.batches().map(|(_, id)| id.to_string()).collect())
-    }
-
-    fn unhold(&self, batcher: &Batcher) {
-        for id in &self.0 {
-            batcher.unhold(id);
         }
     }
 }

@@ -227,8 +227,9 @@ pub enum Failpoint {
     Claimed,
     /// A batch sealed, its request not yet sent.
     Sealed,
-    /// The riders of a shared tail request sealed, their lead not yet.
-    Riding,
+    /// A batch passed its last gate (and, with `wait_replicas`, its WAIT); its request
+    /// has not left yet.
+    Gated,
     /// The provider answered; nothing recorded yet.
     Answered,
     /// The answer recorded.
@@ -242,7 +243,7 @@ impl Failpoint {
         match self {
             Failpoint::Claimed => "claimed",
             Failpoint::Sealed => "sealed",
-            Failpoint::Riding => "riding",
+            Failpoint::Gated => "gated",
             Failpoint::Answered => "answered",
             Failpoint::Settled => "settled",
             Failpoint::ReclaimTick => "reclaim_tick",

@@ -16,13 +16,12 @@ use redis::streams::StreamAutoClaimReply;
 use crate::batcher::Batcher;
 use crate::consumer::Consumer;
 use crate::ctx::Ctx;
-use crate::db::Conn;
-use crate::db::scripts::{self, Adopt, JoinStep, Share, Take, Unjoin, UnjoinMode, Verdict};
+use crate::db::scripts::{self, Take, Verdict};
 use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Failpoint, Reason};
 use crate::sender;
 use crate::stuck;
-use crate::work::{Lane, Rider, Sealed, parse_batch_ref};
+use crate::work::{Lane, Sealed};
 
 /// Due batches examined per partition per pass.
 const DUE_BATCHES_PER_PASS: isize = 64;
@@ -124,137 +123,27 @@ impl Reclaimer {
                 continue;
             }
             match scripts::take(&mut conn, keys, p, &batch, &ctx.owner, lease_ms, window_ms).await? {
-                Take::Take { key, body, members, tries, maybe_sent, share } => {
+                Take::Take { key, body, members, tries, maybe_sent } => {
                     tracing::debug!(batch = %batch, tries, "resending sealed batch");
-                    let body = Bytes::from(body);
-                    let mut sealed = Sealed { tries, maybe_sent, ..Sealed::alone(p, batch, key, body, members) };
-                    if !self.share(&mut conn, &mut sealed, &share).await? {
-                        continue;
-                    }
-                    self.batcher.push_resend(sealed);
+                    let taken = Sealed::new(p, batch, key, Bytes::from(body), members);
+                    self.batcher.push_resend(Sealed { tries, maybe_sent, ..taken });
                 }
-                Take::Expired { members, share } => {
+                Take::Expired { members } => {
                     tracing::error!(
                         batch = %batch,
                         deliveries = members.len(),
                         "sealed batch outlived the provider's idempotency window without a known outcome; \
                          its deliveries are outcome_unknown and will not be resent"
                     );
-                    let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
-                    let alone = Sealed::alone(p, batch, String::new(), Bytes::new(), members);
-                    let mut sealed = Sealed { maybe_sent: true, ..alone };
-                    if self.share(&mut conn, &mut sealed, &share).await? {
-                        sender::settle_request_alike(ctx, &sealed, verdict).await;
-                    }
+                    let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
+                    sender::settle_all(ctx, &taken, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
                 }
-                Take::Rider { lead, sending } => self.rider(&mut conn, p, &batch, &lead, sending).await?,
                 Take::Lost => {
                     tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
                     self.settle_lost_batch(p, &batch).await?;
                 }
                 Take::Skip => {}
             }
-        }
-        Ok(())
-    }
-
-    /// A taken lead of a shared tail request (join.lua). Never committed: its request never
-    /// left, so its riders are unjoined (each queued as a batch of its own) and it goes
-    /// alone. Committed: its riders are taken over with it, to be resent whole. False when
-    /// it must not be sent now (a step failed, or a rider left a committed request, which
-    /// the protocol rules out: it is left for an operator, and shows as stuck).
-    async fn share(&self, conn: &mut Conn, lead: &mut Sealed, share: &Share) -> anyhow::Result<bool> {
-        let ctx = &self.ctx;
-        let keys = &ctx.store.keys;
-        let lead_ref = lead.lead_ref();
-        let lease_ms = ctx.config.lease().as_millis() as u64;
-        let step = |partition, batch| JoinStep { partition, batch, lead: &lead_ref, owner: &ctx.owner, lease_ms };
-        if !share.planned.is_empty() {
-            if lead.maybe_sent {
-                // The protocol rules this out: a request that may have left is committed.
-                tracing::error!(batch = %lead.id, "a shared request that may have been sent has no committed form");
-                return Ok(false);
-            }
-            for (p, id) in &share.planned {
-                if let Unjoin::Alone { key, body, members, tries } =
-                    scripts::unjoin(conn, keys, &step(*p, id), UnjoinMode::Any).await?
-                {
-                    tracing::info!(batch = %id, lead = %lead.id, "a rider of a shared request never sent goes alone");
-                    let alone = Sealed { tries, ..Sealed::alone(*p, id.clone(), key, Bytes::from(body), members) };
-                    self.batcher.push_resend(alone);
-                }
-            }
-            return Ok(scripts::dissolve(conn, keys, lead.partition, &lead.id, &ctx.owner).await?.is_some());
-        }
-        if share.parts.is_empty() {
-            return Ok(true);
-        }
-        let mut riders = Vec::with_capacity(share.parts.len());
-        for part in &share.parts {
-            let (members, body) =
-                match scripts::adopt(conn, keys, &step(part.partition, &part.batch), lead.maybe_sent).await? {
-                    Adopt::Joined { body, members } if members.len() == part.emails => (members, Bytes::from(body)),
-                    Adopt::Gone => (Vec::new(), Bytes::new()),
-                    Adopt::Joined { .. } | Adopt::Unjoined => {
-                        // Ruled out by the protocol too (a committed rider never changes, and never
-                        // leaves a lead that may have sent it): resending could mislabel or repeat.
-                        tracing::error!(
-                            batch = %lead.id,
-                            rider = %part.batch,
-                            "a rider no longer matches its committed shared request; it is not resent (check both \
-                             batches)"
-                        );
-                        return Ok(false);
-                    }
-                };
-            riders.push(Rider {
-                partition: part.partition,
-                id: part.batch.clone(),
-                members,
-                body,
-                emails: part.emails,
-            });
-        }
-        lead.riders = Some(riders);
-        Ok(true)
-    }
-
-    /// A due rider of a shared tail request asks its lead. While the lead may still send
-    /// it (it lists it, or has not committed its request), it waits; once the lead's
-    /// committed request leaves it out, or the lead is gone before it passed its gate, it
-    /// goes alone; a lead gone after it passed its gate may have carried it (a lost
-    /// write): its deliveries are outcome_unknown.
-    async fn rider(&self, conn: &mut Conn, p: u16, batch: &str, lead: &str, sending: bool) -> anyhow::Result<()> {
-        let ctx = &self.ctx;
-        let keys = &ctx.store.keys;
-        let lease_ms = ctx.config.lease().as_millis() as u64;
-        let step = JoinStep { partition: p, batch, lead, owner: &ctx.owner, lease_ms };
-        let Some((lp, lid)) = parse_batch_ref(lead) else {
-            tracing::error!(batch = %batch, lead = %lead, "a rider names a lead that is not a batch");
-            return Ok(());
-        };
-        let (owner, parts): (Option<String>, Option<String>) =
-            redis::cmd("HMGET").arg(keys.batch(lp, &lid)).arg("owner").arg("joint_parts").query_async(conn).await?;
-        let mode = match (owner, parts) {
-            (Some(_), Some(parts)) if !scripts::Part::list(&parts).iter().any(|part| part.batch == batch) => {
-                UnjoinMode::Any
-            }
-            (Some(_), _) => {
-                scripts::join_wait(conn, keys, &step).await?;
-                return Ok(());
-            }
-            (None, _) if sending => UnjoinMode::Lost,
-            (None, _) => UnjoinMode::Sealed,
-        };
-        if let Unjoin::Alone { key, body, members, tries } = scripts::unjoin(conn, keys, &step, mode).await? {
-            if mode == UnjoinMode::Lost {
-                tracing::error!(batch = %batch, lead = %lead, "a rider's lead is gone after it may have been sent; its deliveries are outcome_unknown");
-                sender::settle_all(ctx, p, batch, &members, Verdict::Unknown(Reason::RecordLost)).await;
-                return Ok(());
-            }
-            tracing::info!(batch = %batch, "a rider its lead left out goes alone");
-            let alone = Sealed::alone(p, batch.to_string(), key, Bytes::from(body), members);
-            self.batcher.push_resend(Sealed { tries, ..alone });
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 //! A private `redis-server` on a free loopback port, in a scratch directory,
 //! killed when dropped, and a private 3-primary Redis Cluster made of such
-//! servers. The demo runs on one; every test starts its own, so tests are
-//! isolated, run in parallel, and need no Redis already running.
+//! servers (with or without a replica per primary, whose primaries can be killed
+//! and failed over). The demo runs on one; every test starts its own, so tests
+//! are isolated, run in parallel, and need no Redis already running.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -60,6 +61,11 @@ impl RedisServer {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
         self.spawn().await
+    }
+
+    /// Whether the server was started and not killed since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kills the server now.
@@ -132,17 +138,28 @@ pub fn free_port() -> anyhow::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
-/// A private Redis Cluster: three primaries, no replicas, every slot covered.
+/// A private Redis Cluster: three primaries, every slot covered, with or without a
+/// replica each.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
 
+/// How long a failover may take: the replicas notice the primary is gone after the
+/// node timeout (5 s), then elect one of them.
+const FAILOVER_PATIENCE: Duration = Duration::from_secs(60);
+
 impl RedisCluster {
-    /// Starts three cluster nodes, joins them with `redis-cli --cluster create`, and
-    /// waits until every node says `cluster_state:ok`.
+    /// Starts three primaries with no replicas (see [`RedisCluster::start_with`]).
     pub async fn start(appendonly: bool) -> anyhow::Result<RedisCluster> {
+        RedisCluster::start_with(appendonly, 0).await
+    }
+
+    /// Starts three primaries and `replicas` replicas of each, joins them with
+    /// `redis-cli --cluster create`, and waits until every node says
+    /// `cluster_state:ok` and every replica's link to its primary is up.
+    pub async fn start_with(appendonly: bool, replicas: usize) -> anyhow::Result<RedisCluster> {
         let mut nodes = Vec::new();
-        for _ in 0..3 {
+        for _ in 0..3 * (1 + replicas) {
             nodes.push(RedisServer::start(RedisOptions { appendonly, cluster: true }).await?);
         }
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
@@ -150,7 +167,7 @@ impl RedisCluster {
             .arg("--cluster")
             .arg("create")
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .context("running redis-cli --cluster create")?;
@@ -158,21 +175,80 @@ impl RedisCluster {
             bail!("redis-cli --cluster create failed: {}", String::from_utf8_lossy(&out.stdout));
         }
         let cluster = RedisCluster { nodes };
-        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+        cluster.settled(STARTUP_PATIENCE).await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every running node says `cluster_state:ok`, every slot is served by
+    /// a running primary, and every running replica's link is up.
+    async fn settled(&self, patience: Duration) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + patience;
         loop {
             let mut ok = true;
-            for node in &cluster.nodes {
+            for node in self.nodes.iter().filter(|n| n.is_running()) {
                 let info: String = node.command(redis::cmd("CLUSTER").arg("INFO")).await.unwrap_or_default();
-                ok &= info.contains("cluster_state:ok");
+                let replication: String = node.command(redis::cmd("INFO").arg("replication")).await.unwrap_or_default();
+                ok &= info.contains("cluster_state:ok")
+                    && (replication.contains("role:master") || replication.contains("master_link_status:up"));
             }
-            if ok {
-                return Ok(cluster);
+            if ok && self.primaries().await.is_ok_and(|p| p.len() == 3) {
+                return Ok(());
             }
             if std::time::Instant::now() > deadline {
-                bail!("the cluster did not reach cluster_state:ok within {} s", STARTUP_PATIENCE.as_secs());
+                bail!("the cluster did not settle (state ok, replicas linked) within {} s", patience.as_secs());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The indexes (into `nodes`) of the running primaries that serve slots.
+    async fn primaries(&self) -> anyhow::Result<Vec<usize>> {
+        let node = self.nodes.iter().find(|n| n.is_running()).context("no node is running")?;
+        let slots: redis::Value = node.command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        Ok((0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_running() && !slots_owned_by(&slots, self.nodes[i].port()).is_empty())
+            .collect())
+    }
+
+    /// The hash slot of `key` (`CLUSTER KEYSLOT`, asked of a running node).
+    pub async fn slot_of(&self, key: &str) -> anyhow::Result<u16> {
+        let node = self.nodes.iter().find(|n| n.is_running()).context("no node is running")?;
+        node.command(redis::cmd("CLUSTER").arg("KEYSLOT").arg(key)).await
+    }
+
+    /// The index (into `nodes`) of the primary that serves `slot` now.
+    pub async fn primary_of(&self, slot: u16) -> anyhow::Result<usize> {
+        let port = self.owner_of(slot).await?;
+        self.nodes.iter().position(|n| n.port() == port).context("the slot's owner is not one of ours")
+    }
+
+    /// Kills the primary `index` (like a crash) and waits until one of its replicas has
+    /// been promoted in its place and the cluster is ok again; returns the new
+    /// primary's index. The killed node stays down until [`RedisCluster::rejoin`].
+    pub async fn kill_primary(&mut self, index: usize) -> anyhow::Result<usize> {
+        let slots: redis::Value = self.nodes[index].command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        let (first, _) = *slots_owned_by(&slots, self.nodes[index].port()).first().context("not a primary")?;
+        self.nodes[index].kill();
+        let deadline = std::time::Instant::now() + FAILOVER_PATIENCE;
+        loop {
+            if let Ok(promoted) = self.primary_of(first).await
+                && promoted != index
+            {
+                self.settled(FAILOVER_PATIENCE).await?;
+                return Ok(promoted);
+            }
+            if std::time::Instant::now() > deadline {
+                bail!("no replica took over within {} s", FAILOVER_PATIENCE.as_secs());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Starts a killed node again (same port and directory); it rejoins as a replica of
+    /// the primary promoted in its place. Waits until its link is up.
+    pub async fn rejoin(&mut self, index: usize) -> anyhow::Result<()> {
+        self.nodes[index].spawn().await?;
+        self.settled(FAILOVER_PATIENCE).await
     }
 
     /// The first node's URL (any node is a seed for the whole cluster).
@@ -182,7 +258,8 @@ impl RedisCluster {
 
     /// The port of the node that holds `slot` now.
     pub async fn owner_of(&self, slot: u16) -> anyhow::Result<u16> {
-        let slots: redis::Value = self.nodes[0].command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
+        let node = self.nodes.iter().find(|n| n.is_running()).context("no node is running")?;
+        let slots: redis::Value = node.command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
         self.nodes
             .iter()
             .map(RedisServer::port)

@@ -19,15 +19,14 @@ use rand::rngs::StdRng;
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::scripts::{
-    self, BatchFound, Gate, GateLimits, GateRequest, JoinStep, Reschedule, RiderBody, SealRequest, Settlement, Settler,
-    UnjoinMode, Verdict,
+    self, BatchFound, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::pause::quota_renews;
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
-use crate::work::{DeliveryRef, Ready, Rider, Sealed, batch_ref};
+use crate::work::{DeliveryRef, Ready, Sealed};
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
@@ -94,8 +93,9 @@ impl Sender {
     /// Sends a batch that passed the last gate (the caller has just taken its slot) and
     /// records what happened.
     pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
+        ctx.failpoints.at(Failpoint::Gated).await;
         let started = std::time::Instant::now();
-        let emails = b.emails();
+        let emails = b.members.len();
         let answer = self.client.send_batch(&b.key, b.body.clone(), emails).await;
         let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
@@ -111,7 +111,7 @@ impl Sender {
                         ItemResult::Invalid => Verdict::Failed(Reason::Provider(ErrorName::ValidationError)),
                     })
                     .collect();
-                settle_request(ctx, &b, Settler::Answer, verdicts).await;
+                settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts).await;
                 PacingNews { rate: accepted.rate, pause: None }
             }
             Err((e, rate)) => {
@@ -162,7 +162,7 @@ impl Sender {
             }
             Plan::Settle(outcome) => {
                 let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
-                settle_request_alike(ctx, &b, verdict).await;
+                settle_all(ctx, &b, verdict).await;
             }
         }
     }
@@ -180,17 +180,6 @@ fn gate_limits(config: &Config) -> GateLimits {
     }
 }
 
-/// What the last gate is asked about `batch` of partition `p`, by this instance.
-fn gate_request<'a>(
-    ctx: &'a Ctx,
-    partition: u16,
-    batch: &'a str,
-    new_key: &'a str,
-    riders: Option<&'a [RiderBody<'a>]>,
-) -> GateRequest<'a> {
-    GateRequest { partition, batch, owner: &ctx.owner, new_key, limits: gate_limits(&ctx.config), riders }
-}
-
 /// Runs the last gate for `b`, just before its slot, and acts on what it says; true
 /// when the request may leave (with `b` updated if members were dropped). On a Redis
 /// error, false: the batch stays sealed and is taken over after its lease.
@@ -206,62 +195,24 @@ pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
 
 async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
     let mut conn = ctx.store.conn().await?;
-    let keys = &ctx.store.keys;
-    // A shared tail request (join.lua): each rider's gate first, then the lead's, which
-    // commits the request composed from its own kept members and what the riders kept.
-    // One known not to have left is uncommitted first (a no-op before its first commit),
-    // so a rider that drops a member now leaves no stale request behind; one left with
-    // no riders goes alone.
-    if b.riders.is_some() {
-        if !b.maybe_sent && !scripts::uncommit(&mut conn, keys, b.partition, &b.id, &ctx.owner).await? {
-            tracing::info!(batch = %b.id, "shared request was taken over by another holder before it left");
-            return Ok(false);
-        }
-        if !gate_riders(ctx, &mut conn, b).await? {
-            return Ok(false);
-        }
-        if !b.maybe_sent && b.riders.as_ref().is_some_and(Vec::is_empty) {
-            // Its own key and body again: what `b` holds may be an earlier commit's request.
-            let Some((key, body)) = scripts::dissolve(&mut conn, keys, b.partition, &b.id, &ctx.owner).await? else {
-                tracing::info!(batch = %b.id, "shared request was taken over by another holder before it left");
-                return Ok(false);
-            };
-            (b.key, b.body, b.riders) = (key, Bytes::from(body), None);
-        }
-    }
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
-    let verdict = {
-        let riders: Option<Vec<RiderBody<'_>>> = b.riders.as_ref().map(|riders| {
-            riders
-                .iter()
-                .map(|r| RiderBody { partition: r.partition, batch: &r.id, emails: r.emails, body: &r.body })
-                .collect()
-        });
-        let request = gate_request(ctx, b.partition, &b.id, &new_key, riders.as_deref());
-        scripts::gate(&mut conn, keys, &request, &b.members).await?
+    let request = GateRequest {
+        partition: b.partition,
+        batch: &b.id,
+        owner: &ctx.owner,
+        new_key: &new_key,
+        limits: gate_limits(&ctx.config),
     };
-    let go = match verdict {
+    let go = match scripts::gate(&mut conn, &ctx.store.keys, &request, &b.members).await? {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {
             tracing::info!(batch = %b.id, skipped = skipped.len(), "members no longer wanted were left out at the last gate");
-            keep_members(ctx, &mut b.members, &kept, &skipped);
+            count_skipped(ctx, &b.members, &skipped);
+            let mut all: Vec<Option<DeliveryRef>> = std::mem::take(&mut b.members).into_iter().map(Some).collect();
+            b.members = kept.iter().filter_map(|&i| all.get_mut(i).and_then(Option::take)).collect();
             b.key = key;
             b.body = Bytes::from(body);
             true
-        }
-        Gate::Joint { key, body, parts, kept, skipped, .. } => {
-            keep_members(ctx, &mut b.members, &kept, &skipped);
-            b.key = key;
-            b.body = Bytes::from(body);
-            // The request committed is the one in hand, riders in its order (a resend of one
-            // that may have been sent: as committed); else its answer would be mislabelled.
-            let riders = b.riders.iter().flatten();
-            let same = riders.clone().count() == parts.len()
-                && riders.zip(&parts).all(|(r, part)| r.id == part.batch && r.emails == part.emails);
-            if !same {
-                tracing::error!(batch = %b.id, "the gate committed a shared request unlike the one in hand; it waits");
-            }
-            same
         }
         Gate::Empty { skipped } => {
             count_skipped(ctx, &b.members, &skipped);
@@ -273,8 +224,8 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
                 "a request that may have been sent holds members no longer wanted: it is not resent, and its \
                  deliveries are outcome_unknown"
             );
-            let own = reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
-            settle_request_with(ctx, b, Some(own), Verdict::Unknown(Reason::Withheld)).await;
+            let verdicts = reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
+            settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
             false
         }
         Gate::Paused => {
@@ -284,17 +235,17 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         Gate::Expired => {
             tracing::error!(
                 batch = %b.id,
-                deliveries = b.emails(),
+                deliveries = b.members.len(),
                 "sealed batch outlived the provider's idempotency window without a known outcome; \
                  its deliveries are outcome_unknown and will not be resent"
             );
-            settle_request_alike(ctx, b, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
+            settle_all(ctx, b, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
             false
         }
         Gate::Deadline { maybe_sent } => {
-            tracing::error!(batch = %b.id, deliveries = b.emails(), maybe_sent, "batch passed its delivery deadline");
+            tracing::error!(batch = %b.id, deliveries = b.members.len(), maybe_sent, "batch passed its delivery deadline");
             let verdict = if maybe_sent { Verdict::Unknown(Reason::Expired) } else { Verdict::Failed(Reason::Expired) };
-            settle_request_alike(ctx, b, verdict).await;
+            settle_all(ctx, b, verdict).await;
             false
         }
         Gate::NotHeld => {
@@ -307,158 +258,31 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         }
         Gate::Lost => {
             tracing::error!(batch = %b.id, deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
-            if !b.maybe_sent {
-                // Its riders passed their gates, but it never committed: they go alone.
-                let riders = b.riders.as_deref().unwrap_or_default();
-                release_riders(ctx, &mut conn, &b.lead_ref(), riders, UnjoinMode::Any).await?;
-            }
-            settle(
-                ctx,
-                b.partition,
-                &b.id,
-                &b.members,
-                Settler::Lost,
-                vec![Verdict::Unknown(Reason::RecordLost); b.members.len()],
-            )
-            .await;
+            let verdicts = vec![Verdict::Unknown(Reason::RecordLost); b.members.len()];
+            settle(ctx, b.partition, &b.id, &b.members, Settler::Lost, verdicts).await;
             false
         }
     };
-    if !go {
-        return Ok(false);
-    }
-    replicated(ctx, &mut conn, b).await
+    Ok(go && replicated(ctx, &mut conn, b).await?)
 }
 
-/// Sends the riders of `lead`, whose request never left, off alone, due at once (a rider
-/// found no longer riding is left as it is).
-async fn release_riders(
-    ctx: &Ctx,
-    conn: &mut crate::db::Conn,
-    lead: &str,
-    riders: &[Rider],
-    mode: UnjoinMode,
-) -> anyhow::Result<()> {
-    let lease_ms = ctx.config.lease().as_millis() as u64;
-    for r in riders {
-        let step = JoinStep { partition: r.partition, batch: &r.id, lead, owner: &ctx.owner, lease_ms };
-        if let scripts::Unjoin::Alone { .. } = scripts::unjoin(conn, &ctx.store.keys, &step, mode).await? {
-            put_back(ctx, r.partition, &r.id, Duration::ZERO).await;
-        }
-    }
-    Ok(())
-}
-
-/// Keeps the members at `kept` (the gate's positions), counting the skipped ones.
-fn keep_members(ctx: &Ctx, members: &mut Vec<DeliveryRef>, kept: &[usize], skipped: &[(usize, Reason)]) {
-    count_skipped(ctx, members, skipped);
-    let mut all: Vec<Option<DeliveryRef>> = std::mem::take(members).into_iter().map(Some).collect();
-    *members = kept.iter().filter_map(|&i| all.get_mut(i).and_then(Option::take)).collect();
-}
-
-/// With `redis.wait_replicas`, waits until replicas hold the gates' 'sending' of every
-/// batch in `b`'s request (a rider settled already wrote nothing new), else puts `b`
-/// back: a new primary must not think the request never left and re-seal it under
-/// another key.
+/// With `redis.wait_replicas`, waits until replicas hold the gate's 'sending' of `b`,
+/// else puts `b` back: a new primary must not think the request never left and re-seal
+/// it under another key.
 async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow::Result<bool> {
     let want = ctx.config.redis.wait_replicas;
     if want == 0 {
         return Ok(true);
     }
-    let settled = |id: &str| b.riders.iter().flatten().any(|r| r.id == id && r.members.is_empty());
-    for (p, id) in b.batches().filter(|(_, id)| !settled(id)) {
-        // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
-        let batch_key = ctx.store.keys.batch(p, id);
-        let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
-        if acked < want {
-            tracing::warn!(acked, want, batch = %id, "replicas did not acknowledge the batch; it waits");
-            put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
-            return Ok(false);
-        }
+    // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
+    let batch_key = ctx.store.keys.batch(b.partition, &b.id);
+    let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
+    if acked < want {
+        tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits");
+        put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
+        return Ok(false);
     }
     Ok(true)
-}
-
-/// What a rider's gate means for the shared request it rides in.
-enum RiderGate {
-    /// It rides on, as it was (`None`) or with members skipped (`Some`: its new self).
-    Rides(Option<Rider>),
-    /// It no longer rides: every member skipped, or it was taken over or is gone.
-    Leaves,
-    /// Sending is paused: the whole request is put back.
-    Paused,
-    /// The whole request may not be sent: every member of it is settled with this verdict
-    /// (the rider's own already were, by its reasons, where it withheld).
-    Stops(Verdict),
-}
-
-/// Passes each rider of the shared request `b` leads through its own gate, keeping those
-/// that ride on; false when the request stops here (put back, or settled).
-async fn gate_riders(ctx: &Ctx, conn: &mut crate::db::Conn, b: &mut Sealed) -> anyhow::Result<bool> {
-    let had = b.riders.take().unwrap_or_default();
-    let mut riders = Vec::with_capacity(had.len());
-    for (i, r) in had.iter().enumerate() {
-        // A rider settled already (a resend of a committed request) still has its emails in it.
-        let gate =
-            if r.members.is_empty() { RiderGate::Rides(None) } else { rider_gate(ctx, conn, r, b.maybe_sent).await? };
-        match gate {
-            RiderGate::Rides(changed) => riders.push(changed.unwrap_or_else(|| r.clone())),
-            RiderGate::Leaves => {}
-            RiderGate::Paused => {
-                b.riders = Some(had);
-                put_back(ctx, b.partition, &b.id, QUOTA_RECHECK).await;
-                return Ok(false);
-            }
-            RiderGate::Stops(verdict) => {
-                riders.extend(had[i..].iter().cloned());
-                b.riders = Some(riders);
-                settle_request_alike(ctx, b, verdict).await;
-                return Ok(false);
-            }
-        }
-    }
-    b.riders = Some(riders);
-    Ok(true)
-}
-
-/// Runs a rider's own last gate (its members, its hold), before its lead's.
-async fn rider_gate(ctx: &Ctx, conn: &mut crate::db::Conn, r: &Rider, maybe_sent: bool) -> anyhow::Result<RiderGate> {
-    let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
-    let request = gate_request(ctx, r.partition, &r.id, &new_key, None);
-    let verdict = scripts::gate(conn, &ctx.store.keys, &request, &r.members).await?;
-    Ok(match verdict {
-        Gate::Go { .. } => RiderGate::Rides(None),
-        Gate::Resealed { body, kept, skipped, .. } => {
-            let mut members = r.members.clone();
-            keep_members(ctx, &mut members, &kept, &skipped);
-            let (emails, body) = (members.len(), Bytes::from(body));
-            RiderGate::Rides(Some(Rider { partition: r.partition, id: r.id.clone(), members, body, emails }))
-        }
-        Gate::Empty { skipped } => {
-            count_skipped(ctx, &r.members, &skipped);
-            RiderGate::Leaves
-        }
-        // Its emails are in a request that may have been sent: they stay in it, and whoever
-        // gets an answer records it on its members.
-        Gate::NotHeld | Gate::Lost | Gate::Settled if maybe_sent => RiderGate::Rides(None),
-        Gate::NotHeld | Gate::Lost | Gate::Settled | Gate::Joint { .. } => {
-            tracing::info!(batch = %r.id, "a rider was taken over or is gone; the shared request leaves without it");
-            RiderGate::Leaves
-        }
-        Gate::Paused => RiderGate::Paused,
-        Gate::Withhold { reasons } => {
-            let own: Vec<Verdict> =
-                reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
-            settle(ctx, r.partition, &r.id, &r.members, Settler::Holder(&ctx.owner), own).await;
-            RiderGate::Stops(Verdict::Unknown(Reason::Withheld))
-        }
-        Gate::Expired => RiderGate::Stops(Verdict::Unknown(Reason::IdempotencyWindowPassed)),
-        Gate::Deadline { maybe_sent } => RiderGate::Stops(if maybe_sent {
-            Verdict::Unknown(Reason::Expired)
-        } else {
-            Verdict::Failed(Reason::Expired)
-        }),
-    })
 }
 
 /// Counts the members the gate skipped (those it actually settled).
@@ -478,12 +302,10 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
     format!("{prefix}-{batch}")
 }
 
-/// Seals the emails of one partition into a new batch (those still held by this
-/// instance), or the last partial batches of several as one shared tail request
-/// (join.lua): the lead (the first) sealed naming its riders, then each rider naming its
-/// lead. `None` when nothing was sealed.
-pub async fn seal(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> Option<Sealed> {
-    match seal_parts(ctx, parts).await {
+/// Seals the emails of partition `p` into a new batch (those still held by this
+/// instance); `None` when nothing was sealed.
+pub async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
+    match seal_batch(ctx, p, items).await {
         Ok(sealed) => {
             ctx.failpoints.at(Failpoint::Sealed).await;
             sealed
@@ -497,51 +319,16 @@ pub async fn seal(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> Option<Sealed> {
     }
 }
 
-async fn seal_parts(ctx: &Ctx, parts: Vec<(u16, Vec<Ready>)>) -> anyhow::Result<Option<Sealed>> {
-    let mut parts = parts.into_iter();
-    let Some((lp, lead_items)) = parts.next() else { return Ok(None) };
-    let lead_id = new_id();
-    // The riders first: a rider whose lead does not exist was never in a request.
-    let lead_ref = batch_ref(lp, &lead_id);
-    let mut riders = Vec::new();
-    for (p, items) in parts {
-        if let Some(r) = seal_batch(ctx, p, items, &new_id(), &lead_ref, "").await? {
-            riders.push(Rider { partition: p, emails: r.members.len(), id: r.id, members: r.members, body: r.body });
-        }
-    }
-    if !riders.is_empty() {
-        ctx.failpoints.at(Failpoint::Riding).await;
-    }
-    let planned: Vec<String> = riders.iter().map(|r| batch_ref(r.partition, &r.id)).collect();
-    let lead = seal_batch(ctx, lp, lead_items, &lead_id, "", &planned.join(" ")).await?;
-    let Some(mut lead) = lead else {
-        // None of the lead's emails was still held: each rider goes alone, due at once.
-        let mut conn = ctx.store.conn().await?;
-        release_riders(ctx, &mut conn, &lead_ref, &riders, UnjoinMode::Sealed).await?;
-        return Ok(None);
-    };
-    lead.riders = (!riders.is_empty()).then_some(riders);
-    Ok(Some(lead))
-}
-
-async fn seal_batch(
-    ctx: &Ctx,
-    p: u16,
-    items: Vec<Ready>,
-    batch: &str,
-    lead: &str,
-    riders: &str,
-) -> anyhow::Result<Option<Sealed>> {
-    let key = idempotency_key(&ctx.config.redis.prefix, batch);
+async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
+    let batch = new_id();
+    let key = idempotency_key(&ctx.config.redis.prefix, &batch);
     let request = SealRequest {
         partition: p,
-        batch,
+        batch: &batch,
         idempotency_key: &key,
         owner: &ctx.owner,
         group: &ctx.config.redis.group,
         lease_ms: ctx.config.lease().as_millis() as u64,
-        lead,
-        riders,
     };
     let mut conn = ctx.store.conn().await?;
     let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &items).await?;
@@ -567,7 +354,7 @@ async fn seal_batch(
     body.push(']');
     let mut items: Vec<Option<Ready>> = items.into_iter().map(Some).collect();
     let members = positions.iter().filter_map(|&i| items[i].take()).map(|r| r.delivery).collect();
-    Ok(Some(Sealed::alone(p, batch.to_string(), key, Bytes::from(body), members)))
+    Ok(Some(Sealed::new(p, batch, key, Bytes::from(body), members)))
 }
 
 /// How soon a batch refused for quota, or put back during a pause, is due again
@@ -654,43 +441,10 @@ pub async fn hand_back(ctx: &Ctx, p: u16, items: &[Ready]) {
     }
 }
 
-/// Settles every member of a request this instance holds with one verdict: a shared
-/// request's riders too, riders first.
-pub async fn settle_request_alike(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
-    settle_request_with(ctx, b, None, verdict).await;
-}
-
-/// Like [`settle_request_alike`], with the lead's own members settled by `own` if given.
-async fn settle_request_with(ctx: &Ctx, b: &Sealed, own: Option<Vec<Verdict>>, rest: Verdict) {
-    let mut verdicts = own.unwrap_or_else(|| vec![rest.clone(); b.members.len()]);
-    verdicts.resize(b.emails(), rest);
-    settle_request(ctx, b, Settler::Holder(&ctx.owner), verdicts).await;
-}
-
-/// Records a request's per-email verdicts (in the order of its body): a shared request's
-/// riders first and its lead last, so a lead still there means its answer is not wholly
-/// recorded, and whoever takes it over replays the request and records the rest (a lead
-/// gone while a rider is not would leave that rider unable to tell whether the request
-/// carried it).
-async fn settle_request(ctx: &Ctx, b: &Sealed, by: Settler<'_>, verdicts: Vec<Verdict>) {
-    let mut verdicts = verdicts.into_iter();
-    let own: Vec<Verdict> = verdicts.by_ref().take(b.members.len()).collect();
-    let mut recorded = true;
-    for r in b.riders.iter().flatten() {
-        let share: Vec<Verdict> = verdicts.by_ref().take(r.emails).collect();
-        if !r.members.is_empty() {
-            recorded &= settle(ctx, r.partition, &r.id, &r.members, by, share).await;
-        }
-    }
-    if recorded {
-        settle(ctx, b.partition, &b.id, &b.members, by, own).await;
-    }
-}
-
 /// Settles every member of a batch this instance holds with one verdict.
-pub async fn settle_all(ctx: &Ctx, partition: u16, batch: &str, members: &[DeliveryRef], verdict: Verdict) {
-    let verdicts = vec![verdict; members.len()];
-    settle(ctx, partition, batch, members, Settler::Holder(&ctx.owner), verdicts).await;
+pub async fn settle_all(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
+    let verdicts = vec![verdict; b.members.len()];
+    settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
 }
 
 /// Records each member's verdict (same order as the batch) and counts what was recorded;

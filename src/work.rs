@@ -160,59 +160,13 @@ pub struct Sealed {
     pub tries: u32,
     /// Whether an earlier attempt may have been processed by the provider.
     pub maybe_sent: bool,
-    /// For the lead of a shared tail request (join.lua), its riders: batches of other
-    /// partitions whose emails follow this one's in the request. Once its gate has
-    /// committed the request, `key` and `body` are the shared request's.
-    pub riders: Option<Vec<Rider>>,
 }
 
 impl Sealed {
-    /// A batch of its own (no riders).
-    pub fn alone(partition: u16, id: String, key: String, body: Bytes, members: Vec<DeliveryRef>) -> Sealed {
-        Sealed { partition, id, key, body, members, tries: 0, maybe_sent: false, riders: None }
+    /// A batch just sealed (or taken over with no tries recorded).
+    pub fn new(partition: u16, id: String, key: String, body: Bytes, members: Vec<DeliveryRef>) -> Sealed {
+        Sealed { partition, id, key, body, members, tries: 0, maybe_sent: false }
     }
-
-    /// How its riders name it ([`batch_ref`]).
-    pub fn lead_ref(&self) -> String {
-        batch_ref(self.partition, &self.id)
-    }
-
-    /// Its request's batches: its own, then each rider's.
-    pub fn batches(&self) -> impl Iterator<Item = (u16, &str)> {
-        std::iter::once((self.partition, self.id.as_str()))
-            .chain(self.riders.iter().flatten().map(|r| (r.partition, r.id.as_str())))
-    }
-
-    /// Every email of its request: its own members, then each rider's.
-    pub fn emails(&self) -> usize {
-        self.members.len() + self.riders.iter().flatten().map(|r| r.emails).sum::<usize>()
-    }
-}
-
-/// `<partition>:<batch id>`: how the batches of a shared tail request name each other
-/// (a batch id, a ULID, holds no `:`).
-pub fn batch_ref(partition: u16, id: &str) -> String {
-    format!("{partition}:{id}")
-}
-
-/// The batch a [`batch_ref`] names.
-pub fn parse_batch_ref(s: &str) -> Option<(u16, String)> {
-    let (p, id) = s.split_once(':')?;
-    Some((p.parse().ok()?, id.to_string())).filter(|(_, id)| !id.is_empty() && !id.contains(':'))
-}
-
-/// A batch riding in another partition's request.
-#[derive(Debug, Clone)]
-pub struct Rider {
-    pub partition: u16,
-    pub id: String,
-    /// Its members, in the order of its emails in the request (empty for a rider already
-    /// settled whose emails a resend still carries).
-    pub members: Vec<DeliveryRef>,
-    /// Its own body (a JSON array), as its gate left it.
-    pub body: Bytes,
-    /// How many emails it has in the request.
-    pub emails: usize,
 }
 
 /// The next request to make.
@@ -222,9 +176,6 @@ pub enum Work {
     Fresh(u16, Vec<Ready>),
     /// A sealed batch to send again, same key and body.
     Resend(Sealed),
-    /// The last partial batches of several partitions, to seal as one shared request
-    /// (the first partition leads).
-    Shared(Vec<(u16, Vec<Ready>)>),
 }
 
 #[cfg(test)]

@@ -243,7 +243,7 @@ async fn every_readme_command_line_works_as_written() {
             ("base_url = \"https://api.resend.com\"", &base_url),
             TEST_REDIS,
             ANY_METRICS_PORT,
-            ("partitions = 4", "partitions = 2"),
+            ("partitions = 1", "partitions = 2"),
         ],
     );
     let url = world.redis.url();
@@ -368,7 +368,7 @@ async fn every_readme_command_line_works_as_written() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("mailstream upgrade"), "{refused:?}");
     let upgraded = run(&path, &url, &["upgrade"], "");
     assert!(stdout(&upgraded).contains("built the kick's audience: "), "{}", stdout(&upgraded));
-    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 4"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 5"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     let _ = std::fs::remove_file(ndjson);
 }
@@ -447,7 +447,7 @@ async fn sigterm_mid_run_then_a_restart_sends_each_once_without_waiting_a_lease(
             ("base_url = \"https://api.resend.com\"", &base_url),
             ("timeout_seconds = 30", "timeout_seconds = 2"),
             ("lease_seconds = 15", "lease_seconds = 60"),
-            ("partitions = 4", "partitions = 2"),
+            ("partitions = 1", "partitions = 2"),
             ANY_METRICS_PORT,
             TEST_REDIS,
         ],

@@ -154,7 +154,7 @@ async fn a_holder_that_finds_its_batch_settled_by_a_taker_raises_no_lost_write_a
 }
 
 fn gate_request<'a>(owner: &'a str, new_key: &'a str) -> GateRequest<'a> {
-    GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000), riders: None }
+    GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000) }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

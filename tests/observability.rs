@@ -379,7 +379,7 @@ async fn read_as_gone(conn: &mut mailstream::db::Conn, world: &World, n: usize) 
 /// The shipped config for this world's Redis (relaxed durability, its partitions).
 fn config_file(world: &World, dir: &Path, replace: &[(&str, &str)]) -> PathBuf {
     let mut text = EXAMPLE.replacen("durability = \"strict\"", "durability = \"relaxed\"", 1).replacen(
-        "partitions = 4",
+        "partitions = 1",
         &format!("partitions = {}", world.config.redis.partitions),
         1,
     );

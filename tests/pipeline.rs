@@ -128,16 +128,28 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_layout_3_deployment_is_refused_until_upgraded_with_nothing_rebuilt() {
-    // Layout 3 predates shared tail requests: an instance of it would resend a rider on its
-    // own. A new version refuses it until every instance is stopped and it is upgraded.
-    let world = World::new().await;
+async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_reach_every_partition() {
+    // Layout 3 kept a suppression in its address's home partition only; the last gate
+    // reads every partition's own `suppressed` hash. A new version refuses it until every
+    // instance is stopped and it is upgraded.
+    let world = World::with(Default::default(), |c| c.redis.partitions = 4).await;
     world.subscribers(5).await;
     let mut conn = world.store.conn().await.unwrap();
-    let meta = world.store.keys.meta();
+    let keys = &world.store.keys;
+    let bounced = keys.address("bounced+old@resend.dev");
+    let _: () = redis::cmd("HSET")
+        .arg(keys.suppression(&bounced))
+        .arg("reason")
+        .arg("bounced")
+        .arg("at_ms")
+        .arg(1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let meta = keys.meta();
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(3).query_async(&mut conn).await.unwrap();
     let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 3 is refused");
-    assert!(refused.to_string().contains("shared tail requests"), "{refused}");
+    assert!(refused.to_string().contains("suppressed addresses"), "{refused}");
     assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
     let upgraded = world
         .store
@@ -145,6 +157,11 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_with_nothing_rebuilt() 
         .await
         .unwrap();
     assert_eq!(upgraded, Some(3));
+    for p in 0..keys.partitions() {
+        let reason: Option<String> =
+            redis::cmd("HGET").arg(keys.suppressed(p)).arg(&bounced.hash).query_async(&mut conn).await.unwrap();
+        assert_eq!(reason.as_deref(), Some("bounced"), "partition {p}");
+    }
     mailstream::db::Store::open(&world.config).await.expect("upgraded");
     let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
     assert_eq!(report.new, 5);
@@ -152,6 +169,33 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_with_nothing_rebuilt() 
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(9).query_async(&mut conn).await.unwrap();
     assert!(mailstream::db::Store::open(&world.config).await.is_err());
     assert!(world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_are_settled() {
+    // Layout 4 could seal batches of several partitions into one request; this version
+    // cannot send them. Upgrading waits until a layout-4 daemon has settled them.
+    let world = World::new().await;
+    let (batch, _members) = sealed_batch(&world, 2, "a-layout-4-daemon", false).await;
+    let mut conn = world.store.conn().await.unwrap();
+    let keys = &world.store.keys;
+    let _: () =
+        redis::cmd("HSET").arg(keys.batch(0, &batch)).arg("riders").arg("1:B2").query_async(&mut conn).await.unwrap();
+    let meta = keys.meta();
+    let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(4).query_async(&mut conn).await.unwrap();
+    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 4 is refused");
+    assert!(refused.to_string().contains("let a layout-4 mailstream settle"), "{refused}");
+    let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
+    let waiting = world.store.upgrade_layout(noop).await.err().expect("not while a shared request is unsettled");
+    assert!(waiting.to_string().starts_with("1 batches of shared tail requests are unsettled"), "{waiting}");
+    let layout: u32 = redis::cmd("HGET").arg(&meta).arg("layout").query_async(&mut conn).await.unwrap();
+    assert_eq!(layout, 4, "nothing changed");
+    // The layout-4 daemon settles it; then the upgrade goes through.
+    let _: () = redis::cmd("DEL").arg(keys.batch(0, &batch)).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("ZREM").arg(keys.batches(0)).arg(&batch).query_async(&mut conn).await.unwrap();
+    let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
+    assert_eq!(world.store.upgrade_layout(noop).await.unwrap(), Some(4));
+    mailstream::db::Store::open(&world.config).await.expect("upgraded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

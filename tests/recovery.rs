@@ -166,8 +166,6 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
         owner,
         group: "mailstream",
         lease_ms: 60_000,
-        lead: "",
-        riders: "",
     };
     assert!(
         scripts::seal(&mut conn, keys, &req("late", "slow"), std::slice::from_ref(&member)).await.unwrap().is_empty()

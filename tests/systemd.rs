@@ -63,7 +63,7 @@ async fn the_daemon_notifies_ready_status_watchdog_and_stopping_in_order_and_log
     let text = EXAMPLE
         .replacen("schedule = \"0 9 * * MON\"", "", 1)
         .replacen("durability = \"strict\"", "durability = \"relaxed\"", 1)
-        .replacen("partitions = 4", "partitions = 2", 1)
+        .replacen("partitions = 1", "partitions = 2", 1)
         .replacen("metrics_listen = \"127.0.0.1:9464\"", "metrics_listen = \"127.0.0.1:0\"", 1)
         .replacen(
             "base_url = \"https://api.resend.com\"",

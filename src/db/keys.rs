@@ -10,16 +10,21 @@ use crate::work::{DeliveryRef, Lane};
 /// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key;
 /// 2: natural-key records, fan-out over the registry's records; 3: fan-out over each
 /// partition's audience and the campaigns' opt-out sets; 4: batches of several
-/// partitions may share a request, a batch record naming its `lead` or `riders`, which
-/// an older version would resend on their own).
-pub const LAYOUT: u32 = 4;
+/// partitions could share a request (since retired: this version cannot send one);
+/// 5: one partition's batch per request, and every partition keeps the suppressed
+/// addresses its last gate reads).
+pub const LAYOUT: u32 = 5;
 
 /// The layout that also needs the audience index built (`subscribers::build_audience`)
 /// on its way to [`LAYOUT`].
 pub const AUDIENCE_LAYOUT: u32 = 2;
 
+/// The layout whose unsettled batches may belong to a shared tail request: it is
+/// upgraded only once a layout-4 daemon has settled them.
+pub const SHARED_TAIL_LAYOUT: u32 = 4;
+
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
-pub const UPGRADABLE_LAYOUTS: [u32; 2] = [AUDIENCE_LAYOUT, 3];
+pub const UPGRADABLE_LAYOUTS: [u32; 3] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT];
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]

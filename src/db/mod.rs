@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
-use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, UPGRADABLE_LAYOUTS};
+use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
 
 /// Connections plus the key layout. Cheap to clone.
@@ -96,9 +96,12 @@ impl Store {
     }
 
     /// Moves a deployment of one of [`UPGRADABLE_LAYOUTS`] to this one: from layout 2,
-    /// `build_audience` (the registry's part, in `subscribers`) runs first; then `meta`
-    /// says the new layout. Returns the layout it moved from, `None` when there was
-    /// nothing to do. Refuses any other.
+    /// `build_audience` (the registry's part, in `subscribers`) runs first; from layout
+    /// 4, it refuses while a batch of a shared tail request is unsettled (this version
+    /// would send its parts alone, and a part may have left in its shared request);
+    /// from any, every suppression is written into every partition's `suppressed` hash;
+    /// then `meta` says the new layout. Returns the layout it moved from, `None` when
+    /// there was nothing to do. Refuses any other.
     pub async fn upgrade_layout<F>(&self, build_audience: F) -> anyhow::Result<Option<u32>>
     where
         F: AsyncFnOnce(&Store) -> anyhow::Result<()>,
@@ -113,11 +116,64 @@ impl Store {
                 bail!("{meta} says key layout {other}; this mailstream upgrades layouts {UPGRADABLE_LAYOUTS:?} only")
             }
         };
+        if from == SHARED_TAIL_LAYOUT {
+            let shared = self.unsettled_shared_batches().await?;
+            if shared > 0 {
+                bail!(
+                    "{shared} batches of shared tail requests are unsettled; this version cannot send them. Stop \
+                     kicks and ingest (and the campaigns' schedules), run a layout-4 mailstream until it has \
+                     settled everything it holds, stop it, then run `mailstream upgrade` again"
+                );
+            }
+        }
         if from == AUDIENCE_LAYOUT {
             build_audience(self).await?;
         }
+        self.spread_suppressions().await?;
         let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
         Ok(Some(from))
+    }
+
+    /// Unsettled batches that belong to a shared tail request of layout 4 (their records
+    /// name a `lead` or `riders`): the only place this version names them.
+    async fn unsettled_shared_batches(&self) -> anyhow::Result<u64> {
+        let mut conn = self.conn().await?;
+        let mut shared = 0;
+        for p in 0..self.keys.partitions() {
+            let ids: Vec<String> = conn.zrange(self.keys.batches(p), 0, -1).await?;
+            for id in ids {
+                let (lead, riders): (Option<String>, Option<String>) = redis::cmd("HMGET")
+                    .arg(self.keys.batch(p, &id))
+                    .arg("lead")
+                    .arg("riders")
+                    .query_async(&mut conn)
+                    .await?;
+                shared += u64::from(lead.is_some() || riders.is_some());
+            }
+        }
+        Ok(shared)
+    }
+
+    /// Writes every suppression record into every partition's `suppressed` hash, as the
+    /// cascade does for each new one (an earlier layout kept them in the address's home
+    /// partition only). Returns how many addresses.
+    async fn spread_suppressions(&self) -> anyhow::Result<usize> {
+        let records = self.scan(&self.keys.suppressions_pattern()).await?;
+        let mut conn = self.conn().await?;
+        let mut suppressed: Vec<(String, String)> = Vec::with_capacity(records.len());
+        for key in &records {
+            let reason: Option<String> = conn.hget(key, "reason").await?;
+            let hash = key.rsplit(':').next().unwrap_or_default().to_string();
+            if let Some(reason) = reason.filter(|_| !hash.is_empty()) {
+                suppressed.push((hash, reason));
+            }
+        }
+        for p in 0..self.keys.partitions() {
+            for chunk in suppressed.chunks(1000) {
+                let _: () = conn.hset_multiple(self.keys.suppressed(p), chunk).await?;
+            }
+        }
+        Ok(suppressed.len())
     }
 
     /// Records the partition count on first use and refuses a different one later:
@@ -137,10 +193,15 @@ impl Store {
                  stop every instance, run `mailstream upgrade` once (it builds the index from the \
                  subscriber records; nothing else changes), then start this version"
             ),
+            (Some(SHARED_TAIL_LAYOUT), _) => bail!(
+                "{meta} says this deployment uses key layout {SHARED_TAIL_LAYOUT}, whose batches may share a request, \
+                 which this version cannot send; stop kicks and ingest, let a layout-4 mailstream settle what it \
+                 holds, stop every instance, run `mailstream upgrade` once, then start this version"
+            ),
             (Some(from), _) if UPGRADABLE_LAYOUTS.contains(&from) => bail!(
-                "{meta} says this deployment uses key layout {from}, from before shared tail requests (an older \
-                 instance would resend a batch that rides in another partition's request on its own); stop \
-                 every instance, run `mailstream upgrade` once (nothing is rebuilt), then start this version"
+                "{meta} says this deployment uses key layout {from}, from before every partition kept the \
+                 suppressed addresses its last gate reads; stop every instance, run `mailstream upgrade` once \
+                 (it copies the suppressions; nothing else changes), then start this version"
             ),
             (Some(other), _) => bail!(
                 "{meta} says this deployment uses key layout {other}, and this mailstream knows layout {LAYOUT}; \

@@ -10,7 +10,7 @@ use redis::{RedisResult, Script};
 
 use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
-use crate::work::{DeliveryRef, Lane, Ready, parse_batch_ref};
+use crate::work::{DeliveryRef, Lane, Ready};
 
 struct Scripts {
     enqueue: Script,
@@ -34,7 +34,6 @@ struct Scripts {
     optout: Script,
     due: Script,
     fanout: Script,
-    join: Script,
 }
 
 static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -59,7 +58,6 @@ static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     optout: Script::new(include_str!("../../lua/optout.lua")),
     due: Script::new(include_str!("../../lua/due.lua")),
     fanout: Script::new(include_str!("../../lua/fanout.lua")),
-    join: Script::new(include_str!("../../lua/join.lua")),
 });
 
 /// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
@@ -89,7 +87,6 @@ pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> Redis
         &s.optout,
         &s.due,
         &s.fanout,
-        &s.join,
     ];
     for script in ours.iter().chain(more) {
         script.load_async(conn).await?;
@@ -452,10 +449,6 @@ pub struct SealRequest<'a> {
     pub owner: &'a str,
     pub group: &'a str,
     pub lease_ms: u64,
-    /// For a rider of a shared tail request, its lead, `<partition>:<batch id>`; else "".
-    pub lead: &'a str,
-    /// For the lead of one, its riders, `<partition>:<batch id>` space-separated; else "".
-    pub riders: &'a str,
 }
 
 /// Seals a batch of `members`; returns the 0-based positions of those that were sealed.
@@ -478,9 +471,7 @@ pub async fn seal(
         .arg(req.idempotency_key)
         .arg(req.owner)
         .arg(req.group)
-        .arg(req.lease_ms)
-        .arg(req.lead)
-        .arg(req.riders);
+        .arg(req.lease_ms);
     for m in members {
         let id = m.delivery.id();
         call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json).arg(m.variant.as_deref().unwrap_or(""));
@@ -536,41 +527,6 @@ pub enum Gate {
     Settled,
     /// Its record is gone while a member is not final (a lost write).
     Lost,
-    /// The lead of a shared tail request: send this body under this key. `parts` are its
-    /// riders in the order their emails follow its own kept members; `kept` and `skipped`
-    /// are about its own members, as for [`Gate::Resealed`].
-    Joint { sends: u32, key: String, body: String, parts: Vec<Part>, kept: Vec<usize>, skipped: Vec<(usize, Reason)> },
-}
-
-/// A rider's place in a shared tail request: its batch, and how many emails it has there.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Part {
-    pub partition: u16,
-    pub batch: String,
-    pub emails: usize,
-}
-
-impl Part {
-    /// `<partition>:<batch id>:<emails>`, as join.lua and gate.lua keep it.
-    fn parse(s: &str) -> Option<Part> {
-        let (batch, emails) = s.rsplit_once(':')?;
-        let (partition, batch) = parse_batch_ref(batch)?;
-        Some(Part { partition, batch, emails: emails.parse().ok()? })
-    }
-
-    /// A space-separated list of them.
-    pub fn list(s: &str) -> Vec<Part> {
-        s.split(' ').filter_map(Part::parse).collect()
-    }
-}
-
-/// A rider as the lead's gate needs it: its place and its body (after its own gate).
-#[derive(Debug, Clone, Copy)]
-pub struct RiderBody<'a> {
-    pub partition: u16,
-    pub batch: &'a str,
-    pub emails: usize,
-    pub body: &'a [u8],
 }
 
 /// Which batch the gate is asked about, by whom.
@@ -582,8 +538,6 @@ pub struct GateRequest<'a> {
     /// The key to re-seal under if members are dropped from a batch never sent.
     pub new_key: &'a str,
     pub limits: GateLimits,
-    /// For the lead of a shared tail request, its riders (its gate commits the request).
-    pub riders: Option<&'a [RiderBody<'a>]>,
 }
 
 /// Runs the last gate for a batch this instance holds, right before its request. Every
@@ -624,17 +578,6 @@ pub async fn gate(
         call.key(keys.delivery(p, &id)).key(subscriber);
         call.arg(&d.campaign).arg(ci).arg(if check { "1" } else { "0" });
     }
-    match req.riders {
-        None => {
-            call.arg("0");
-        }
-        Some(riders) => {
-            call.arg("1").arg(riders.len());
-            for r in riders {
-                call.arg(format!("{}:{}:{}", r.partition, r.batch, r.emails)).arg(r.body);
-            }
-        }
-    }
     let row: Vec<String> = call.invoke_async(conn).await?;
     let skipped = |s: &str| -> Vec<(usize, Reason)> {
         s.split(' ')
@@ -662,14 +605,6 @@ pub async fn gate(
         [tag] if tag == "not_held" => Gate::NotHeld,
         [tag] if tag == "settled" => Gate::Settled,
         [tag] if tag == "lost" => Gate::Lost,
-        [tag, sends, key, body, parts, kept, gone] if tag == "joint" => Gate::Joint {
-            sends: number(sends),
-            key: key.clone(),
-            body: body.clone(),
-            parts: Part::list(parts),
-            kept: kept.split(' ').filter_map(|i| i.parse().ok()).collect(),
-            skipped: skipped(gone),
-        },
         // Only the tag: the rest may hold a body, and with it addresses.
         _ => return Err(unexpected("gate.lua", row.first().map_or("", String::as_str))),
     })
@@ -679,35 +614,13 @@ pub async fn gate(
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Take {
     /// Resend `body` with `key`; `tries` failed requests so far.
-    Take { key: String, body: String, members: Vec<DeliveryRef>, tries: u32, maybe_sent: bool, share: Share },
+    Take { key: String, body: String, members: Vec<DeliveryRef>, tries: u32, maybe_sent: bool },
     /// Sealed too long ago to resend blind: settle every member as outcome_unknown.
-    Expired { members: Vec<DeliveryRef>, share: Share },
-    /// It rides in a shared request led by `lead` (`<partition>:<batch id>`): its lead
-    /// decides; `sending` if it passed its gate.
-    Rider { lead: String, sending: bool },
+    Expired { members: Vec<DeliveryRef> },
     /// The batch record is gone though it was never settled (a lost write).
     Lost,
     /// Not due, taken by someone else, or gone.
     Skip,
-}
-
-/// How a taken batch shares its request (join.lua).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Share {
-    /// A lead never committed: the riders planned at sealing (to dissolve).
-    pub planned: Vec<(u16, String)>,
-    /// A committed lead: its riders, in the order of the request (`key` and `body` are the
-    /// shared request's).
-    pub parts: Vec<Part>,
-}
-
-impl Share {
-    fn parse(riders: &str, parts: &str) -> Share {
-        let parts = Part::list(parts);
-        let planned =
-            if parts.is_empty() { riders.split(' ').filter_map(parse_batch_ref).collect() } else { Vec::new() };
-        Share { planned, parts }
-    }
 }
 
 /// A sealed batch's members, as recorded in it (space-separated delivery ids).
@@ -736,164 +649,19 @@ pub async fn take(
         .invoke_async(conn)
         .await?;
     Ok(match row.as_slice() {
-        [tag, key, body, ids, tries, maybe_sent, riders, parts] if tag == "take" => Take::Take {
+        [tag, key, body, ids, tries, maybe_sent] if tag == "take" => Take::Take {
             key: key.clone(),
             body: body.clone(),
             members: parse_members(ids),
             tries: tries.parse().unwrap_or(0),
             maybe_sent: maybe_sent == "1",
-            share: Share::parse(riders, parts),
         },
-        [tag, ids, riders, parts] if tag == "expired" => {
-            Take::Expired { members: parse_members(ids), share: Share::parse(riders, parts) }
-        }
-        [tag, lead, state] if tag == "rider" => Take::Rider { lead: lead.clone(), sending: state == "sending" },
+        [tag, ids] if tag == "expired" => Take::Expired { members: parse_members(ids) },
         [tag] if tag == "lost" => Take::Lost,
-        _ => Take::Skip,
+        [tag] if tag == "skip" => Take::Skip,
+        // Only the tag: the rest may hold a body, and with it addresses.
+        _ => return Err(unexpected("take.lua", row.first().map_or("", String::as_str))),
     })
-}
-
-/// One step of a shared tail request on one of its batches (join.lua).
-#[derive(Debug, Clone, Copy)]
-pub struct JoinStep<'a> {
-    pub partition: u16,
-    pub batch: &'a str,
-    /// The lead the batch is expected to name, `<partition>:<batch id>`.
-    pub lead: &'a str,
-    pub owner: &'a str,
-    pub lease_ms: u64,
-}
-
-/// When a rider may leave its lead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnjoinMode {
-    /// Only if it never passed its gate (its lead is gone: it was never sealed).
-    Sealed,
-    /// Whatever its state: its lead says the shared request never carried it.
-    Any,
-    /// Its lead is gone while it may have been carried: held as maybe sent.
-    Lost,
-}
-
-/// What `unjoin` did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Unjoin {
-    /// It is a batch of its own now, held by the caller.
-    Alone { key: String, body: String, members: Vec<DeliveryRef>, tries: u32 },
-    /// It passed its gate (mode `Sealed` refused).
-    Sending,
-    /// It has no such lead (any more).
-    No,
-}
-
-/// What `adopt` found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Adopt {
-    /// Still riding; now held by the caller.
-    Joined { body: String, members: Vec<DeliveryRef> },
-    /// It left its lead.
-    Unjoined,
-    /// Settled (its record is gone).
-    Gone,
-}
-
-fn join_call(op: &str, keys: &Keys, step: &JoinStep<'_>) -> redis::ScriptInvocation<'static> {
-    let mut call = SCRIPTS.join.prepare_invoke();
-    call.key(keys.batch(step.partition, step.batch)).key(keys.batches(step.partition)).arg(op).arg(step.batch);
-    call
-}
-
-/// A rider whose lead decides: its due time moves a lease on. False if it has no such lead.
-pub async fn join_wait(conn: &mut impl ConnectionLike, keys: &Keys, step: &JoinStep<'_>) -> RedisResult<bool> {
-    let mut call = join_call("wait", keys, step);
-    call.arg(step.lead).arg(step.lease_ms);
-    let moved: i64 = call.invoke_async(conn).await?;
-    Ok(moved == 1)
-}
-
-/// A rider leaves its lead and becomes a batch of its own, held by `step.owner`.
-pub async fn unjoin(
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    step: &JoinStep<'_>,
-    mode: UnjoinMode,
-) -> RedisResult<Unjoin> {
-    let mode = match mode {
-        UnjoinMode::Sealed => "sealed",
-        UnjoinMode::Any => "any",
-        UnjoinMode::Lost => "lost",
-    };
-    let mut call = join_call("unjoin", keys, step);
-    call.arg(step.lead).arg(step.owner).arg(step.lease_ms).arg(mode);
-    let row: Vec<String> = call.invoke_async(conn).await?;
-    Ok(match row.as_slice() {
-        [tag, key, body, ids, tries] if tag == "ok" => Unjoin::Alone {
-            key: key.clone(),
-            body: body.clone(),
-            members: parse_members(ids),
-            tries: tries.parse().unwrap_or(0),
-        },
-        [tag] if tag == "sending" => Unjoin::Sending,
-        _ => Unjoin::No,
-    })
-}
-
-/// The taker of a committed lead takes its rider over (marked maybe sent if the shared
-/// request may have been).
-pub async fn adopt(
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    step: &JoinStep<'_>,
-    maybe_sent: bool,
-) -> RedisResult<Adopt> {
-    let mut call = join_call("adopt", keys, step);
-    call.arg(step.lead).arg(step.owner).arg(step.lease_ms).arg(u8::from(maybe_sent));
-    let row: Vec<String> = call.invoke_async(conn).await?;
-    Ok(match row.as_slice() {
-        [tag, body, ids] if tag == "joined" => Adopt::Joined { body: body.clone(), members: parse_members(ids) },
-        [tag] if tag == "unjoined" => Adopt::Unjoined,
-        _ => Adopt::Gone,
-    })
-}
-
-/// A lead whose request never left goes alone (its riders were unjoined first): its own
-/// key and body, to send alone. `None` if it is not held by `owner` or may have been sent.
-pub async fn dissolve(
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    partition: u16,
-    batch: &str,
-    owner: &str,
-) -> RedisResult<Option<(String, String)>> {
-    lead_step("dissolve", conn, keys, partition, batch, owner).await
-}
-
-/// A lead known not to have been sent, about to be gated again, drops its committed
-/// request. False if it is not held by `owner` or may have been sent.
-pub async fn uncommit(
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    partition: u16,
-    batch: &str,
-    owner: &str,
-) -> RedisResult<bool> {
-    let done: i64 = lead_step("uncommit", conn, keys, partition, batch, owner).await?;
-    Ok(done == 1)
-}
-
-/// A join.lua step on a lead held by `owner`.
-async fn lead_step<T: redis::FromRedisValue>(
-    op: &str,
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    partition: u16,
-    batch: &str,
-    owner: &str,
-) -> RedisResult<T> {
-    let step = JoinStep { partition, batch, lead: "", owner, lease_ms: 0 };
-    let mut call = join_call(op, keys, &step);
-    call.arg(owner);
-    call.invoke_async(conn).await
 }
 
 /// A retry to schedule (or a putting back) for a batch this instance holds.

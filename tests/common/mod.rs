@@ -57,6 +57,13 @@ impl Servers {
             Servers::Single(_) => panic!("not a cluster"),
         }
     }
+
+    pub fn cluster_mut(&mut self) -> &mut RedisCluster {
+        match self {
+            Servers::Cluster(c) => c,
+            Servers::Single(_) => panic!("not a cluster"),
+        }
+    }
 }
 
 /// A private Redis and a config for it (emulator not yet attached).
@@ -78,9 +85,17 @@ impl World {
 
     /// A world on a private 3-primary Redis Cluster (`redis.cluster = true`).
     pub async fn cluster(tweak: impl FnOnce(&mut Config)) -> World {
-        let cluster = RedisCluster::start(false).await.expect("the cluster starts");
+        World::cluster_with(0, tweak).await
+    }
+
+    /// A world on a private 3-primary Redis Cluster with `replicas` replicas per primary;
+    /// every node is a seed, so a daemon starts whichever node is down.
+    pub async fn cluster_with(replicas: usize, tweak: impl FnOnce(&mut Config)) -> World {
+        let cluster = RedisCluster::start_with(false, replicas).await.expect("the cluster starts");
+        let seeds: Vec<Secret> = cluster.nodes.iter().map(|n| Secret::new(n.url())).collect();
         World::on(Servers::Cluster(cluster), |c| {
             c.redis.cluster = true;
+            c.redis.cluster_seeds = seeds;
             tweak(c)
         })
         .await
@@ -378,21 +393,13 @@ pub async fn sealed_batch(
         owner,
         group: "mailstream",
         lease_ms: 1,
-        lead: "",
-        riders: "",
     };
     let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), n);
     if sending {
         let limits = gate_limits(1);
-        let request = mailstream::db::scripts::GateRequest {
-            partition: 0,
-            batch: "B1",
-            owner,
-            new_key: "unused",
-            limits,
-            riders: None,
-        };
+        let request =
+            mailstream::db::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
         let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &items).await.unwrap();
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
