@@ -52,15 +52,23 @@ end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   return {'paused'}
 end
+-- A batch this holder already marked 'sending' is looked at again before its request left
+-- (its slot moved): if it ends here, the request the first look counted was never made.
+local function ends(reply)
+  if b[9] == 'sending' then
+    redis.call('HINCRBY', KEYS[1], 'sends', -1)
+  end
+  return reply
+end
 local maybe_sent = b[2] == '1'
 if maybe_sent and now - tonumber(b[3]) > window then
-  return {'expired'}
+  return ends({'expired'})
 end
 if maybe_sent and now - tonumber(b[3]) > unsure then
-  return {'deadline', '1'}
+  return ends({'deadline', '1'})
 end
 if not maybe_sent and now - tonumber(b[4]) > deadline then
-  return {'deadline', '0'}
+  return ends({'deadline', '0'})
 end
 
 -- Per member, the hashes of its email's addresses (a batch sealed before they were kept has
@@ -118,7 +126,7 @@ if not any then
   return {'go', sending({})}
 end
 if maybe_sent then
-  return {'withhold', table.concat(reasons, ' ')}
+  return ends({'withhold', table.concat(reasons, ' ')})
 end
 
 -- Never sent: skip the members no longer wanted, keep the others under a new key.

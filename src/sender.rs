@@ -276,13 +276,21 @@ async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow
     }
     // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
     let batch_key = ctx.store.keys.batch(b.partition, &b.id);
-    let acked: u32 = conn.on_node_of(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await?;
-    if acked < want {
-        tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits");
-        put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
-        return Ok(false);
+    match conn.on_node_of::<u32>(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await {
+        Ok(acked) if acked >= want => Ok(true),
+        // Not acknowledged, or not asked (a failover under way): the request has not left,
+        // so the batch goes back unsent, never left 'sending' to look maybe sent.
+        answer => {
+            match answer {
+                Ok(acked) => {
+                    tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits")
+                }
+                Err(e) => ctx.metrics.redis_error("wait", &e),
+            }
+            put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
+            Ok(false)
+        }
     }
-    Ok(true)
 }
 
 /// Counts the members the gate skipped (those it actually settled).

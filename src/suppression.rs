@@ -84,29 +84,30 @@ pub async fn apply(
     let mut conn = store.conn().await?;
     let (state, ids) = scripts::suppress(&mut conn, keys, &address, &step).await?;
     // The cascade runs whenever the address is (or was just) suppressed or lifted, also
-    // for a repeated event: a crash may have left it halfway; each partition's step
-    // happens once per event all the same.
-    let cascade = match state {
-        Suppressed::New | Suppressed::Already | Suppressed::Removed => true,
-        Suppressed::Duplicate => mode != SuppressMode::Transient,
-        Suppressed::Counted => false,
+    // for a repeated event: a crash may have left it halfway (each partition's step
+    // happens once per event all the same). A repeated event finishes what the record
+    // says now: suppressed (a transient threshold reached included, for whatever reason
+    // the record gives), or lifted since, when there is nothing to finish.
+    let recorded: Option<String> = match state {
+        Suppressed::Already | Suppressed::Duplicate => conn.hget(keys.suppression(&address), "reason").await?,
+        _ => None,
     };
-    if cascade {
+    let cascade = match state {
+        Suppressed::Counted => None,
+        Suppressed::Removed => Some((SuppressMode::Remove, reason.as_str().to_string())),
+        Suppressed::Duplicate if mode == SuppressMode::Remove => {
+            Some((SuppressMode::Remove, reason.as_str().to_string()))
+        }
+        Suppressed::New => Some((SuppressMode::Suppress, reason.as_str().to_string())),
+        Suppressed::Already => Some((SuppressMode::Suppress, recorded.unwrap_or(reason.as_str().into()))),
+        Suppressed::Duplicate => recorded.map(|r| (SuppressMode::Suppress, r)),
+    };
+    if let Some((mode, reason)) = cascade {
         // Every partition: each keeps the suppressed addresses its last gate reads.
         let mut by_partition: BTreeMap<u16, Vec<&str>> = (0..keys.partitions()).map(|p| (p, Vec::new())).collect();
         for id in &ids {
             by_partition.entry(keys.partition_of(id)).or_default().push(id);
         }
-        let (mode, reason) = match state {
-            Suppressed::Removed => (SuppressMode::Remove, reason.as_str().to_string()),
-            // Just written by suppress.lua: the reason is this one.
-            Suppressed::New => (SuppressMode::Suppress, reason.as_str().to_string()),
-            // Suppressed earlier, perhaps for another reason: the record says which.
-            _ => {
-                let recorded: Option<String> = conn.hget(keys.suppression(&address), "reason").await?;
-                (SuppressMode::Suppress, recorded.unwrap_or(reason.as_str().into()))
-            }
-        };
         let step = Suppression { mode, reason: &reason, ..step };
         for (p, ids) in by_partition {
             scripts::cascade(&mut conn, keys, p, &address, &ids, &step).await?;

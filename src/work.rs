@@ -131,19 +131,24 @@ impl Ready {
     /// each), read from the JSON that will be sealed, so the last gate checks exactly
     /// the addresses the request carries, whoever supplied them.
     pub fn recipients(&self) -> Vec<String> {
-        let Ok(email) = serde_json::from_str::<serde_json::Value>(&self.json) else { return Vec::new() };
-        let mut out = Vec::new();
-        for field in ["to", "cc", "bcc"] {
-            match email.get(field) {
-                Some(serde_json::Value::String(s)) => out.push(s.clone()),
-                Some(serde_json::Value::Array(list)) => {
-                    out.extend(list.iter().filter_map(|v| v.as_str()).map(str::to_string));
-                }
-                _ => {}
-            }
-        }
-        out
+        serde_json::from_str(&self.json).map(|email| recipients_of(&email)).unwrap_or_default()
     }
+}
+
+/// Every address an email object is addressed to: `to`, `cc` and `bcc`, each a string
+/// or a list.
+pub fn recipients_of(email: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for field in ["to", "cc", "bcc"] {
+        match email.get(field) {
+            Some(serde_json::Value::String(s)) => out.push(s.clone()),
+            Some(serde_json::Value::Array(list)) => {
+                out.extend(list.iter().filter_map(|v| v.as_str()).map(str::to_string))
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// A sealed batch in hand: what to send and who is in it.

@@ -225,3 +225,90 @@ async fn a_batch_counts_requests_not_looks_and_the_log_shows_them_while_sealed()
     let record = delivery(&world.store, &members[0].id()).await;
     assert_eq!((record["state"].as_str(), record["sends"].as_str()), ("sent", "2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_look_that_ends_the_batch_takes_back_the_request_never_made() {
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "holder", false).await;
+    // One request that may have been processed (a timeout), then a second one gated.
+    let _ = scripts::gate(&mut conn, keys, &gate_request("holder", "k2"), &members).await.unwrap();
+    let timeout = Reschedule {
+        delay_ms: 0,
+        failed_request: true,
+        maybe_sent: true,
+        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+    };
+    scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
+    assert_eq!(
+        scripts::gate(&mut conn, keys, &gate_request("holder", "k3"), &members).await.unwrap(),
+        Gate::Go { sends: 2 }
+    );
+    // Before it leaves a member unsubscribes, and the second look withholds the batch:
+    // one request was made, not two.
+    let mut leaving = partition_0_subscribers(&world, 2).await.remove(1);
+    leaving.subscribed = false;
+    subscribers::upsert(&world.store, std::slice::from_ref(&leaving)).await.unwrap();
+    let look = scripts::gate(&mut conn, keys, &gate_request("holder", "k4"), &members).await.unwrap();
+    assert_eq!(look, Gate::Withhold { reasons: vec![None, Some(Reason::Unsubscribed)] });
+    let unknown: Vec<Settlement<'_>> =
+        members.iter().map(|m| Settlement { member: m, verdict: Verdict::Unknown(Reason::Withheld) }).collect();
+    scripts::settle(&mut conn, keys, 0, &batch, Settler::Holder("holder"), &unknown, 3600).await.unwrap();
+    let record = delivery(&world.store, &members[0].id()).await;
+    assert_eq!((record["state"].as_str(), record["sends"].as_str()), ("outcome_unknown", "1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suppression_left_halfway_is_finished_by_its_retry_unless_lifted_since() {
+    let world = World::with(Default::default(), |c| {
+        c.redis.partitions = 4;
+        c.webhook.transient_bounces_to_suppress = 2;
+    })
+    .await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let everywhere = |address: &str| {
+        let (store, hash) = (world.store.clone(), keys.address(address).hash);
+        async move {
+            let mut conn = store.conn().await.unwrap();
+            let mut found = Vec::new();
+            for p in 0..store.keys.partitions() {
+                let there: bool = redis::cmd("HEXISTS")
+                    .arg(store.keys.suppressed(p))
+                    .arg(&hash)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                found.push(there);
+            }
+            found
+        }
+    };
+    // The second transient bounce reaches the threshold; the listener dies after
+    // suppress.lua, before any partition's cascade. Resend retries the event.
+    let flaky = "delivered+flaky@resend.dev";
+    suppression::apply(&world.store, &world.config, flaky, Act::CountTransient, Some("evt-t1")).await.unwrap();
+    let address = keys.address(flaky);
+    let step = |event: &'static str, mode| scripts::Suppression {
+        mode,
+        reason: "transient_bounces",
+        source: "webhook",
+        event,
+        seen_ttl_secs: 3600,
+        transient_window_ms: 86_400_000,
+        transient_threshold: 2,
+    };
+    let (state, _) =
+        scripts::suppress(&mut conn, keys, &address, &step("evt-t2", scripts::SuppressMode::Transient)).await.unwrap();
+    assert_eq!(state, scripts::Suppressed::New);
+    assert_eq!(everywhere(flaky).await, [false; 4]);
+    suppression::apply(&world.store, &world.config, flaky, Act::CountTransient, Some("evt-t2")).await.unwrap();
+    assert_eq!(everywhere(flaky).await, [true; 4], "the retried event finished the cascade");
+
+    // A permanent bounce left halfway, then lifted by an operator: its retry changes nothing.
+    let gone = "delivered+lifted@resend.dev";
+    let address = keys.address(gone);
+    scripts::suppress(&mut conn, keys, &address, &step("evt-b1", scripts::SuppressMode::Suppress)).await.unwrap();
+    suppression::apply(&world.store, &world.config, gone, Act::Lift, None).await.unwrap();
+    suppression::apply(&world.store, &world.config, gone, Act::Suppress(Why::Bounced), Some("evt-b1")).await.unwrap();
+    assert_eq!(everywhere(gone).await, [false; 4], "the lift stands");
+}

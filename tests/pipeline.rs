@@ -146,8 +146,27 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
         .query_async(&mut conn)
         .await
         .unwrap();
+    // A batch sealed by that version, waiting: it kept no address hashes for the last gate.
+    let (batch, members) = sealed_batch(&world, 2, "a-layout-3-daemon", false).await;
+    let sealed: String =
+        redis::cmd("HGET").arg(keys.batch(0, &batch)).arg("addresses").query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("HDEL").arg(keys.batch(0, &batch)).arg("addresses").query_async(&mut conn).await.unwrap();
     let meta = keys.meta();
-    let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(3).query_async(&mut conn).await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(&meta)
+        .arg("layout")
+        .arg(3)
+        .arg("partitions")
+        .arg(4)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // Upgraded with another partition count, it would miss partitions: refused.
+    let mut other = world.config.clone();
+    other.redis.partitions = 1;
+    let elsewhere = mailstream::db::Store::connect(&other).await.unwrap();
+    let refused = elsewhere.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.expect_err("refused");
+    assert!(refused.to_string().contains("was created with 4"), "{refused}");
     let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 3 is refused");
     assert!(refused.to_string().contains("suppressed addresses"), "{refused}");
     assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
@@ -162,9 +181,13 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
             redis::cmd("HGET").arg(keys.suppressed(p)).arg(&bounced.hash).query_async(&mut conn).await.unwrap();
         assert_eq!(reason.as_deref(), Some("bounced"), "partition {p}");
     }
+    let addressed: String =
+        redis::cmd("HGET").arg(keys.batch(0, &batch)).arg("addresses").query_async(&mut conn).await.unwrap();
+    assert_eq!((addressed, members.len()), (sealed, 2), "the waiting batch's addresses, read from its body");
     mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    // The kick fans out to everyone: the batch's two were enqueued by the old version.
     let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
-    assert_eq!(report.new, 5);
+    assert!(report.duplicates == 2 && report.new >= 3, "{report:?}");
     // A newer layout than this version knows is refused, not upgraded.
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(9).query_async(&mut conn).await.unwrap();
     assert!(mailstream::db::Store::open(&world.config).await.is_err());
@@ -186,7 +209,7 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
     let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 4 is refused");
     assert!(refused.to_string().contains("let a layout-4 mailstream settle"), "{refused}");
     let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
-    let waiting = world.store.upgrade_layout(noop).await.err().expect("not while a shared request is unsettled");
+    let waiting = world.store.upgrade_layout(noop).await.expect_err("not while a shared request is unsettled");
     assert!(waiting.to_string().starts_with("1 batches of shared tail requests are unsettled"), "{waiting}");
     let layout: u32 = redis::cmd("HGET").arg(&meta).arg("layout").query_async(&mut conn).await.unwrap();
     assert_eq!(layout, 4, "nothing changed");

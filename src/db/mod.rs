@@ -108,7 +108,16 @@ impl Store {
     {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
-        let layout: Option<u32> = conn.hget(&meta, "layout").await?;
+        let (layout, partitions): (Option<u32>, Option<u16>) =
+            redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
+        // Every step below walks the partitions: with another count it would miss some.
+        if let Some(have) = partitions.filter(|&have| have != self.keys.partitions()) {
+            bail!(
+                "redis.partitions is {} but this deployment ({meta}) was created with {have}; set it to {have} \
+                 and run `mailstream upgrade` again",
+                self.keys.partitions()
+            );
+        }
         let from = match layout {
             Some(LAYOUT) | None => return Ok(None),
             Some(from) if UPGRADABLE_LAYOUTS.contains(&from) => from,
@@ -130,6 +139,7 @@ impl Store {
             build_audience(self).await?;
         }
         self.spread_suppressions().await?;
+        self.address_unsettled_batches().await?;
         let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
         Ok(Some(from))
     }
@@ -152,6 +162,32 @@ impl Store {
             }
         }
         Ok(shared)
+    }
+
+    /// Gives each unsettled batch sealed by an earlier layout the `addresses` seal.lua now
+    /// keeps (per member, the hashes of its email's addresses, read from its body), so the
+    /// last gate checks them too. Returns how many batches.
+    async fn address_unsettled_batches(&self) -> anyhow::Result<usize> {
+        let mut conn = self.conn().await?;
+        let mut done = 0;
+        for p in 0..self.keys.partitions() {
+            let ids: Vec<String> = conn.zrange(self.keys.batches(p), 0, -1).await?;
+            for id in ids {
+                let key = self.keys.batch(p, &id);
+                let (body, addresses): (Option<String>, Option<String>) =
+                    redis::cmd("HMGET").arg(&key).arg("body").arg("addresses").query_async(&mut conn).await?;
+                let (Some(body), None) = (body, addresses) else { continue };
+                let emails: Vec<serde_json::Value> = serde_json::from_str(&body)
+                    .with_context(|| format!("the body of batch {id} in partition {p} is not a JSON array"))?;
+                let per_member: Vec<String> = emails
+                    .iter()
+                    .map(|email| scripts::address_hashes(&self.keys, &crate::work::recipients_of(email)))
+                    .collect();
+                let _: () = conn.hset(&key, "addresses", per_member.join(" ")).await?;
+                done += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// Writes every suppression record into every partition's `suppressed` hash, as the

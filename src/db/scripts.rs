@@ -483,7 +483,7 @@ pub async fn seal(
 
 /// The hashes of `addresses` as seal.lua keeps them for the last gate: comma-separated,
 /// `-` for none.
-fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
+pub fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
     if addresses.is_empty() {
         return "-".to_string();
     }
