@@ -16,7 +16,9 @@
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
 --   KEYS[5..4+c] counts hashes, then per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
---   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c;
+--   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c,
+--   ARGV[10] '1' if the holder knows an earlier request may have been processed (it took the
+--   batch so marked: a failover may have taken the record's mark back since), else '0';
 --   then per member: its campaign (a subscriber may have turned one campaign off:
 --   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record
 -- Returns one of:
@@ -61,6 +63,11 @@ local function ends(reply)
   return reply
 end
 local maybe_sent = b[2] == '1'
+if ARGV[10] == '1' and not maybe_sent then
+  -- What the holder knows stands: written back, for whoever takes the batch next.
+  maybe_sent = true
+  redis.call('HSET', KEYS[1], 'maybe_sent', '1')
+end
 if maybe_sent and now - tonumber(b[3]) > window then
   return ends({'expired'})
 end
@@ -86,7 +93,7 @@ end
 local reasons, any = {}, false
 for m = 1, n do
   local dkey, skey = KEYS[4 + c + 2 * m - 1], KEYS[4 + c + 2 * m]
-  local campaign, check = ARGV[9 + 3 * m - 2], ARGV[9 + 3 * m]
+  local campaign, check = ARGV[10 + 3 * m - 2], ARGV[10 + 3 * m]
   local reason = ''
   local d = redis.call('HMGET', dkey, 'state', 'batch')
   if d[1] ~= 'sealed' or d[2] ~= bid then
@@ -146,7 +153,7 @@ for m = 1, n do
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[4 + c + 2 * m - 1], tonumber(ARGV[9 + 3 * m - 1])
+    local dkey, ci = KEYS[4 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
       redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
       redis.call('EXPIRE', dkey, retention)

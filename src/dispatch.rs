@@ -138,7 +138,7 @@ impl Dispatcher {
             Err(delay) => {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
                 let _ = taken.send(());
-                sender::put_back(ctx, sealed.partition, &sealed.id, delay).await;
+                sender::put_back(ctx, &sealed, delay).await;
                 return;
             }
         };
@@ -173,7 +173,7 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
         sender::hand_back(ctx, *p, items).await;
     }
     for sealed in &drained.resend {
-        sender::put_back(ctx, sealed.partition, &sealed.id, Duration::ZERO).await;
+        sender::put_back(ctx, sealed, Duration::ZERO).await;
     }
 }
 

@@ -17,7 +17,7 @@ use crate::config::{Config, is_name};
 use crate::db::Store;
 use crate::db::scripts::{self, IngestItem, Ingested};
 use crate::subscribers::is_plain_address;
-use crate::work::{DeliveryRef, TRANSACTIONAL};
+use crate::work::{DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The most items one request (or one `enqueue` call) may carry.
 pub const MAX_ITEMS: usize = 1000;
@@ -203,6 +203,8 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
                 });
             }
         }
+        // Reported enqueued only once it would survive a failover (a retry is idempotent).
+        store.durable(&mut conn, &keys.lane_stream(*p, Lane::Transactional)).await?;
     }
     Ok(results.into_iter().map(|r| r.expect("every item has a result")).collect())
 }

@@ -438,9 +438,13 @@ async fn enqueue(
         let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
         calls.spawn(async move {
             let mut conn = store.conn().await?;
-            scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
+            let added = scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
                 .await
-                .context("enqueue.lua")
+                .context("enqueue.lua")?;
+            // Counted enqueued (and the fan-out's cursor moved past it) only once it would
+            // survive a failover.
+            store.durable(&mut conn, &store.keys.stream(p)).await?;
+            anyhow::Ok(added)
         });
     }
     while let Some(added) = calls.join_next().await {

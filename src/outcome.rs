@@ -227,6 +227,8 @@ pub enum Failpoint {
     Claimed,
     /// A batch sealed, its request not yet sent.
     Sealed,
+    /// The last gate's write is made; WAIT (with `wait_replicas`) is not asked yet.
+    Gating,
     /// A batch passed its last gate (and, with `wait_replicas`, its WAIT); its request
     /// has not left yet.
     Gated,
@@ -243,6 +245,7 @@ impl Failpoint {
         match self {
             Failpoint::Claimed => "claimed",
             Failpoint::Sealed => "sealed",
+            Failpoint::Gating => "gating",
             Failpoint::Gated => "gated",
             Failpoint::Answered => "answered",
             Failpoint::Settled => "settled",

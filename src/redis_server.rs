@@ -20,6 +20,8 @@ pub struct RedisOptions {
     pub appendonly: bool,
     /// A cluster node (`cluster-enabled yes`), for [`RedisCluster`].
     pub cluster: bool,
+    /// A replica of the server on this loopback port (`replicaof`).
+    pub replica_of: Option<u16>,
 }
 
 /// A running private Redis.
@@ -63,6 +65,19 @@ impl RedisServer {
         self.spawn().await
     }
 
+    /// Waits until this replica's link to its primary is up (it has the primary's data).
+    pub async fn linked(&self) -> anyhow::Result<()> {
+        let deadline = std::time::Instant::now() + STARTUP_PATIENCE;
+        while std::time::Instant::now() < deadline {
+            let info: String = self.command(redis::cmd("INFO").arg("replication")).await.unwrap_or_default();
+            if info.contains("master_link_status:up") {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!("the replica on port {} did not link to its primary within {} s", self.port, STARTUP_PATIENCE.as_secs())
+    }
+
     /// Whether the server was started and not killed since.
     pub fn is_running(&self) -> bool {
         self.child.is_some()
@@ -88,6 +103,7 @@ impl RedisServer {
             } else {
                 vec![]
             })
+            .args(self.options.replica_of.map(|port| vec!["--replicaof".to_string(), "127.0.0.1".into(), port.to_string()]).unwrap_or_default())
             .arg("--dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
@@ -160,7 +176,7 @@ impl RedisCluster {
     pub async fn start_with(appendonly: bool, replicas: usize) -> anyhow::Result<RedisCluster> {
         let mut nodes = Vec::new();
         for _ in 0..3 * (1 + replicas) {
-            nodes.push(RedisServer::start(RedisOptions { appendonly, cluster: true }).await?);
+            nodes.push(RedisServer::start(RedisOptions { appendonly, cluster: true, replica_of: None }).await?);
         }
         let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let out = Command::new("redis-cli")

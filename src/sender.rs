@@ -136,10 +136,12 @@ impl Sender {
         let error = Reason::Provider(e.name.clone());
         match next {
             Plan::Retry { delay } => {
+                // What this holder knows of earlier requests counts too: a failover may have
+                // taken the record's mark back.
                 let r = Reschedule {
                     delay_ms: delay.as_millis() as u64,
                     failed_request: true,
-                    maybe_sent: e.maybe_sent,
+                    maybe_sent: e.maybe_sent || b.maybe_sent,
                     error,
                 };
                 reschedule(ctx, b.partition, &b.id, &r).await;
@@ -155,7 +157,7 @@ impl Sender {
                 let r = Reschedule {
                     delay_ms: QUOTA_RECHECK.as_millis() as u64,
                     failed_request: true,
-                    maybe_sent: false,
+                    maybe_sent: b.maybe_sent,
                     error,
                 };
                 reschedule(ctx, b.partition, &b.id, &r).await;
@@ -202,6 +204,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         owner: &ctx.owner,
         new_key: &new_key,
         limits: gate_limits(&ctx.config),
+        maybe_sent: b.maybe_sent,
     };
     let go = match scripts::gate(&mut conn, &ctx.store.keys, &request, &b.members).await? {
         Gate::Go { .. } => true,
@@ -229,7 +232,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
         Gate::Paused => {
-            put_back(ctx, b.partition, &b.id, QUOTA_RECHECK).await;
+            put_back(ctx, b, QUOTA_RECHECK).await;
             false
         }
         Gate::Expired => {
@@ -263,31 +266,42 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
     };
-    Ok(go && replicated(ctx, &mut conn, b).await?)
+    if !go {
+        return Ok(false);
+    }
+    ctx.failpoints.at(Failpoint::Gating).await;
+    replicated(ctx, &mut conn, b).await
 }
 
 /// With `redis.wait_replicas`, waits until replicas hold the gate's 'sending' of `b`,
 /// else puts `b` back: a new primary must not think the request never left and re-seal
 /// it under another key.
 async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow::Result<bool> {
-    let want = ctx.config.redis.wait_replicas;
-    if want == 0 {
-        return Ok(true);
-    }
-    // On the node that holds the batch (a cluster routes by slot; WAIT has no key).
     let batch_key = ctx.store.keys.batch(b.partition, &b.id);
-    match conn.on_node_of::<u32>(&batch_key, redis::cmd("WAIT").arg(want).arg(1000)).await {
-        Ok(acked) if acked >= want => Ok(true),
+    match ctx.store.replicated(conn, &batch_key).await {
+        Ok(true) if ctx.config.redis.wait_replicas == 0 => Ok(true),
+        Ok(true) => {
+            // The gate's write must still be there: after a failover between the gate and
+            // WAIT, the new primary's WAIT acknowledges writes that do not include it, and
+            // the batch may since be another holder's, or a resend of one already sent.
+            let (owner, state, key): (Option<String>, Option<String>, Option<String>) =
+                redis::cmd("HMGET").arg(&batch_key).arg("owner").arg("state").arg("key").query_async(conn).await?;
+            let held = owner.as_deref() == Some(ctx.owner.as_str())
+                && state.as_deref() == Some("sending")
+                && key.as_deref() == Some(b.key.as_str());
+            if !held {
+                tracing::warn!(batch = %b.id, "the last gate's write was lost in a failover; the batch is taken over after its lease");
+            }
+            Ok(held)
+        }
         // Not acknowledged, or not asked (a failover under way): the request has not left,
         // so the batch goes back unsent, never left 'sending' to look maybe sent.
         answer => {
             match answer {
-                Ok(acked) => {
-                    tracing::warn!(acked, want, batch = %b.id, "replicas did not acknowledge the batch; it waits")
-                }
+                Ok(_) => tracing::warn!(batch = %b.id, "replicas did not acknowledge the batch; it waits"),
                 Err(e) => ctx.metrics.redis_error("wait", &e),
             }
-            put_back(ctx, b.partition, &b.id, Duration::from_secs(1)).await;
+            put_back(ctx, b, Duration::from_secs(1)).await;
             Ok(false)
         }
     }
@@ -407,15 +421,16 @@ pub fn plan(
 
 /// Puts a sealed batch this instance holds back in Redis, unsent, due after `delay`
 /// (its slot moved far away, a pause, a stop), so another instance may take it and
-/// nobody thinks it may have been sent.
-pub async fn put_back(ctx: &Ctx, partition: u16, batch: &str, delay: Duration) {
+/// nobody thinks this request may have been sent; what the holder knows of earlier
+/// ones is written back with it (a failover may have taken the record's mark back).
+pub async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
     let r = Reschedule {
         delay_ms: delay.as_millis() as u64,
         failed_request: false,
-        maybe_sent: false,
+        maybe_sent: b.maybe_sent,
         error: Reason::Postponed,
     };
-    reschedule(ctx, partition, batch, &r).await;
+    reschedule(ctx, b.partition, &b.id, &r).await;
 }
 
 async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule) {

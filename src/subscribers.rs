@@ -172,7 +172,8 @@ async fn write_chunk(store: &Store, conn: &mut Conn, p: u16, chunk: &[&Subscribe
         pipe.sadd(keys.subscribers(p), &s.id).ignore();
     }
     let _: () = pipe.query_async(conn).await?;
-    Ok(())
+    // A plan cancelled or a subscription ended must survive a failover once reported.
+    store.durable(conn, &keys.subscribers(p)).await
 }
 
 /// A subscriber's entry in its partition's audience ([`crate::db::keys::Keys::audience`]):

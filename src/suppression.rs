@@ -83,6 +83,9 @@ pub async fn apply(
     };
     let mut conn = store.conn().await?;
     let (state, ids) = scripts::suppress(&mut conn, keys, &address, &step).await?;
+    // Each step is acknowledged (to Resend, to the operator) only once a failover cannot
+    // take it back: a webhook answered with an error is retried.
+    store.durable(&mut conn, &keys.suppression(&address)).await?;
     // The cascade runs whenever the address is (or was just) suppressed or lifted, also
     // for a repeated event: a crash may have left it halfway (each partition's step
     // happens once per event all the same). A repeated event finishes what the record
@@ -111,6 +114,7 @@ pub async fn apply(
         let step = Suppression { mode, reason: &reason, ..step };
         for (p, ids) in by_partition {
             scripts::cascade(&mut conn, keys, p, &address, &ids, &step).await?;
+            store.durable(&mut conn, &keys.suppressed(p)).await?;
         }
     }
     Ok(state)

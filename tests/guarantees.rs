@@ -168,7 +168,14 @@ fn limits(window_ms: u64) -> GateLimits {
 
 async fn gate(world: &World, owner: &str, members: &[mailstream::work::DeliveryRef], window_ms: u64) -> Gate {
     let mut conn = world.store.conn().await.unwrap();
-    let req = GateRequest { partition: 0, batch: "B1", owner, new_key: "mailstream-B1-2", limits: limits(window_ms) };
+    let req = GateRequest {
+        partition: 0,
+        batch: "B1",
+        owner,
+        new_key: "mailstream-B1-2",
+        limits: limits(window_ms),
+        maybe_sent: false,
+    };
     scripts::gate(&mut conn, &world.store.keys, &req, members).await.unwrap()
 }
 

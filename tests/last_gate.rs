@@ -154,7 +154,7 @@ async fn a_holder_that_finds_its_batch_settled_by_a_taker_raises_no_lost_write_a
 }
 
 fn gate_request<'a>(owner: &'a str, new_key: &'a str) -> GateRequest<'a> {
-    GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000) }
+    GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000), maybe_sent: false }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,4 +311,46 @@ async fn a_suppression_left_halfway_is_finished_by_its_retry_unless_lifted_since
     suppression::apply(&world.store, &world.config, gone, Act::Lift, None).await.unwrap();
     suppression::apply(&world.store, &world.config, gone, Act::Suppress(Why::Bounced), Some("evt-b1")).await.unwrap();
     assert_eq!(everywhere(gone).await, [false; 4], "the lift stands");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taker_that_knows_a_request_may_have_left_is_withheld_though_a_failover_forgot() {
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "holder", true).await;
+    // The holder's request timed out after the provider may have sent it; it is taken
+    // back (marked maybe sent), and then a failover takes the record's mark back: the
+    // record says 'sending', not maybe sent, as the replica had it after the gate's WAIT.
+    let timeout = Reschedule {
+        delay_ms: 0,
+        failed_request: true,
+        maybe_sent: true,
+        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+    };
+    scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
+    let Take::Take { maybe_sent: true, .. } =
+        scripts::take(&mut conn, keys, 0, &batch, "holder", 60_000, 3_600_000).await.unwrap()
+    else {
+        panic!("taken back, maybe sent")
+    };
+    let _: () = redis::cmd("HSET")
+        .arg(keys.batch(0, &batch))
+        .arg("maybe_sent")
+        .arg(0)
+        .arg("state")
+        .arg("sending")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut leaving = partition_0_subscribers(&world, 2).await.remove(1);
+    leaving.subscribed = false;
+    subscribers::upsert(&world.store, std::slice::from_ref(&leaving)).await.unwrap();
+    // The record alone would re-seal the other member under a new key: a second send.
+    // What the holder knows withholds the batch, and is written back.
+    let request = GateRequest { maybe_sent: true, ..gate_request("holder", "k2") };
+    let look = scripts::gate(&mut conn, keys, &request, &members).await.unwrap();
+    assert_eq!(look, Gate::Withhold { reasons: vec![None, Some(Reason::Unsubscribed)] });
+    let marked: String =
+        redis::cmd("HGET").arg(keys.batch(0, &batch)).arg("maybe_sent").query_async(&mut conn).await.unwrap();
+    assert_eq!(marked, "1");
 }

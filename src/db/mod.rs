@@ -25,6 +25,8 @@ use crate::config::{Config, Durability};
 pub struct Store {
     backend: Backend,
     pub keys: Keys,
+    /// `redis.wait_replicas`: replicas that must hold a write before it is reported done.
+    wait_replicas: u32,
 }
 
 impl Store {
@@ -46,7 +48,35 @@ impl Store {
         let fresh: String = (0..16).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
         let _: bool = conn.hset_nx(keys.meta(), "salt", fresh).await?;
         let salt: String = conn.hget(keys.meta(), "salt").await?;
-        Ok(Store { backend, keys: keys.with_salt(&salt) })
+        Ok(Store { backend, keys: keys.with_salt(&salt), wait_replicas: r.wait_replicas })
+    }
+
+    /// With `redis.wait_replicas`, waits (up to a second) until that many replicas hold
+    /// every write made so far on `conn` to `key`'s node: what a caller reports as done (an
+    /// enqueue, an unsubscribe, a suppression, a last gate) must not be taken back by a
+    /// failover. False when they do not acknowledge in time; true at once without
+    /// replicas (durability then rests on `appendfsync always`).
+    pub async fn replicated(&self, conn: &mut Conn, key: &str) -> anyhow::Result<bool> {
+        if self.wait_replicas == 0 {
+            return Ok(true);
+        }
+        // On the node that holds `key`, on the connection that wrote (WAIT has no key and
+        // counts that connection's writes).
+        let acked: u32 = conn.on_node_of(key, redis::cmd("WAIT").arg(self.wait_replicas).arg(1000)).await?;
+        Ok(acked >= self.wait_replicas)
+    }
+
+    /// [`Store::replicated`], or an error saying the write may not survive a failover
+    /// (the caller reports failure, and a retry is idempotent).
+    pub async fn durable(&self, conn: &mut Conn, key: &str) -> anyhow::Result<()> {
+        if !self.replicated(conn, key).await? {
+            bail!(
+                "Redis replicas did not acknowledge the write within a second ({} wanted): it may be lost in a \
+                 failover; retry",
+                self.wait_replicas
+            );
+        }
+        Ok(())
     }
 
     /// Connects and makes the checks a daemon starts with: Redis version, layout and

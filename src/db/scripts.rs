@@ -538,6 +538,9 @@ pub struct GateRequest<'a> {
     /// The key to re-seal under if members are dropped from a batch never sent.
     pub new_key: &'a str,
     pub limits: GateLimits,
+    /// The holder took the batch marked as maybe sent (its record may have lost the mark
+    /// in a failover since).
+    pub maybe_sent: bool,
 }
 
 /// Runs the last gate for a batch this instance holds, right before its request. Every
@@ -566,7 +569,8 @@ pub async fn gate(
         .arg(limits.maybe_sent_deadline_ms)
         .arg(limits.retention_secs)
         .arg(req.new_key)
-        .arg(counts.len());
+        .arg(counts.len())
+        .arg(if req.maybe_sent { "1" } else { "0" });
     for c in &counts {
         call.key(c);
     }

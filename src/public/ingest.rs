@@ -70,7 +70,10 @@ impl Ingest {
             Ok(results) => results,
             Err(e) => {
                 self.metrics.redis_error("ingest", &e);
-                return refuse(StatusCode::SERVICE_UNAVAILABLE, "could not enqueue now; nothing was taken, try again");
+                return refuse(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "could not enqueue for certain now; try again (the same idempotency keys enqueue each item once)",
+                );
             }
         };
         let count = |f: fn(&ItemResult) -> bool| results.iter().filter(|r| f(r)).count();

@@ -83,7 +83,12 @@ impl Public {
             Ask::Unsubscribe { subscriber, campaign } => {
                 let result = async {
                     let mut conn = self.store.conn().await?;
-                    anyhow::Ok(scripts::opt_out(&mut conn, &self.store.keys, &subscriber, &campaign).await?)
+                    let keys = &self.store.keys;
+                    let changed = scripts::opt_out(&mut conn, keys, &subscriber, &campaign).await?;
+                    // Confirmed only once a failover cannot take it back.
+                    let p = keys.partition_of(&subscriber);
+                    self.store.durable(&mut conn, &keys.subscriber(p, &subscriber)).await?;
+                    anyhow::Ok(changed)
                 };
                 match result.await {
                     Ok(Some(true)) => {

@@ -398,8 +398,14 @@ pub async fn sealed_batch(
     assert_eq!(sealed.len(), n);
     if sending {
         let limits = gate_limits(1);
-        let request =
-            mailstream::db::scripts::GateRequest { partition: 0, batch: "B1", owner, new_key: "unused", limits };
+        let request = mailstream::db::scripts::GateRequest {
+            partition: 0,
+            batch: "B1",
+            owner,
+            new_key: "unused",
+            limits,
+            maybe_sent: false,
+        };
         let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &items).await.unwrap();
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }

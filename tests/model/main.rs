@@ -1,0 +1,212 @@
+//! Checks the send protocol's model (`protocol.rs`) exhaustively on the CI bound, then
+//! mutants: a mutant is caught when the checker finds a counterexample, printed as the
+//! sequence of script calls that leads to it. `cargo test` runs the bound and the
+//! required mutants; `bench/model` (`--json --all-mutants --larger`) every mutant and a
+//! larger bound explored by random simulation, and prints one line of figures.
+//!
+//! Exit status: 0 when every property holds on the bound and every required mutant is
+//! caught; 1 otherwise.
+
+mod protocol;
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use protocol::{Budget, Delivery, Env, Lane, Mutant, Protocol};
+use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
+
+/// The mutants the bound must catch (the three named ones).
+const REQUIRED: [Mutant; 3] =
+    [Mutant::MissingBatchReadAsSettled, Mutant::CommitBeforeReplicas, Mutant::LaneSkipsSuppression];
+
+/// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
+/// supplies, in partition 0; a receipt to an inline address, in partition 1), 2 holders,
+/// 2 partitions on 2 nodes, both environments; at most one crash, one stall, one
+/// failover, one unsubscribe, one suppression, one provider answer other than an
+/// acceptance, and one passing of the resend window.
+fn ci_bound(mutant: Option<Mutant>) -> Protocol {
+    Protocol {
+        deliveries: vec![
+            Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: false },
+            Delivery { partition: 1, lane: Lane::Transactional, address: 1, registry: false },
+        ],
+        partitions: 2,
+        budget: Budget {
+            kicks: 1,
+            crashes: 1,
+            stalls: 1,
+            failovers: 1,
+            unsubscribes: 1,
+            suppressions: 1,
+            failures: 1,
+            wait_failures: 0,
+            windows: 1,
+            pauses: 0,
+        },
+        envs: vec![Env::Replicated, Env::LostWrites],
+        mutant,
+    }
+}
+
+/// A larger bound, explored by random simulation: a campaign delivery to its registry
+/// address and a receipt sharing partition 0 (one batch, so the gate reseals), a hook's
+/// address in partition 1; each delivery kicked twice, a WAIT not acknowledged, a quota
+/// pause, and two of most other kinds of trouble.
+fn larger_bound() -> Protocol {
+    let mut m = ci_bound(None);
+    m.deliveries = vec![
+        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true },
+        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false },
+        Delivery { partition: 1, lane: Lane::Digest, address: 2, registry: false },
+    ];
+    m.budget = Budget {
+        kicks: 2,
+        crashes: 1,
+        stalls: 2,
+        failovers: 2,
+        unsubscribes: 2,
+        suppressions: 2,
+        failures: 2,
+        wait_failures: 1,
+        windows: 2,
+        pauses: 1,
+    };
+    m
+}
+
+struct Run {
+    states: usize,
+    depth: usize,
+    seconds: f64,
+    /// Property → its counterexample as script calls (none: it holds).
+    failures: BTreeMap<&'static str, Vec<String>>,
+    properties: Vec<&'static str>,
+}
+
+impl Run {
+    fn of(checker: &impl Checker<Protocol>, started: Instant) -> Run {
+        let mut failures = BTreeMap::new();
+        for (name, path) in checker.discoveries() {
+            let steps = path.into_actions().iter().map(|a| checker.model().format_action(a)).collect();
+            failures.insert(name, steps);
+        }
+        Run {
+            states: checker.unique_state_count(),
+            depth: checker.max_depth(),
+            seconds: started.elapsed().as_secs_f64(),
+            failures,
+            properties: checker.model().properties().iter().map(|p| p.name).collect(),
+        }
+    }
+}
+
+/// Explores the bound exhaustively: depth first, one of each two states that differ only
+/// by which holder is which (the holders are alike), until a property fails or nothing is
+/// left.
+fn check(model: Protocol) -> Run {
+    let started = Instant::now();
+    let builder = model.checker().threads(2).finish_when(HasDiscoveries::AnyFailures);
+    let checker = builder.symmetry_fn(protocol::representative).spawn_dfs().join();
+    Run::of(&checker, started)
+}
+
+/// Explores a mutant as the bound is explored; once caught, again breadth first, for its
+/// shortest counterexample (a breadth-first search holds every state of a level, so it is
+/// kept for mutants that are caught early).
+fn check_mutant(model: Protocol) -> Run {
+    let run = check(model.clone());
+    if run.failures.is_empty() {
+        return run;
+    }
+    let started = Instant::now();
+    let checker = model.checker().threads(2).finish_when(HasDiscoveries::AnyFailures).spawn_bfs().join();
+    Run::of(&checker, started)
+}
+
+fn print_trace(title: &str, property: &str, steps: &[String]) {
+    eprintln!("{title}: {property} fails after {} steps:", steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        eprintln!("  {:>2}. {step}", i + 1);
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flag = |name: &str| args.iter().any(|a| a == name);
+    // `cargo test` passes the harness's own flags (--quiet, a filter): they are ignored.
+    let (json, all_mutants, larger) = (flag("--json"), flag("--all-mutants"), flag("--larger"));
+
+    let base = check(ci_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the CI bound, exhaustive, both environments)",
+        base.states, base.depth, base.seconds
+    );
+    for (property, steps) in &base.failures {
+        print_trace("the protocol", property, steps);
+    }
+    let mut mutants = BTreeMap::new();
+    for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
+        let run = check_mutant(ci_bound(Some(mutant)));
+        let caught = !run.failures.is_empty();
+        match run.failures.iter().next() {
+            Some((property, steps)) => print_trace(&format!("mutant {} caught", mutant.name()), property, steps),
+            None => eprintln!("mutant {}: missed ({} states)", mutant.name(), run.states),
+        }
+        mutants.insert(mutant.name(), if caught { "caught" } else { "missed" });
+    }
+    let larger_report = larger.then(|| {
+        let started = Instant::now();
+        let checker = larger_bound()
+            .checker()
+            .threads(2)
+            .timeout(Duration::from_secs(120))
+            .finish_when(HasDiscoveries::AnyFailures)
+            .spawn_simulation(7, UniformChooser)
+            .join();
+        let run = Run::of(&checker, started);
+        for (property, steps) in &run.failures {
+            print_trace("the larger bound", property, steps);
+        }
+        eprintln!(
+            "larger bound: {} states by random simulation, depth {}, {:.1} s",
+            run.states, run.depth, run.seconds
+        );
+        let properties: BTreeMap<&str, bool> =
+            run.properties.iter().map(|&p| (p, !run.failures.contains_key(p))).collect();
+        serde_json::json!({
+            "kind": "random simulation (seed 7, 120 s): 3 deliveries, 2 of most troubles",
+            "states": run.states,
+            "depth": run.depth,
+            "seconds": run.seconds,
+            "properties": properties,
+        })
+    });
+
+    let properties: BTreeMap<&str, bool> =
+        base.properties.iter().map(|&p| (p, !base.failures.contains_key(p))).collect();
+    let missed_required: Vec<&str> =
+        REQUIRED.iter().map(|m| m.name()).filter(|name| mutants[name] != "caught").collect();
+    if json {
+        let line = serde_json::json!({
+            "states": base.states,
+            "depth": base.depth,
+            "seconds": base.seconds,
+            "properties": properties,
+            "mutants": mutants,
+            "larger": larger_report,
+        });
+        println!("{line}");
+    }
+    if !missed_required.is_empty() {
+        eprintln!("required mutants missed: {missed_required:?}");
+    }
+    let larger_ok = larger_report
+        .as_ref()
+        .is_none_or(|r| r["properties"].as_object().is_some_and(|p| p.values().all(|v| v == true)));
+    if base.failures.is_empty() && missed_required.is_empty() && larger_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}

@@ -1,0 +1,1049 @@
+//! The send protocol as a `stateright` model: what the Lua scripts and the send path do
+//! to Redis, step by step, with the provider, crashes, stalls, failovers and the people
+//! who change their minds in between. Each action is named after the script or step of
+//! the code it stands for (`claim.lua`, `seal.lua`, `gate.lua`, `WAIT`, the request,
+//! `settle.lua`/`reschedule.lua`, `take.lua`); each mutant switches one guard of the
+//! real code off, and the checker must find what that guard prevents.
+//!
+//! Redis is one primary per partition with a copy of what survives it (`safe`: its
+//! replica, or with one server its fsynced file). Writes land on the primary; a
+//! replication (or fsync) copies it whole at any moment, so the copy is always a prefix
+//! of the primary's history; `WAIT` is that copy made before the request leaves; a
+//! failover (or a restart that loses what was not fsynced) puts the copy back.
+//! Time appears only where the protocol reads it: a lease runs out for a holder that
+//! does not renew it (stalled, crashed, or no longer holding that work), a batch is
+//! due for a retry, and a key may pass the resend window (`old`), after which the
+//! provider has forgotten it.
+
+use std::fmt;
+
+use stateright::{Model, Property};
+
+/// Holders (daemon instances).
+pub const HOLDERS: usize = 2;
+
+/// A member of a batch: (delivery, the address its email is sent to).
+pub type Member = (u8, u8);
+
+/// An Idempotency-Key: (batch id, version; the gate's reseal makes a new version).
+pub type Key = (u8, u8);
+
+/// The line a delivery waits in: the last gate checks a campaign member's subscriber
+/// record too; a transactional member has only its addresses to check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Lane {
+    Digest,
+    Transactional,
+}
+
+/// One delivery of the bound: its partition, lane, the address its email is sent to
+/// (the registry's, an inline recipient, or the render hook's), and whether that is its
+/// subscriber's registry address (a suppression cascades to the subscriber record then).
+#[derive(Clone, Copy, Debug)]
+pub struct Delivery {
+    pub partition: u8,
+    pub lane: Lane,
+    pub address: u8,
+    pub registry: bool,
+}
+
+/// How much of each kind of trouble a path may meet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Budget {
+    /// Kicks per delivery (the second one, concurrent or late, must add nothing).
+    pub kicks: u8,
+    pub crashes: u8,
+    pub stalls: u8,
+    pub failovers: u8,
+    pub unsubscribes: u8,
+    pub suppressions: u8,
+    /// Provider answers other than an acceptance (a timeout, a 429, a refusal).
+    pub failures: u8,
+    pub wait_failures: u8,
+    pub windows: u8,
+    pub pauses: u8,
+}
+
+/// Where Redis may lose writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Env {
+    /// A primary with a replica per partition and `wait_replicas = 1`: a failover loses
+    /// what was not replicated; the gate's write is WAITed for.
+    Replicated,
+    /// One server whose restart loses what was not fsynced (`durability = "relaxed"`):
+    /// no WAIT, and nothing written can be counted on in general (a lost settle sends
+    /// again). What the code still claims is checked: one instance, which neither crashes
+    /// nor stalls, the provider always answers, nobody changes their mind, and the restart
+    /// comes while an answer is on its way; that answer is recorded on the deliveries of
+    /// the batch whose record was lost, so none of them is sent again.
+    LostWrites,
+}
+
+/// A guard of the real code switched off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mutant {
+    /// settle.lua: an answer for a batch whose record is gone is read as settled and
+    /// recorded on nobody.
+    MissingBatchReadAsSettled,
+    /// The request leaves right after the gate, before replicas acknowledged its write.
+    CommitBeforeReplicas,
+    /// gate.lua: the transactional lane's addresses are not checked for suppression.
+    LaneSkipsSuppression,
+    /// gate.lua: suppression is read from the subscriber record only, not from the
+    /// addresses in the body (a render hook's address goes unchecked).
+    GateReadsSubscriberOnly,
+    /// take.lua: a batch its dead holder marked 'sending' is taken as never sent.
+    TakeIgnoresSending,
+    /// gate.lua: a maybe-sent batch is resealed without the members who left.
+    ResealMaybeSent,
+    /// gate.lua and take.lua: a maybe-sent batch past the resend window is resent.
+    NoResendWindow,
+    /// claim.lua: a live lease is taken over.
+    ClaimIgnoresLease,
+    /// A kick, an ingested receipt, an unsubscribe or a suppression is acknowledged
+    /// before replicas (or the disk) have it.
+    AcknowledgedWritesNotWaited,
+    /// After WAIT, the holder does not check that its gate's write is still there.
+    WaitWithoutRecheck,
+    /// settle.lua: a verdict is recorded by a holder that no longer holds the batch.
+    VerdictWithoutHolder,
+    /// gate.lua and reschedule.lua read "may have been sent" from the record only, not
+    /// from the holder that took the batch knowing it (a failover may have taken the
+    /// record's mark back).
+    GateForgetsWhatTheHolderKnows,
+}
+
+impl Mutant {
+    pub const ALL: [Mutant; 12] = [
+        Mutant::MissingBatchReadAsSettled,
+        Mutant::CommitBeforeReplicas,
+        Mutant::LaneSkipsSuppression,
+        Mutant::GateReadsSubscriberOnly,
+        Mutant::TakeIgnoresSending,
+        Mutant::ResealMaybeSent,
+        Mutant::NoResendWindow,
+        Mutant::ClaimIgnoresLease,
+        Mutant::AcknowledgedWritesNotWaited,
+        Mutant::WaitWithoutRecheck,
+        Mutant::VerdictWithoutHolder,
+        Mutant::GateForgetsWhatTheHolderKnows,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mutant::MissingBatchReadAsSettled => "missing_batch_read_as_settled",
+            Mutant::CommitBeforeReplicas => "commit_before_replicas_acknowledged",
+            Mutant::LaneSkipsSuppression => "transactional_gate_skips_suppression",
+            Mutant::GateReadsSubscriberOnly => "gate_reads_subscriber_record_only",
+            Mutant::TakeIgnoresSending => "take_ignores_sending",
+            Mutant::ResealMaybeSent => "reseal_maybe_sent",
+            Mutant::NoResendWindow => "no_resend_window",
+            Mutant::ClaimIgnoresLease => "claim_ignores_live_lease",
+            Mutant::AcknowledgedWritesNotWaited => "acknowledged_writes_not_waited_for",
+            Mutant::WaitWithoutRecheck => "wait_without_recheck",
+            Mutant::VerdictWithoutHolder => "verdict_without_holder",
+            Mutant::GateForgetsWhatTheHolderKnows => "gate_forgets_what_the_holder_knows",
+        }
+    }
+}
+
+/// A delivery record's state (`d:<id>` `state`, with `lease_owner` or `batch`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rec {
+    Absent,
+    Pending,
+    Processing(u8),
+    Sealed(u8),
+    Sent,
+    Failed,
+    Skipped,
+    Unknown,
+}
+
+impl Rec {
+    fn is_final(self) -> bool {
+        matches!(self, Rec::Sent | Rec::Failed | Rec::Skipped | Rec::Unknown)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BatchState {
+    Sealed,
+    Sending,
+    Retry,
+}
+
+/// A batch record: its key is (id, version); the gate's reseal makes a new version.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Batch {
+    pub id: u8,
+    pub version: u8,
+    /// Its body: (delivery, address) per member, in order.
+    pub body: Vec<Member>,
+    pub state: BatchState,
+    pub owner: u8,
+    pub maybe_sent: bool,
+}
+
+/// One partition's keys on one copy (the primary's, or what survives it).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Data {
+    pub recs: Vec<Rec>,
+    /// Per delivery: its stream entry is not acknowledged (pending or unread).
+    pub unacked: u8,
+    pub batches: Vec<Batch>,
+    /// Per delivery: its subscriber record says unsubscribed (campaign turned off).
+    pub unsubscribed: u8,
+    /// Per delivery: the cascade marked its subscriber record suppressed.
+    pub subscriber_suppressed: u8,
+    /// Per address: this partition's `suppressed` hash has it.
+    pub suppressed: u8,
+    pub paused: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Node {
+    pub live: Data,
+    /// What survives the primary: its replica (or its file).
+    pub safe: Data,
+    /// Replication is behind: writes from here on are lost in a failover, until WAIT
+    /// catches the replica up. Otherwise the replica has every write.
+    pub lagging: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Status {
+    Running,
+    Stalled,
+    Dead,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Answer {
+    Accepted,
+    Timeout,
+    Retry,
+    Fatal,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Phase {
+    /// Sealed or taken: the last gate is next.
+    ToGate,
+    /// Past the gate: WAIT is next.
+    Gated,
+    /// The request may leave.
+    Ready,
+    /// The provider answered (or the request timed out): the answer is to be recorded.
+    Answered(Answer),
+}
+
+/// A batch in a holder's hand, as its memory has it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hand {
+    pub partition: u8,
+    pub batch: u8,
+    pub version: u8,
+    pub body: Vec<Member>,
+    pub maybe_sent: bool,
+    pub phase: Phase,
+    /// A member was no longer wanted (as acknowledged to whoever asked) when the gate
+    /// let this body through.
+    pub gated_unwanted: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Holder {
+    pub status: Status,
+    /// Claimed and rendered, waiting for a batch: (delivery, address).
+    pub claimed: Vec<Member>,
+    pub hand: Option<Hand>,
+}
+
+/// What happened for real, beside what Redis says: the properties read this.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ghost {
+    /// Real sends per delivery (replays excluded).
+    pub sent: Vec<u8>,
+    /// Deliveries whose unsubscribe was acknowledged.
+    pub unsubscribed: u8,
+    /// Addresses whose suppression was acknowledged.
+    pub suppressed: u8,
+    /// Keys a request left with that may have been processed (accepted, or timed out).
+    pub left: Vec<Key>,
+    /// Keys sealed longer ago than the resend window.
+    pub old: Vec<Key>,
+    pub double: bool,
+    pub unwanted: bool,
+    pub past_window: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct State {
+    pub env: Env,
+    pub nodes: Vec<Node>,
+    pub holders: Vec<Holder>,
+    /// Keys the provider remembers, with the body it answered for.
+    pub provider: Vec<(Key, Vec<Member>)>,
+    pub kicks: Vec<u8>,
+    pub left: Budget,
+    pub next_batch: u8,
+    pub ghost: Ghost,
+}
+
+/// What the provider does with a request whose key it does not know.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Outcome {
+    Accepted,
+    /// Processed, but the answer was lost (a timeout after the provider sent).
+    AnswerLost,
+    /// Not processed, and the holder cannot tell (a timeout).
+    TimedOut,
+    /// 429 or a refused connection: not processed.
+    RateLimited,
+    /// A refusal: not processed.
+    Refused,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Action {
+    Kick(u8),
+    Claim(u8, u8),
+    Seal(u8, u8),
+    Gate(u8),
+    Wait(u8, bool),
+    Send(u8, Outcome),
+    Record(u8),
+    Take(u8, u8, u8),
+    Crash(u8),
+    Stall(u8),
+    Resume(u8),
+    Lag(u8),
+    Failover(u8),
+    Unsubscribe(u8),
+    Suppress(u8),
+    Pause(u8),
+    Unpause(u8),
+    WindowPasses(u8, u8),
+}
+
+fn holder_name(h: u8) -> char {
+    (b'A' + h) as char
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Action::Kick(d) => write!(f, "kick: enqueue.lua(d{d})"),
+            Action::Claim(h, p) => {
+                write!(f, "{}: XREADGROUP/XAUTOCLAIM + claim.lua(partition {p}) + resolve", holder_name(h))
+            }
+            Action::Seal(h, p) => write!(f, "{}: seal.lua(partition {p})", holder_name(h)),
+            Action::Gate(h) => write!(f, "{}: gate.lua", holder_name(h)),
+            Action::Wait(h, true) => write!(f, "{}: WAIT 1 -> acknowledged", holder_name(h)),
+            Action::Wait(h, false) => {
+                write!(f, "{}: WAIT 1 -> not acknowledged, reschedule.lua (put back)", holder_name(h))
+            }
+            Action::Send(h, o) => write!(f, "{}: POST /emails/batch -> {o:?}", holder_name(h)),
+            Action::Record(h) => write!(f, "{}: record the answer (settle.lua / reschedule.lua)", holder_name(h)),
+            Action::Take(h, p, b) => write!(f, "{}: take.lua(partition {p}, batch {b})", holder_name(h)),
+            Action::Crash(h) => write!(f, "{} crashes (kill -9)", holder_name(h)),
+            Action::Stall(h) => write!(f, "{} stalls (leases run out)", holder_name(h)),
+            Action::Resume(h) => write!(f, "{} resumes where it stalled", holder_name(h)),
+            Action::Lag(p) => write!(f, "partition {p}: replication falls behind"),
+            Action::Failover(p) => write!(f, "partition {p}: primary lost, unreplicated writes gone"),
+            Action::Unsubscribe(d) => write!(f, "subscriber of d{d} unsubscribes (acknowledged)"),
+            Action::Suppress(a) => {
+                write!(f, "address {a} suppressed by a webhook (cascade.lua everywhere, acknowledged)")
+            }
+            Action::Pause(p) => write!(f, "partition {p}: quota pause"),
+            Action::Unpause(p) => write!(f, "partition {p}: resume"),
+            Action::WindowPasses(b, v) => {
+                write!(f, "the resend window of batch {b} v{v} passes (the provider forgets it)")
+            }
+        }
+    }
+}
+
+/// The protocol with its bound, and an optional mutant.
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    pub deliveries: Vec<Delivery>,
+    pub partitions: u8,
+    pub budget: Budget,
+    /// The environments explored (each an initial state).
+    pub envs: Vec<Env>,
+    pub mutant: Option<Mutant>,
+}
+
+fn bit(i: u8) -> u8 {
+    1 << i
+}
+
+impl Protocol {
+    fn on(&self, m: Mutant) -> bool {
+        self.mutant == Some(m)
+    }
+
+    /// Whether the record alone says "may have been sent" (the holder's knowledge, from
+    /// the record it took the batch with, is not passed to the gate and reschedule.lua).
+    fn forgets(&self) -> bool {
+        self.on(Mutant::GateForgetsWhatTheHolderKnows)
+    }
+
+    fn data(&self) -> Data {
+        Data {
+            recs: vec![Rec::Absent; self.deliveries.len()],
+            unacked: 0,
+            batches: Vec::new(),
+            unsubscribed: 0,
+            subscriber_suppressed: 0,
+            suppressed: 0,
+            paused: false,
+        }
+    }
+
+    /// The deliveries of partition `p` that holder `h` would claim now: entries not
+    /// acknowledged whose record is pending, or held under a lease that ran out (read or
+    /// XAUTOCLAIMed, then claim.lua, in one call for what one read returns).
+    fn claimable(&self, s: &State, h: u8, p: u8) -> u8 {
+        let live = &s.nodes[usize::from(p)].live;
+        let holder = &s.holders[usize::from(h)];
+        let mut found = 0;
+        for d in 0..self.deliveries.len() as u8 {
+            if self.partition(d) != usize::from(p)
+                || live.unacked & bit(d) == 0
+                || holder.claimed.iter().any(|&(c, _)| c == d)
+            {
+                continue;
+            }
+            let claimable = match live.recs[usize::from(d)] {
+                Rec::Pending => true,
+                Rec::Processing(o) => {
+                    Self::delivery_lease_lapsed(s, o, d) || (o != h && self.on(Mutant::ClaimIgnoresLease))
+                }
+                _ => false,
+            };
+            if claimable {
+                found |= bit(d);
+            }
+        }
+        found
+    }
+
+    fn partition(&self, d: u8) -> usize {
+        usize::from(self.deliveries[usize::from(d)].partition)
+    }
+
+    /// Whether a member was no longer wanted as acknowledged: its subscriber unsubscribed
+    /// (campaign mail) or its address suppressed (any lane).
+    fn ghost_unwanted(&self, g: &Ghost, (d, address): (u8, u8)) -> bool {
+        let digest = self.deliveries[usize::from(d)].lane == Lane::Digest;
+        (digest && g.unsubscribed & bit(d) != 0) || g.suppressed & bit(address) != 0
+    }
+
+    /// Whether holder `h` no longer renews what it held (its leases may run out).
+    fn lapsed(s: &State, h: u8) -> bool {
+        s.holders[usize::from(h)].status != Status::Running
+    }
+
+    /// Whether the lease on delivery `d`, held by `h`, may have run out: `h` does not
+    /// renew it (not running, or no longer holding `d` in its queues or hand).
+    fn delivery_lease_lapsed(s: &State, h: u8, d: u8) -> bool {
+        let holder = &s.holders[usize::from(h)];
+        Self::lapsed(s, h)
+            || (!holder.claimed.iter().any(|&(c, _)| c == d)
+                && !holder.hand.as_ref().is_some_and(|hand| hand.body.iter().any(|&(m, _)| m == d)))
+    }
+
+    fn batch_lease_lapsed(s: &State, b: &Batch) -> bool {
+        let holder = &s.holders[usize::from(b.owner)];
+        Self::lapsed(s, b.owner) || holder.hand.as_ref().is_none_or(|hand| hand.batch != b.id)
+    }
+
+    /// settle.lua by a holder (or an answer): each member still sealed into the batch
+    /// gets `rec`; the batch is deleted.
+    fn settle_members(data: &mut Data, id: u8, rec: impl Fn(u8) -> Rec) {
+        if let Some(i) = data.batches.iter().position(|b| b.id == id) {
+            let batch = data.batches.remove(i);
+            for &(d, _) in &batch.body {
+                if data.recs[usize::from(d)] == Rec::Sealed(id) {
+                    data.recs[usize::from(d)] = rec(d);
+                }
+            }
+        }
+    }
+
+    /// reschedule.lua: kept sealed and due again, if `h` still holds it.
+    fn reschedule(data: &mut Data, id: u8, h: u8, maybe_sent: bool) {
+        if let Some(b) = data.batches.iter_mut().find(|b| b.id == id && b.owner == h) {
+            b.state = BatchState::Retry;
+            b.maybe_sent |= maybe_sent;
+        }
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        self.envs
+            .iter()
+            .map(|&env| {
+                let mut left = self.budget;
+                if env == Env::LostWrites {
+                    // One server, relaxed durability: see [`Env::LostWrites`].
+                    left.crashes = 0;
+                    left.stalls = 0;
+                    left.unsubscribes = 0;
+                    left.suppressions = 0;
+                    left.windows = 0;
+                    left.wait_failures = 0;
+                    left.failures = 0;
+                }
+                let node = Node { live: self.data(), safe: self.data(), lagging: false };
+                let mut holders = vec![Holder { status: Status::Running, claimed: Vec::new(), hand: None }; HOLDERS];
+                if env == Env::LostWrites {
+                    // One instance: a second one could claim what a restart put back before
+                    // the first recorded its answer.
+                    holders.truncate(1);
+                }
+                State {
+                    env,
+                    nodes: vec![node; usize::from(self.partitions)],
+                    holders,
+                    provider: Vec::new(),
+                    kicks: vec![0; self.deliveries.len()],
+                    left,
+                    next_batch: 0,
+                    ghost: Ghost {
+                        sent: vec![0; self.deliveries.len()],
+                        unsubscribed: 0,
+                        suppressed: 0,
+                        left: Vec::new(),
+                        old: Vec::new(),
+                        double: false,
+                        unwanted: false,
+                        past_window: false,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    fn actions(&self, s: &State, actions: &mut Vec<Action>) {
+        let n = self.deliveries.len() as u8;
+        for d in 0..n {
+            let first = s.kicks[usize::from(d)] == 0;
+            if first || s.kicks[usize::from(d)] < s.left.kicks {
+                actions.push(Action::Kick(d));
+            }
+        }
+        for h in 0..s.holders.len() as u8 {
+            let holder = &s.holders[usize::from(h)];
+            match holder.status {
+                Status::Running => {}
+                Status::Stalled => {
+                    actions.push(Action::Resume(h));
+                    continue;
+                }
+                Status::Dead => continue,
+            }
+            for p in 0..self.partitions {
+                if self.claimable(s, h, p) != 0 {
+                    actions.push(Action::Claim(h, p));
+                }
+            }
+            match &holder.hand {
+                None => {
+                    for p in 0..self.partitions {
+                        if holder.claimed.iter().any(|&(d, _)| self.partition(d) == usize::from(p)) {
+                            actions.push(Action::Seal(h, p));
+                        }
+                        for b in &s.nodes[usize::from(p)].live.batches {
+                            if b.state == BatchState::Retry || Self::batch_lease_lapsed(s, b) {
+                                actions.push(Action::Take(h, p, b.id));
+                            }
+                        }
+                    }
+                }
+                Some(hand) => match hand.phase {
+                    Phase::ToGate => actions.push(Action::Gate(h)),
+                    Phase::Gated => {
+                        actions.push(Action::Wait(h, true));
+                        if s.left.wait_failures > 0 {
+                            actions.push(Action::Wait(h, false));
+                        }
+                    }
+                    Phase::Ready => {
+                        actions.push(Action::Send(h, Outcome::Accepted));
+                        if s.left.failures > 0 && !s.provider.iter().any(|(k, _)| *k == (hand.batch, hand.version)) {
+                            for o in [Outcome::AnswerLost, Outcome::TimedOut, Outcome::RateLimited, Outcome::Refused] {
+                                actions.push(Action::Send(h, o));
+                            }
+                        }
+                    }
+                    Phase::Answered(_) => actions.push(Action::Record(h)),
+                },
+            }
+            let others_alive =
+                s.holders.iter().enumerate().any(|(o, x)| o != usize::from(h) && x.status != Status::Dead);
+            if s.left.crashes > 0 && others_alive {
+                actions.push(Action::Crash(h));
+            }
+            if s.left.stalls > 0 {
+                actions.push(Action::Stall(h));
+            }
+        }
+        // With one server that loses what it did not fsync, nothing written can be counted
+        // on (a lost settle sends again): relaxed durability is checked only where the
+        // protocol still claims something, a restart while an answer is on its way.
+        let answered =
+            s.holders.iter().any(|x| x.hand.as_ref().is_some_and(|hand| matches!(hand.phase, Phase::Answered(_))));
+        for p in 0..self.partitions {
+            let node = &s.nodes[usize::from(p)];
+            if node.lagging {
+                if s.env == Env::Replicated || answered {
+                    actions.push(Action::Failover(p));
+                }
+            } else if s.left.failovers > 0 {
+                actions.push(Action::Lag(p));
+            }
+            if node.live.paused {
+                actions.push(Action::Unpause(p));
+            } else if s.left.pauses > 0 {
+                actions.push(Action::Pause(p));
+            }
+            if s.left.windows > 0 {
+                // Not between a key's gate and its request: the resend window ends an hour
+                // (by default) before the provider's, and that margin is what a request
+                // gated just before the end has to leave in (a stall longer than it is
+                // outside the model).
+                let in_flight = |b: &Batch| {
+                    s.holders.iter().any(|x| {
+                        x.hand.as_ref().is_some_and(|h| {
+                            (h.batch, h.version) == (b.id, b.version) && matches!(h.phase, Phase::Gated | Phase::Ready)
+                        })
+                    })
+                };
+                for b in &node.live.batches {
+                    if !s.ghost.old.contains(&(b.id, b.version)) && !in_flight(b) {
+                        actions.push(Action::WindowPasses(b.id, b.version));
+                    }
+                }
+            }
+        }
+        if s.left.unsubscribes > 0 {
+            for d in 0..n {
+                if self.deliveries[usize::from(d)].lane == Lane::Digest && s.ghost.unsubscribed & bit(d) == 0 {
+                    actions.push(Action::Unsubscribe(d));
+                }
+            }
+        }
+        if s.left.suppressions > 0 {
+            let mut seen = 0u8;
+            for spec in &self.deliveries {
+                if seen & bit(spec.address) == 0 && s.ghost.suppressed & bit(spec.address) == 0 {
+                    seen |= bit(spec.address);
+                    actions.push(Action::Suppress(spec.address));
+                }
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut s = last.clone();
+        match action {
+            Action::Kick(d) => {
+                s.kicks[usize::from(d)] += 1;
+                let node = &mut s.nodes[self.partition(d)];
+                // enqueue.lua (ingest.lua for a receipt): HSETNX on the record (its natural
+                // key) and XADD, one step; then WAIT before the kick (or the ingest API)
+                // says it is enqueued.
+                if node.live.recs[usize::from(d)] == Rec::Absent {
+                    node.live.recs[usize::from(d)] = Rec::Pending;
+                    node.live.unacked |= bit(d);
+                }
+                if !self.on(Mutant::AcknowledgedWritesNotWaited) {
+                    node.safe = node.live.clone();
+                }
+            }
+            Action::Claim(h, p) => {
+                let claimable = self.claimable(&s, h, p);
+                let live = &mut s.nodes[usize::from(p)].live;
+                for d in (0..self.deliveries.len() as u8).filter(|&d| claimable & bit(d) != 0) {
+                    let spec = self.deliveries[usize::from(d)];
+                    live.recs[usize::from(d)] = Rec::Processing(h);
+                    // Resolved at once: the subscriber record, or a transactional address.
+                    let unwanted = match spec.lane {
+                        Lane::Digest => (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0,
+                        Lane::Transactional => live.suppressed & bit(spec.address) != 0,
+                    };
+                    if unwanted {
+                        // decide.lua: skipped, the entry acknowledged.
+                        live.recs[usize::from(d)] = Rec::Skipped;
+                        live.unacked &= !bit(d);
+                    } else {
+                        s.holders[usize::from(h)].claimed.push((d, spec.address));
+                    }
+                }
+            }
+            Action::Seal(h, p) => {
+                let id = s.next_batch;
+                let holder = &mut s.holders[usize::from(h)];
+                let (mine, rest): (Vec<Member>, Vec<Member>) =
+                    holder.claimed.iter().partition(|&&(d, _)| self.partition(d) == usize::from(p));
+                holder.claimed = rest;
+                let live = &mut s.nodes[usize::from(p)].live;
+                let body: Vec<(u8, u8)> =
+                    mine.into_iter().filter(|&(d, _)| live.recs[usize::from(d)] == Rec::Processing(h)).collect();
+                if !body.is_empty() {
+                    for &(d, _) in &body {
+                        live.recs[usize::from(d)] = Rec::Sealed(id);
+                        live.unacked &= !bit(d);
+                    }
+                    live.batches.push(Batch {
+                        id,
+                        version: 0,
+                        body: body.clone(),
+                        state: BatchState::Sealed,
+                        owner: h,
+                        maybe_sent: false,
+                    });
+                    s.next_batch += 1;
+                    let hand = Hand {
+                        partition: p,
+                        batch: id,
+                        version: 0,
+                        body,
+                        maybe_sent: false,
+                        phase: Phase::ToGate,
+                        gated_unwanted: false,
+                    };
+                    s.holders[usize::from(h)].hand = Some(hand);
+                }
+            }
+            Action::Gate(h) => self.gate(&mut s, h),
+            Action::Wait(h, acked) => {
+                let hand = s.holders[usize::from(h)].hand.clone().expect("a hand");
+                let node = &mut s.nodes[usize::from(hand.partition)];
+                if acked {
+                    node.safe = node.live.clone();
+                    // The gate's write must still be there: a failover between the gate and
+                    // WAIT leaves a new primary whose WAIT acknowledges without it.
+                    let held = node.live.batches.iter().any(|b| {
+                        b.id == hand.batch
+                            && b.version == hand.version
+                            && b.owner == h
+                            && b.state == BatchState::Sending
+                    });
+                    let hand_ref = s.holders[usize::from(h)].hand.as_mut().expect("a hand");
+                    if held || self.on(Mutant::WaitWithoutRecheck) {
+                        hand_ref.phase = Phase::Ready;
+                    } else {
+                        s.holders[usize::from(h)].hand = None;
+                    }
+                } else {
+                    s.left.wait_failures -= 1;
+                    Self::reschedule(&mut node.live, hand.batch, h, hand.maybe_sent && !self.forgets());
+                    s.holders[usize::from(h)].hand = None;
+                }
+            }
+            Action::Send(h, outcome) => {
+                let hand = s.holders[usize::from(h)].hand.clone().expect("a hand");
+                let key = (hand.batch, hand.version);
+                if s.ghost.left.contains(&key) && s.ghost.old.contains(&key) {
+                    s.ghost.past_window = true;
+                }
+                // A request that may have been processed, as far as anyone can tell.
+                let maybe = matches!(outcome, Outcome::Accepted | Outcome::AnswerLost | Outcome::TimedOut);
+                if maybe && !s.ghost.left.contains(&key) {
+                    s.ghost.left.push(key);
+                }
+                let answer = match s.provider.iter().find(|(k, _)| *k == key) {
+                    // A replay: the same key and body answer as before, no new send.
+                    Some((_, body)) if *body == hand.body => Answer::Accepted,
+                    // 409 invalid_idempotent_request.
+                    Some(_) => Answer::Fatal,
+                    None => {
+                        let processed = matches!(outcome, Outcome::Accepted | Outcome::AnswerLost);
+                        if outcome != Outcome::Accepted {
+                            s.left.failures -= 1;
+                        }
+                        if processed {
+                            s.provider.push((key, hand.body.clone()));
+                            for &(d, _) in &hand.body {
+                                let n = &mut s.ghost.sent[usize::from(d)];
+                                *n += 1;
+                                s.ghost.double |= *n > 1;
+                            }
+                            s.ghost.unwanted |= hand.gated_unwanted;
+                        }
+                        match outcome {
+                            Outcome::Accepted => Answer::Accepted,
+                            Outcome::AnswerLost | Outcome::TimedOut => Answer::Timeout,
+                            Outcome::RateLimited => Answer::Retry,
+                            Outcome::Refused => Answer::Fatal,
+                        }
+                    }
+                };
+                s.holders[usize::from(h)].hand.as_mut().expect("a hand").phase = Phase::Answered(answer);
+            }
+            Action::Record(h) => {
+                let hand = s.holders[usize::from(h)].hand.take().expect("a hand");
+                let Phase::Answered(answer) = hand.phase else { unreachable!("recorded after an answer") };
+                let live = &mut s.nodes[usize::from(hand.partition)].live;
+                let present = live.batches.iter().any(|b| b.id == hand.batch);
+                match answer {
+                    Answer::Accepted if present => Self::settle_members(live, hand.batch, |_| Rec::Sent),
+                    Answer::Accepted => {
+                        // settle.lua: the record is gone (a lost write); the answer is still
+                        // recorded on every member not yet final, so none is sent again.
+                        if !self.on(Mutant::MissingBatchReadAsSettled) {
+                            for &(d, _) in &hand.body {
+                                let r = &mut live.recs[usize::from(d)];
+                                if matches!(*r, Rec::Sealed(_) | Rec::Processing(_) | Rec::Pending) {
+                                    *r = Rec::Sent;
+                                    live.unacked &= !bit(d);
+                                }
+                            }
+                        }
+                    }
+                    Answer::Timeout => Self::reschedule(live, hand.batch, h, true),
+                    Answer::Retry => Self::reschedule(live, hand.batch, h, hand.maybe_sent && !self.forgets()),
+                    Answer::Fatal => {
+                        let holds = live.batches.iter().any(|b| b.id == hand.batch && b.owner == h);
+                        if holds || self.on(Mutant::VerdictWithoutHolder) {
+                            let maybe =
+                                hand.maybe_sent || live.batches.iter().any(|b| b.id == hand.batch && b.maybe_sent);
+                            let verdict = if maybe { Rec::Unknown } else { Rec::Failed };
+                            Self::settle_members(live, hand.batch, |_| verdict);
+                        }
+                    }
+                }
+            }
+            Action::Take(h, p, id) => {
+                let live = &mut s.nodes[usize::from(p)].live;
+                let i = live.batches.iter().position(|b| b.id == id).expect("a batch");
+                let b = &mut live.batches[i];
+                let sending = b.state == BatchState::Sending && !self.on(Mutant::TakeIgnoresSending);
+                b.maybe_sent |= sending;
+                b.owner = h;
+                let (version, body, maybe_sent) = (b.version, b.body.clone(), b.maybe_sent);
+                if maybe_sent && s.ghost.old.contains(&(id, version)) && !self.on(Mutant::NoResendWindow) {
+                    // Expired: never resent blind; every member outcome_unknown.
+                    Self::settle_members(live, id, |_| Rec::Unknown);
+                } else {
+                    live.batches[i].state = BatchState::Sealed;
+                    let hand = Hand {
+                        partition: p,
+                        batch: id,
+                        version,
+                        body,
+                        maybe_sent,
+                        phase: Phase::ToGate,
+                        gated_unwanted: false,
+                    };
+                    s.holders[usize::from(h)].hand = Some(hand);
+                }
+            }
+            Action::Crash(h) => {
+                s.left.crashes -= 1;
+                s.holders[usize::from(h)] = Holder { status: Status::Dead, claimed: Vec::new(), hand: None };
+            }
+            Action::Stall(h) => {
+                s.left.stalls -= 1;
+                s.holders[usize::from(h)].status = Status::Stalled;
+            }
+            Action::Resume(h) => s.holders[usize::from(h)].status = Status::Running,
+            Action::Lag(p) => {
+                // One lag per failover to come: it ends in that failover.
+                s.left.failovers -= 1;
+                s.nodes[usize::from(p)].lagging = true;
+            }
+            Action::Failover(p) => {
+                let node = &mut s.nodes[usize::from(p)];
+                node.live = node.safe.clone();
+                node.lagging = false;
+            }
+            Action::Unsubscribe(d) => {
+                s.left.unsubscribes -= 1;
+                let node = &mut s.nodes[self.partition(d)];
+                node.live.unsubscribed |= bit(d);
+                if !self.on(Mutant::AcknowledgedWritesNotWaited) {
+                    node.safe = node.live.clone();
+                }
+                s.ghost.unsubscribed |= bit(d);
+            }
+            Action::Suppress(a) => {
+                s.left.suppressions -= 1;
+                for p in 0..usize::from(self.partitions) {
+                    let node = &mut s.nodes[p];
+                    node.live.suppressed |= bit(a);
+                    for (d, spec) in self.deliveries.iter().enumerate() {
+                        if spec.registry && spec.address == a && usize::from(spec.partition) == p {
+                            node.live.subscriber_suppressed |= bit(d as u8);
+                        }
+                    }
+                    if !self.on(Mutant::AcknowledgedWritesNotWaited) {
+                        node.safe = node.live.clone();
+                    }
+                }
+                s.ghost.suppressed |= bit(a);
+            }
+            Action::Pause(p) => {
+                s.left.pauses -= 1;
+                s.nodes[usize::from(p)].live.paused = true;
+            }
+            Action::Unpause(p) => s.nodes[usize::from(p)].live.paused = false,
+            Action::WindowPasses(id, version) => {
+                s.left.windows -= 1;
+                s.ghost.old.push((id, version));
+                s.provider.retain(|(k, _)| *k != (id, version));
+            }
+        }
+        // Replicas have every write but while replication is behind (with relaxed
+        // durability, but while a batch is on its way: the restart checked against loses
+        // only that batch's writes).
+        let idle = s.holders.iter().all(|x| x.hand.is_none());
+        for node in &mut s.nodes {
+            if (!node.lagging || (s.env == Env::LostWrites && idle)) && node.safe != node.live {
+                node.safe = node.live.clone();
+            }
+        }
+        Some(s)
+    }
+
+    fn format_action(&self, action: &Action) -> String {
+        action.to_string()
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always("no_delivery_really_sent_twice", |_, s: &State| !s.ghost.double),
+            Property::always("no_send_gated_after_the_delivery_stopped_being_wanted", |_, s: &State| !s.ghost.unwanted),
+            Property::always("no_maybe_sent_body_sent_again_after_its_window", |_, s: &State| !s.ghost.past_window),
+            Property::always("a_settled_outcome_says_what_was_sent", |m: &Protocol, s: &State| {
+                (0..m.deliveries.len()).all(|d| {
+                    let sent = s.ghost.sent[d];
+                    match s.nodes[m.partition(d as u8)].live.recs[d] {
+                        Rec::Sent => sent >= 1,
+                        Rec::Failed | Rec::Skipped => sent == 0,
+                        _ => true,
+                    }
+                })
+            }),
+            Property::eventually("every_delivery_is_settled", |m: &Protocol, s: &State| {
+                (0..m.deliveries.len()).all(|d| s.nodes[m.partition(d as u8)].live.recs[d].is_final())
+            }),
+        ]
+    }
+}
+
+/// The holders are alike: a state and the same state with A and B swapped are explored
+/// once (the smaller of the two stands for both).
+pub fn representative(s: &State) -> State {
+    if s.holders.len() != 2 {
+        return s.clone();
+    }
+    let swap = |h: u8| 1 - h;
+    let mut t = s.clone();
+    t.holders.swap(0, 1);
+    for node in &mut t.nodes {
+        for data in [&mut node.live, &mut node.safe] {
+            for r in &mut data.recs {
+                if let Rec::Processing(h) = r {
+                    *h = swap(*h);
+                }
+            }
+            for b in &mut data.batches {
+                b.owner = swap(b.owner);
+            }
+        }
+    }
+    if t < *s { t } else { s.clone() }
+}
+
+impl Protocol {
+    /// gate.lua, then what the sender does with its answer.
+    fn gate(&self, s: &mut State, h: u8) {
+        let mut hand = s.holders[usize::from(h)].hand.take().expect("a hand");
+        let env = s.env;
+        let ghost = s.ghost.clone();
+        let live = &mut s.nodes[usize::from(hand.partition)].live;
+        let Some(i) = live.batches.iter().position(|b| b.id == hand.batch) else {
+            // 'settled' (every member final) or 'lost': members still sealed into it are
+            // outcome_unknown (Settler::Lost); either way the hand is empty.
+            for &(d, _) in &hand.body {
+                if live.recs[usize::from(d)] == Rec::Sealed(hand.batch) {
+                    live.recs[usize::from(d)] = Rec::Unknown;
+                }
+            }
+            return;
+        };
+        let b = live.batches[i].clone();
+        if b.owner != h {
+            return;
+        }
+        if live.paused {
+            Self::reschedule(live, b.id, h, hand.maybe_sent && !self.forgets());
+            return;
+        }
+        // What the holder knows counts too: a failover may have taken back the record's
+        // mark of an earlier request that may have been processed.
+        let maybe_sent = b.maybe_sent || (hand.maybe_sent && !self.forgets());
+        if maybe_sent && ghost.old.contains(&(b.id, b.version)) && !self.on(Mutant::NoResendWindow) {
+            Self::settle_members(live, b.id, |_| Rec::Unknown);
+            return;
+        }
+        let mut reasons = Vec::with_capacity(b.body.len());
+        for &(d, address) in &b.body {
+            let spec = self.deliveries[usize::from(d)];
+            let lost = live.recs[usize::from(d)] != Rec::Sealed(b.id);
+            let address_checked = match spec.lane {
+                Lane::Transactional => !self.on(Mutant::LaneSkipsSuppression),
+                Lane::Digest => !self.on(Mutant::GateReadsSubscriberOnly),
+            };
+            let suppressed = address_checked && live.suppressed & bit(address) != 0;
+            let subscriber =
+                spec.lane == Lane::Digest && (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0;
+            reasons.push(if lost {
+                Some(false)
+            } else if suppressed || subscriber {
+                Some(true)
+            } else {
+                None
+            });
+        }
+        let wanted: Vec<(u8, u8)> = b.body.iter().zip(&reasons).filter(|(_, r)| r.is_none()).map(|(m, _)| *m).collect();
+        let batch = &mut live.batches[i];
+        if wanted.len() == b.body.len() {
+            batch.state = BatchState::Sending;
+        } else if maybe_sent && !self.on(Mutant::ResealMaybeSent) {
+            // 'withhold': every member outcome_unknown, nothing resent.
+            Self::settle_members(live, b.id, |_| Rec::Unknown);
+            return;
+        } else {
+            for (&(d, _), r) in b.body.iter().zip(&reasons) {
+                if *r == Some(true) {
+                    live.recs[usize::from(d)] = Rec::Skipped;
+                }
+            }
+            if wanted.is_empty() {
+                live.batches.remove(i);
+                return;
+            }
+            let batch = &mut live.batches[i];
+            batch.version += 1;
+            batch.body = wanted.clone();
+            batch.state = BatchState::Sending;
+            hand.version = batch.version;
+            hand.body = wanted;
+        }
+        hand.gated_unwanted = hand.body.iter().any(|&m| self.ghost_unwanted(&ghost, m));
+        hand.phase =
+            if env == Env::LostWrites || self.on(Mutant::CommitBeforeReplicas) { Phase::Ready } else { Phase::Gated };
+        s.holders[usize::from(h)].hand = Some(hand);
+    }
+}
