@@ -8,6 +8,7 @@
 //! caught; 1 otherwise.
 
 mod protocol;
+mod walk;
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -46,6 +47,7 @@ fn ci_bound(mutant: Option<Mutant>) -> Protocol {
         },
         envs: vec![Env::Replicated, Env::LostWrites],
         mutant,
+        liveness: true,
     }
 }
 
@@ -72,6 +74,7 @@ fn larger_bound() -> Protocol {
         windows: 2,
         pauses: 1,
     };
+    m.liveness = false;
     m
 }
 
@@ -124,6 +127,52 @@ fn check_mutant(model: Protocol) -> Run {
     Run::of(&checker, started)
 }
 
+/// The walks' bound, on one server (no lag, failover or WAIT refusal): five deliveries
+/// over two partitions (registry, hook and inline addresses; both lanes in each), a
+/// crash, and a few of every other trouble.
+fn walk_bound() -> Protocol {
+    let mut m = larger_bound();
+    m.deliveries = vec![
+        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true },
+        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false },
+        Delivery { partition: 0, lane: Lane::Digest, address: 2, registry: false },
+        Delivery { partition: 1, lane: Lane::Digest, address: 3, registry: true },
+        Delivery { partition: 1, lane: Lane::Transactional, address: 4, registry: false },
+    ];
+    m.budget = Budget {
+        kicks: 2,
+        crashes: 1,
+        stalls: 3,
+        failovers: 0,
+        unsubscribes: 3,
+        suppressions: 3,
+        failures: 4,
+        wait_failures: 0,
+        windows: 2,
+        pauses: 2,
+    };
+    m.envs = vec![Env::Replicated];
+    m
+}
+
+/// Conformance: `walks` seeded random walks of at most `length` steps each, executed
+/// against a real redis-server. Returns (steps, walks, the first mismatch).
+fn conform(walks: u64, length: usize) -> (usize, u64, Option<walk::Mismatch>) {
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let walker = walk::Walker::start(walk_bound()).await.expect("a redis-server for the walks");
+        let mut steps = 0;
+        for seed in 0..walks {
+            match walker.walk(seed, length).await.expect("Redis answers") {
+                Ok(n) => steps += n,
+                Err(mismatch) => return (steps, seed + 1, Some(mismatch)),
+            }
+        }
+        (steps, walks, None)
+    })
+}
+
 fn print_trace(title: &str, property: &str, steps: &[String]) {
     eprintln!("{title}: {property} fails after {} steps:", steps.len());
     for (i, step) in steps.iter().enumerate() {
@@ -137,6 +186,27 @@ fn main() -> ExitCode {
     // `cargo test` passes the harness's own flags (--quiet, a filter): they are ignored.
     let (json, all_mutants, larger) = (flag("--json"), flag("--all-mutants"), flag("--larger"));
 
+    let (walks, length) = if larger { (2000, 150) } else { (600, 150) };
+    let started = Instant::now();
+    let (steps, walked, mismatch) = conform(walks, length);
+    eprintln!(
+        "conformance: {steps} steps in {walked} walks against redis-server, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(m) = &mismatch {
+        eprintln!(
+            "conformance: Redis and the model differ in partition {} after walk {} (seed {}):",
+            m.partition, walked, m.seed
+        );
+        for (i, step) in m.steps.iter().enumerate() {
+            eprintln!("  {:>3}. {step}", i + 1);
+        }
+        eprintln!("  model: {}\n  redis: {}", m.model, m.redis);
+    }
+    if flag("--walks-only") {
+        // While working on the scripts or the walks: only them.
+        return if mismatch.is_none() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+    }
     let base = check(ci_bound(None));
     eprintln!(
         "model: {} states, depth {}, {:.1} s (the CI bound, exhaustive, both environments)",
@@ -175,7 +245,7 @@ fn main() -> ExitCode {
         let properties: BTreeMap<&str, bool> =
             run.properties.iter().map(|&p| (p, !run.failures.contains_key(p))).collect();
         serde_json::json!({
-            "kind": "random simulation (seed 7, 120 s): 3 deliveries, 2 of most troubles",
+            "kind": "random simulation (seed 7, 120 s): 3 deliveries, 2 of most troubles; safety properties",
             "states": run.states,
             "depth": run.depth,
             "seconds": run.seconds,
@@ -195,6 +265,9 @@ fn main() -> ExitCode {
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
+            "conformance_steps": steps,
+            "conformance_walks": walked,
+            "conformance_mismatches": usize::from(mismatch.is_some()),
         });
         println!("{line}");
     }
@@ -204,7 +277,7 @@ fn main() -> ExitCode {
     let larger_ok = larger_report
         .as_ref()
         .is_none_or(|r| r["properties"].as_object().is_some_and(|p| p.values().all(|v| v == true)));
-    if base.failures.is_empty() && missed_required.is_empty() && larger_ok {
+    if base.failures.is_empty() && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

@@ -1,0 +1,649 @@
+//! Conformance: seeded random walks of the model, each step executed for real against a
+//! `redis-server` with the real Lua scripts, through the typed calls the daemon makes
+//! (`scripts::claim`, `seal`, `gate`, `settle`, `reschedule`, `take`, `decide`,
+//! `subscribers::upsert`, `suppression::apply`, the quota pause). After every step Redis
+//! is read back, projected onto the model's state, and must equal it.
+//!
+//! The walk plays the provider (its answer is the model's choice) and plays time the
+//! least intrusive way: the scripts compare times they stored with Redis `TIME`, so a
+//! lease that runs out is a stored `lease_until` moved into the past, a batch that is
+//! due is its score in `batches` moved there, and a key past its resend window is its
+//! batch's `sealed_ms` moved there. The production scripts are run unchanged. `WAIT`,
+//! failovers and lost writes need more than one server: they stay model-only here.
+
+use std::collections::BTreeMap;
+
+use mailstream::config::{Config, Secret};
+use mailstream::db::Store;
+use mailstream::db::scripts::{
+    self, Claim, Decision, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Take, Verdict,
+};
+use mailstream::outcome::{Outcome, Reason};
+use mailstream::redis_server::RedisServer;
+use mailstream::subscribers::{self, Subscriber};
+use mailstream::suppression::{self, Act, Why};
+use mailstream::work::{DeliveryRef, Lane as WorkLane, Ready};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use rand::seq::IndexedRandom;
+use stateright::Model;
+
+use crate::protocol::{Action, Answer, Batch, BatchState, Data, Lane, Phase, Protocol, Rec, State};
+
+const GROUP: &str = "mailstream";
+const LEASE_MS: u64 = 3_600_000;
+const RETENTION: u64 = 3600;
+const CAMPAIGN: &str = "weekly_digest";
+const PERIOD: &str = "2026-W48";
+
+fn limits() -> GateLimits {
+    GateLimits {
+        lease_ms: LEASE_MS,
+        window_ms: 23 * 3_600_000,
+        deadline_ms: 48 * 3_600_000,
+        maybe_sent_deadline_ms: 6 * 3_600_000,
+        retention_secs: RETENTION,
+    }
+}
+
+/// How the walk names the model's things in Redis.
+struct Names {
+    /// Per model delivery: its reference, subscriber (digest) and address.
+    deliveries: Vec<DeliveryRef>,
+    subscribers: Vec<Option<Subscriber>>,
+    addresses: Vec<String>,
+    /// Per model address: its hash.
+    hashes: Vec<String>,
+}
+
+fn owner(h: u8) -> String {
+    format!("holder-{}", (b'A' + h) as char)
+}
+
+fn batch_name(id: u8) -> String {
+    format!("b{id}")
+}
+
+fn key_name(id: u8, version: u8) -> String {
+    format!("k{id}.{version}")
+}
+
+/// A mismatch between the model and Redis after a step.
+pub struct Mismatch {
+    pub seed: u64,
+    pub steps: Vec<String>,
+    pub partition: usize,
+    pub model: String,
+    pub redis: String,
+}
+
+/// Walks run against one private `redis-server`, each on a fresh database.
+pub struct Walker {
+    _server: RedisServer,
+    store: Store,
+    config: Config,
+    model: Protocol,
+    names: Names,
+}
+
+impl Walker {
+    pub async fn start(model: Protocol) -> anyhow::Result<Walker> {
+        let server = RedisServer::start(Default::default()).await?;
+        let mut config = Config::example();
+        config.redis.url = Secret::new(server.url());
+        config.redis.partitions = u16::from(model.partitions);
+        config.redis.durability = mailstream::config::Durability::Relaxed;
+        config.delivery.retention_days = 35;
+        let store = Store::connect(&config).await?;
+        let keys = &store.keys;
+        // Subscribers and idempotency keys chosen to land in the model's partitions.
+        let mut names =
+            Names { deliveries: Vec::new(), subscribers: Vec::new(), addresses: Vec::new(), hashes: Vec::new() };
+        let mut next = 0u32;
+        let mut find = |partition: u8, prefix: &str| loop {
+            next += 1;
+            let id = format!("{prefix}{next}");
+            if keys.partition_of(&id) == u16::from(partition) {
+                return id;
+            }
+        };
+        let mut addresses: BTreeMap<u8, String> = BTreeMap::new();
+        for spec in &model.deliveries {
+            let address = format!("delivered+a{}@resend.dev", spec.address);
+            addresses.insert(spec.address, address.clone());
+            match spec.lane {
+                Lane::Digest => {
+                    let id = find(spec.partition, "user-");
+                    // Its registry address is the one its email goes to, or another (the
+                    // render hook's address is then the one in the body).
+                    let email = if spec.registry { address.clone() } else { format!("delivered+{id}@resend.dev") };
+                    let subscriber = Subscriber { email, ..Subscriber::synthetic(0) };
+                    let subscriber = Subscriber { id: id.clone(), targets: vec!["t".into()], ..subscriber };
+                    names.deliveries.push(DeliveryRef::new(CAMPAIGN, PERIOD, &id, "t"));
+                    names.subscribers.push(Some(subscriber));
+                }
+                Lane::Transactional => {
+                    let key = find(spec.partition, "rx-");
+                    names.deliveries.push(DeliveryRef::new(mailstream::work::TRANSACTIONAL, "2026-12-01", "-", &key));
+                    names.subscribers.push(None);
+                }
+            }
+            names.addresses.push(address);
+        }
+        let max = addresses.keys().max().copied().unwrap_or(0);
+        names.hashes = (0..=max).map(|a| addresses.get(&a).map(|e| keys.address(e).hash).unwrap_or_default()).collect();
+        Ok(Walker { _server: server, store, config, model, names })
+    }
+
+    /// One walk of at most `length` steps from `seed`; the steps taken, or the mismatch.
+    pub async fn walk(&self, seed: u64, length: usize) -> anyhow::Result<Result<usize, Mismatch>> {
+        let mut conn = self.store.conn().await?;
+        let _: () = redis::cmd("FLUSHDB").query_async(&mut conn).await?;
+        self.store.ensure_groups(GROUP).await?;
+        let registry: Vec<Subscriber> = self.names.subscribers.iter().flatten().cloned().collect();
+        subscribers::upsert(&self.store, &registry).await?;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut state = self.model.init_states().into_iter().next().expect("an initial state");
+        let mut steps = Vec::new();
+        for _ in 0..length {
+            let mut actions = Vec::new();
+            self.model.actions(&state, &mut actions);
+            // What one server can do: no lag, failover or WAIT refusal.
+            actions.retain(|a| !matches!(a, Action::Lag(_) | Action::Failover(_) | Action::Wait(_, false)));
+            let Some(&action) = actions.choose(&mut rng) else { break };
+            steps.push(self.model.format_action(&action));
+            self.execute(&mut conn, &state, action).await?;
+            state = self.model.next_state(&state, action).expect("a next state");
+            for p in 0..usize::from(self.model.partitions) {
+                let redis = self.project(&mut conn, p as u16).await?;
+                let model = &state.nodes[p].live;
+                if redis != *model {
+                    if std::env::var("WALK_DEBUG").is_ok() {
+                        for lane in WorkLane::ALL {
+                            let stream = self.store.keys.lane_stream(p as u16, lane);
+                            let r: redis::Value =
+                                redis::cmd("XRANGE").arg(&stream).arg("-").arg("+").query_async(&mut conn).await?;
+                            let x: redis::Value = redis::cmd("XPENDING")
+                                .arg(&stream)
+                                .arg(GROUP)
+                                .arg("-")
+                                .arg("+")
+                                .arg(100)
+                                .query_async(&mut conn)
+                                .await?;
+                            let g: redis::Value =
+                                redis::cmd("XINFO").arg("GROUPS").arg(&stream).query_async(&mut conn).await?;
+                            eprintln!("{stream}: {r:?}\n  pending {x:?}\n  groups {g:?}");
+                        }
+                    }
+                    return Ok(Err(Mismatch {
+                        seed,
+                        steps,
+                        partition: p,
+                        model: format!("{model:?}"),
+                        redis: format!("{redis:?}"),
+                    }));
+                }
+            }
+        }
+        Ok(Ok(steps.len()))
+    }
+
+    fn refs(&self, body: &[(u8, u8)]) -> Vec<DeliveryRef> {
+        body.iter().map(|&(d, _)| self.names.deliveries[usize::from(d)].clone()).collect()
+    }
+
+    /// Runs `action` against Redis as the daemon would, from the model's state before it.
+    async fn execute(&self, conn: &mut mailstream::db::Conn, s: &State, action: Action) -> anyhow::Result<()> {
+        let keys = &self.store.keys;
+        match action {
+            Action::Kick(d) => {
+                let spec = self.model.deliveries[usize::from(d)];
+                let dref = &self.names.deliveries[usize::from(d)];
+                let p = u16::from(spec.partition);
+                match spec.lane {
+                    Lane::Digest => {
+                        scripts::enqueue(conn, keys, p, std::slice::from_ref(dref), RETENTION).await?;
+                    }
+                    Lane::Transactional => {
+                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}" };
+                        scripts::ingest(conn, keys, p, &[item], RETENTION).await?;
+                    }
+                }
+            }
+            Action::Claim(h, p) => {
+                // The reader's XREADGROUP: what was not read yet enters the pending list.
+                for lane in WorkLane::ALL {
+                    let _: redis::Value = redis::cmd("XREADGROUP")
+                        .arg("GROUP")
+                        .arg(GROUP)
+                        .arg(owner(h))
+                        .arg("COUNT")
+                        .arg(100)
+                        .arg("STREAMS")
+                        .arg(keys.lane_stream(u16::from(p), lane))
+                        .arg(">")
+                        .query_async(conn)
+                        .await?;
+                }
+                let claimable = self.model.claimable(s, h, p);
+                let live = &s.nodes[usize::from(p)].live;
+                let mut ids = Vec::new();
+                for d in (0..self.model.deliveries.len() as u8).filter(|&d| claimable & (1 << d) != 0) {
+                    let dref = &self.names.deliveries[usize::from(d)];
+                    if let Rec::Processing(_) = live.recs[usize::from(d)] {
+                        // Its holder stopped renewing it: the lease has run out.
+                        let _: () = redis::cmd("HSET")
+                            .arg(keys.delivery(u16::from(p), &dref.id()))
+                            .arg("lease_until")
+                            .arg(0)
+                            .query_async(conn)
+                            .await?;
+                    }
+                    ids.push(dref.id());
+                }
+                let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+                let claims = scripts::claim(conn, keys, u16::from(p), &ids, &owner(h), LEASE_MS).await?;
+                // Resolved as the consumer does: the subscriber record, or the address.
+                let mut decisions = Vec::new();
+                let claimed: Vec<(u8, &DeliveryRef)> = (0..self.model.deliveries.len() as u8)
+                    .filter(|&d| claimable & (1 << d) != 0)
+                    .map(|d| (d, &self.names.deliveries[usize::from(d)]))
+                    .collect();
+                for ((d, dref), claim) in claimed.iter().zip(claims) {
+                    if !matches!(claim, Claim::Claimed { .. }) {
+                        continue;
+                    }
+                    let skip = match self.model.deliveries[usize::from(*d)].lane {
+                        Lane::Digest => {
+                            let row: subscribers::Row = redis::cmd("HMGET")
+                                .arg(keys.subscriber(u16::from(p), &dref.subscriber))
+                                .arg(&subscribers::RESOLVE_FIELDS)
+                                .arg(subscribers::field::opted_out(CAMPAIGN))
+                                .query_async(conn)
+                                .await?;
+                            match subscribers::resolve(row) {
+                                subscribers::Resolved::Skip(reason) => Some(reason),
+                                _ => None,
+                            }
+                        }
+                        Lane::Transactional => {
+                            let hash = &self.names.hashes[usize::from(self.model.deliveries[usize::from(*d)].address)];
+                            let suppressed: bool = redis::cmd("HEXISTS")
+                                .arg(keys.suppressed(u16::from(p)))
+                                .arg(hash)
+                                .query_async(conn)
+                                .await?;
+                            suppressed.then_some(Reason::Suppressed)
+                        }
+                    };
+                    if let Some(reason) = skip {
+                        decisions.push((*dref, reason));
+                    }
+                }
+                let entries = self.entries(conn, u16::from(p)).await?;
+                let decisions: Vec<Decision<'_>> = decisions
+                    .iter()
+                    .map(|(dref, reason)| Decision {
+                        entry: entries.get(&dref.id()).map(String::as_str).unwrap_or("0-0"),
+                        delivery: dref,
+                        outcome: Outcome::Skipped,
+                        reason: reason.clone(),
+                        lost: false,
+                    })
+                    .collect();
+                for lane in WorkLane::ALL {
+                    let mine: Vec<Decision<'_>> =
+                        decisions.iter().filter(|x| x.delivery.lane() == lane).cloned().collect();
+                    scripts::decide(conn, keys, u16::from(p), GROUP, &owner(h), &mine, RETENTION).await?;
+                }
+            }
+            Action::Seal(h, p) => {
+                let holder = &s.holders[usize::from(h)];
+                let entries = self.entries(conn, u16::from(p)).await?;
+                let items: Vec<Ready> = holder
+                    .claimed
+                    .iter()
+                    .filter(|&&(d, _)| self.model.partition(d) == usize::from(p))
+                    .map(|&(d, a)| {
+                        let dref = self.names.deliveries[usize::from(d)].clone();
+                        let to = &self.names.addresses[usize::from(d)];
+                        let _ = a;
+                        Ready {
+                            entry: entries.get(&dref.id()).cloned().unwrap_or_default(),
+                            json: format!(r#"{{"from":"a@acme.example","to":["{to}"],"subject":"s","text":"t"}}"#),
+                            delivery: dref,
+                            variant: None,
+                        }
+                    })
+                    .collect();
+                let (batch, key) = (batch_name(s.next_batch), key_name(s.next_batch, 0));
+                let request = SealRequest {
+                    partition: u16::from(p),
+                    batch: &batch,
+                    idempotency_key: &key,
+                    owner: &owner(h),
+                    group: GROUP,
+                    lease_ms: LEASE_MS,
+                };
+                scripts::seal(conn, keys, &request, &items).await?;
+            }
+            Action::Gate(h) => {
+                let hand = s.holders[usize::from(h)].hand.as_ref().expect("a hand");
+                let p = u16::from(hand.partition);
+                let (batch, new_key) = (batch_name(hand.batch), key_name(hand.batch, hand.version + 1));
+                let members = self.refs(&hand.body);
+                let who = owner(h);
+                let request = GateRequest {
+                    partition: p,
+                    batch: &batch,
+                    owner: &who,
+                    new_key: &new_key,
+                    limits: limits(),
+                    maybe_sent: hand.maybe_sent,
+                };
+                // What the sender does with each answer.
+                let holder = Settler::Holder(&who);
+                match scripts::gate(conn, keys, &request, &members).await? {
+                    Gate::Go { .. } | Gate::Resealed { .. } | Gate::Empty { .. } | Gate::NotHeld | Gate::Settled => {}
+                    Gate::Withhold { reasons } => {
+                        let verdicts =
+                            reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
+                        self.settle(conn, p, &batch, &members, holder, verdicts).await?;
+                    }
+                    Gate::Paused => {
+                        self.reschedule(conn, p, &batch, &who, false, hand.maybe_sent).await?;
+                    }
+                    Gate::Expired => {
+                        let verdicts = vec![Verdict::Unknown(Reason::IdempotencyWindowPassed); members.len()];
+                        self.settle(conn, p, &batch, &members, holder, verdicts).await?;
+                    }
+                    Gate::Deadline { .. } => anyhow::bail!("no deadline passes in a walk"),
+                    Gate::Lost => {
+                        let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
+                        self.settle(conn, p, &batch, &members, Settler::Lost, verdicts).await?;
+                    }
+                }
+            }
+            Action::Record(h) => {
+                let hand = s.holders[usize::from(h)].hand.as_ref().expect("a hand");
+                let Phase::Answered(answer) = hand.phase else { anyhow::bail!("recorded before an answer") };
+                let p = u16::from(hand.partition);
+                let (batch, members, who) = (batch_name(hand.batch), self.refs(&hand.body), owner(h));
+                match answer {
+                    Answer::Accepted => {
+                        let verdicts = members.iter().map(|_| Verdict::Sent("re_walk".into())).collect();
+                        self.settle(conn, p, &batch, &members, Settler::Answer, verdicts).await?;
+                    }
+                    Answer::Timeout => self.reschedule(conn, p, &batch, &who, true, true).await?,
+                    Answer::Retry => self.reschedule(conn, p, &batch, &who, true, hand.maybe_sent).await?,
+                    Answer::Fatal => {
+                        let error = Reason::Provider(mailstream::resend::ErrorName::InvalidParameter);
+                        let verdict = if hand.maybe_sent { Verdict::Unknown(error) } else { Verdict::Failed(error) };
+                        let verdicts = vec![verdict; members.len()];
+                        self.settle(conn, p, &batch, &members, Settler::Holder(&who), verdicts).await?;
+                    }
+                }
+            }
+            Action::Take(h, p, id) => {
+                let p16 = u16::from(p);
+                let batch = batch_name(id);
+                // Its retry is due, or its holder's lease ran out.
+                let _: () = redis::cmd("ZADD").arg(keys.batches(p16)).arg(0).arg(&batch).query_async(conn).await?;
+                let who = owner(h);
+                if let Take::Expired { members } =
+                    scripts::take(conn, keys, p16, &batch, &who, LEASE_MS, limits().window_ms).await?
+                {
+                    let verdicts = vec![Verdict::Unknown(Reason::IdempotencyWindowPassed); members.len()];
+                    self.settle(conn, p16, &batch, &members, Settler::Holder(&who), verdicts).await?;
+                }
+            }
+            Action::Unsubscribe(d) => {
+                let subscriber = self.names.subscribers[usize::from(d)].clone().expect("a digest's subscriber");
+                subscribers::upsert(&self.store, &[Subscriber { subscribed: false, ..subscriber }]).await?;
+            }
+            Action::Suppress(a) => {
+                let spec = self.model.deliveries.iter().position(|x| x.address == a).expect("an address");
+                let event = format!("evt-{a}");
+                let address = &self.names.addresses[spec];
+                suppression::apply(&self.store, &self.config, address, Act::Suppress(Why::Bounced), Some(&event))
+                    .await?;
+            }
+            Action::Pause => {
+                let until = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+                mailstream::pause::Pause::default().begin(&self.store, until, "daily_quota_exceeded").await?;
+            }
+            Action::Unpause => {
+                mailstream::pause::Pause::resume(&self.store).await?;
+            }
+            Action::WindowPasses(id, version) => {
+                // Only the batch still holding that key is past its window (a reseal made a
+                // new key and a new `sealed_ms`).
+                for p in 0..self.model.partitions {
+                    let key = keys.batch(u16::from(p), &batch_name(id));
+                    let (stored,): (Option<String>,) =
+                        redis::cmd("HMGET").arg(&key).arg("key").query_async(conn).await?;
+                    if stored.as_deref() == Some(key_name(id, version).as_str()) {
+                        let _: () = redis::cmd("HSET").arg(&key).arg("sealed_ms").arg(0).query_async(conn).await?;
+                    }
+                }
+            }
+            // The walk plays the provider, and a holder's memory: no Redis step.
+            Action::Wait(..) | Action::Send(..) | Action::Crash(_) | Action::Stall(_) | Action::Resume(_) => {}
+            Action::Lag(_) | Action::Failover(_) => anyhow::bail!("not on one server"),
+        }
+        Ok(())
+    }
+
+    async fn settle(
+        &self,
+        conn: &mut mailstream::db::Conn,
+        p: u16,
+        batch: &str,
+        members: &[DeliveryRef],
+        by: Settler<'_>,
+        verdicts: Vec<Verdict>,
+    ) -> anyhow::Result<()> {
+        let settlements: Vec<Settlement<'_>> =
+            members.iter().zip(verdicts).map(|(member, verdict)| Settlement { member, verdict }).collect();
+        scripts::settle(conn, &self.store.keys, p, batch, by, &settlements, RETENTION).await?;
+        Ok(())
+    }
+
+    async fn reschedule(
+        &self,
+        conn: &mut mailstream::db::Conn,
+        p: u16,
+        batch: &str,
+        owner: &str,
+        failed_request: bool,
+        maybe_sent: bool,
+    ) -> anyhow::Result<()> {
+        let r = Reschedule { delay_ms: 60_000, failed_request, maybe_sent, error: Reason::Postponed };
+        scripts::reschedule(conn, &self.store.keys, p, batch, owner, &r).await?;
+        Ok(())
+    }
+
+    /// Delivery id → its stream entry id, in both lanes of partition `p`.
+    async fn entries(&self, conn: &mut mailstream::db::Conn, p: u16) -> anyhow::Result<BTreeMap<String, String>> {
+        let mut out = BTreeMap::new();
+        for lane in WorkLane::ALL {
+            let rows: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
+                .arg(self.store.keys.lane_stream(p, lane))
+                .arg("-")
+                .arg("+")
+                .query_async(conn)
+                .await?;
+            for (id, fields) in rows {
+                if let Some(d) = fields.get("delivery") {
+                    out.insert(d.clone(), id);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Redis's state of partition `p`, as the model sees a partition (two round trips).
+    async fn project(&self, conn: &mut mailstream::db::Conn, p: u16) -> anyhow::Result<Data> {
+        use redis::{Value, from_redis_value_ref as read};
+        let keys = &self.store.keys;
+        let n = self.model.deliveries.len();
+        let mine: Vec<usize> = (0..n).filter(|&d| self.model.partition(d as u8) == usize::from(p)).collect();
+        let mut pipe = redis::pipe();
+        for lane in WorkLane::ALL {
+            let stream = keys.lane_stream(p, lane);
+            pipe.cmd("XRANGE").arg(&stream).arg("-").arg("+");
+            pipe.cmd("XPENDING").arg(&stream).arg(GROUP).arg("-").arg("+").arg(100);
+            pipe.cmd("XINFO").arg("GROUPS").arg(&stream);
+        }
+        for &d in &mine {
+            pipe.cmd("HGETALL").arg(keys.delivery(p, &self.names.deliveries[d].id()));
+            let subscriber = self.names.subscribers[d].as_ref().map_or("-", |s| s.id.as_str());
+            pipe.cmd("HMGET")
+                .arg(keys.subscriber(p, subscriber))
+                .arg("subscribed")
+                .arg("suppressed")
+                .arg(subscribers::field::opted_out(CAMPAIGN));
+        }
+        for hash in &self.names.hashes {
+            pipe.cmd("HEXISTS").arg(keys.suppressed(p)).arg(hash);
+        }
+        pipe.cmd("EXISTS").arg(keys.paused(p));
+        pipe.cmd("ZRANGE").arg(keys.batches(p)).arg(0).arg(-1);
+        pipe.cmd("KEYS").arg(keys.batch(p, "*"));
+        let replies: Vec<Value> = pipe.query_async(conn).await?;
+        let mut replies = replies.iter();
+        let mut next = || replies.next().expect("a reply per command");
+
+        let mut data = Data {
+            recs: vec![Rec::Absent; n],
+            unacked: 0,
+            batches: Vec::new(),
+            unsubscribed: 0,
+            subscriber_suppressed: 0,
+            suppressed: 0,
+            paused: false,
+        };
+        // Unacknowledged: not yet read, or read and pending.
+        let (mut entries, mut unacked) = (BTreeMap::new(), std::collections::BTreeSet::new());
+        for lane in WorkLane::ALL {
+            let rows: Vec<(String, BTreeMap<String, String>)> = read(next())?;
+            let pending: Vec<(String, String, u64, u64)> = read(next())?;
+            let groups: Vec<BTreeMap<String, Value>> = read(next())?;
+            let last = groups
+                .iter()
+                .find_map(|g| g.get("last-delivered-id").and_then(|v| read::<String>(v).ok()))
+                .and_then(|id| mailstream::db::streams::parse_id(&id))
+                .unwrap_or((0, 0));
+            // An entry id is unique within its stream only: each lane's ids apart.
+            unacked.extend(pending.into_iter().map(|(id, ..)| (lane, id)));
+            for (id, fields) in rows {
+                if mailstream::db::streams::parse_id(&id).is_some_and(|at| at > last) {
+                    unacked.insert((lane, id.clone()));
+                }
+                if let Some(d) = fields.get("delivery") {
+                    entries.insert(d.clone(), (lane, id));
+                }
+            }
+        }
+        let holder = |name: &str| (0..2u8).find(|&h| owner(h) == name);
+        let delivery = |id: &str| self.names.deliveries.iter().position(|d| d.id() == id).map(|d| d as u8);
+        for &d in &mine {
+            if entries.get(&self.names.deliveries[d].id()).is_some_and(|e| unacked.contains(e)) {
+                data.unacked |= 1 << d;
+            }
+            let fields: BTreeMap<String, String> = read(next())?;
+            data.recs[d] = match fields.get("state").map(String::as_str) {
+                None => Rec::Absent,
+                Some("pending") => Rec::Pending,
+                Some("processing") => {
+                    Rec::Processing(fields.get("lease_owner").and_then(|o| holder(o)).unwrap_or(u8::MAX))
+                }
+                Some("sealed") => Rec::Sealed(
+                    fields
+                        .get("batch")
+                        .and_then(|b| b.strip_prefix('b'))
+                        .and_then(|b| b.parse().ok())
+                        .unwrap_or(u8::MAX),
+                ),
+                Some("sent") => Rec::Sent,
+                Some("failed") => Rec::Failed,
+                Some("skipped") => Rec::Skipped,
+                Some("outcome_unknown") => Rec::Unknown,
+                Some(other) => anyhow::bail!("a state the model does not know: {other}"),
+            };
+            let (subscribed, suppressed, off): (Option<String>, Option<String>, Option<String>) = read(next())?;
+            if self.names.subscribers[d].is_some() {
+                if subscribed.as_deref() != Some("1") || off.is_some() {
+                    data.unsubscribed |= 1 << d;
+                }
+                if suppressed.is_some() {
+                    data.subscriber_suppressed |= 1 << d;
+                }
+            }
+        }
+        for a in 0..self.names.hashes.len() {
+            if read::<bool>(next())? {
+                data.suppressed |= 1 << a;
+            }
+        }
+        data.paused = read(next())?;
+        let mut names: Vec<String> = read(next())?;
+        let records: Vec<String> = read(next())?;
+        for key in records {
+            let name = key.rsplit(':').next().unwrap_or_default().to_string();
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("HGETALL").arg(keys.batch(p, name));
+        }
+        let batches: Vec<BTreeMap<String, String>> =
+            if names.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+        for (name, fields) in names.iter().zip(batches) {
+            let id: u8 = name.strip_prefix('b').and_then(|n| n.parse().ok()).unwrap_or(u8::MAX);
+            if fields.is_empty() {
+                // A zset entry with no record: the model has no such thing.
+                data.batches.push(Batch {
+                    id,
+                    version: u8::MAX,
+                    body: Vec::new(),
+                    state: BatchState::Retry,
+                    owner: u8::MAX,
+                    maybe_sent: false,
+                });
+                continue;
+            }
+            let version =
+                fields.get("key").and_then(|k| k.rsplit_once('.')).and_then(|(_, v)| v.parse().ok()).unwrap_or(u8::MAX);
+            let members: Vec<u8> =
+                fields.get("members").map(|m| m.split(' ').filter_map(delivery).collect()).unwrap_or_default();
+            let addresses: Vec<u8> = fields
+                .get("addresses")
+                .map(|a| {
+                    a.split(' ')
+                        .map(|h| self.names.hashes.iter().position(|x| x == h).map_or(u8::MAX, |i| i as u8))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let state = match fields.get("state").map(String::as_str) {
+                Some("sealed") => BatchState::Sealed,
+                Some("sending") => BatchState::Sending,
+                Some("retry") => BatchState::Retry,
+                other => anyhow::bail!("a batch state the model does not know: {other:?}"),
+            };
+            data.batches.push(Batch {
+                id,
+                version,
+                body: members.into_iter().zip(addresses).collect(),
+                state,
+                owner: fields.get("owner").and_then(|o| holder(o)).unwrap_or(u8::MAX),
+                maybe_sent: fields.get("maybe_sent").map(String::as_str) == Some("1"),
+            });
+        }
+        data.batches.sort_by_key(|b| b.id);
+        Ok(data)
+    }
+}
