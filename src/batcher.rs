@@ -8,13 +8,25 @@
 //! digest backlog never holds a receipt's reader back). Pacing is dispatch's.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::work::{DeliveryRef, Lane, Ready, Sealed, Work};
+
+/// A batch in hand, for as long as this lives ([`Batcher::hold`]).
+pub struct InHand {
+    batcher: Arc<Batcher>,
+    batch: String,
+}
+
+impl Drop for InHand {
+    fn drop(&mut self) {
+        self.batcher.in_hand.lock().expect("batcher lock").remove(&self.batch);
+    }
+}
 
 /// Queues between the readers and the request slots, and the batches in hand.
 pub struct Batcher {
@@ -152,14 +164,12 @@ impl Batcher {
         self.space[lane.index()][usize::from(p)].available_permits()
     }
 
-    /// Marks a sealed batch as in hand (being sent, or waiting for its slot).
-    pub fn hold(&self, batch: &str, p: u16) {
+    /// Marks a sealed batch as in hand (being sent, or waiting for its slot) until the
+    /// returned guard is dropped: whatever becomes of it (sent, put back, given up, the
+    /// task aborted), its lease stops being renewed then.
+    pub fn hold(self: &Arc<Self>, batch: &str, p: u16) -> InHand {
         self.in_hand.lock().expect("batcher lock").insert(batch.to_string(), p);
-    }
-
-    /// The batch is no longer in hand (settled, rescheduled, given up).
-    pub fn unhold(&self, batch: &str) {
-        self.in_hand.lock().expect("batcher lock").remove(batch);
+        InHand { batcher: self.clone(), batch: batch.to_string() }
     }
 
     /// The batches of partition `p` in hand.

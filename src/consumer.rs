@@ -15,6 +15,7 @@ use redis::AsyncCommands;
 use redis::streams::StreamReadReply;
 
 use crate::batcher::Batcher;
+use crate::claims;
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::Store;
@@ -24,10 +25,9 @@ use crate::db::streams::{Entry, entry_of};
 use crate::hook::{self, Answer, Hooks};
 use crate::ingest;
 use crate::outcome::{Failpoint, Outcome, Reason};
-use crate::public::unsubscribe::{self, Tokens};
 use crate::render::{self, RenderInput, Renderer};
-use crate::sender;
 use crate::subscribers::{self, Resolved, field};
+use crate::tokens::{self, Tokens};
 use crate::work::{DeliveryRef, Lane, Ready, TRANSACTIONAL};
 
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
@@ -43,7 +43,7 @@ pub fn compose(
     variant: Option<&str>,
 ) -> Result<String, Reason> {
     let campaign = config.campaign(&delivery.campaign).ok_or(Reason::UnknownCampaign)?;
-    let headers = unsubscribe::headers(config, tokens, &delivery.subscriber, &delivery.campaign);
+    let headers = tokens::headers(config, tokens, &delivery.subscriber, &delivery.campaign);
     let (target, subscriber_id) = (&delivery.target, &delivery.subscriber);
     let input = RenderInput { delivery, variant, target, subscriber_id, data, headers: &headers };
     let from = campaign.from.as_deref().unwrap_or(&config.resend.from);
@@ -172,7 +172,7 @@ impl Consumer {
                 let ready = self.process_entries(p, lane, conn, entries).await?;
                 if let Err(refused) = self.batcher.push(p, lane, ready).await {
                     // Stopping: what was claimed goes back to Redis for the next instance.
-                    sender::hand_back(ctx, p, &refused).await;
+                    claims::hand_back(ctx, p, &refused).await;
                 }
                 anyhow::Ok(())
             }
@@ -477,7 +477,7 @@ impl Consumer {
     /// back to Redis (the reclaimer never waits on the queues).
     pub async fn hand_over_now(&self, p: u16, lane: Lane, ready: Vec<Ready>) {
         if let Err(refused) = self.batcher.try_push(p, lane, ready) {
-            sender::hand_back(&self.ctx, p, &refused).await;
+            claims::hand_back(&self.ctx, p, &refused).await;
         }
     }
 }

@@ -12,7 +12,7 @@ use crate::ctx::Failpoints;
 use crate::work::Lane;
 use crate::{
     batcher, config::Config, consumer, ctx, db, dispatch, http, limiter, metrics::Metrics, private, public, reclaim,
-    schedule, sender, shutdown, shutdown::Shutdown,
+    schedule, shutdown, shutdown::Shutdown,
 };
 
 /// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
@@ -59,7 +59,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         .await
         .context("loading the Lua scripts into Redis")?;
     let renderer = config.renderer().context("compiling templates")?;
-    let sender = sender::Sender::from_config(&config, o.seed)?;
+    let sender = crate::attempt::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(batcher::Batcher::from_config(&config));
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
     let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));

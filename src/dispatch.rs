@@ -14,12 +14,13 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
+use crate::attempt::{PacingNews, Sender};
 use crate::batcher::Batcher;
 use crate::ctx::Ctx;
 use crate::db::scripts;
 use crate::limiter::Limiter;
-use crate::sender::{self, PacingNews, Sender};
 use crate::work::{DeliveryRef, Sealed, Work};
+use crate::{batch, claims};
 
 /// Tells the dispatcher a batch's slot was taken (or given up).
 type Signal = tokio::sync::oneshot::Sender<()>;
@@ -89,16 +90,14 @@ impl Dispatcher {
             let sealed = match self.batcher.take() {
                 None => None,
                 Some(Work::Resend(sealed)) => Some(sealed),
-                Some(Work::Fresh(p, items)) => sender::seal(&ctx, p, items).await,
+                Some(Work::Fresh(p, items)) => batch::seal(&ctx, p, items).await,
             };
             let Some(mut sealed) = sealed else { continue };
             // In hand (whatever its gate leaves of it) until it is sent or given up: its
             // lease is renewed, and the reclaimer leaves it alone.
-            let held = sealed.id.clone();
-            self.batcher.hold(&held, sealed.partition);
+            let held = self.batcher.hold(&sealed.id, sealed.partition);
             let gated = Instant::now();
-            if !sender::pass_gate(&ctx, &mut sealed).await {
-                self.batcher.unhold(&held);
+            if !batch::pass_gate(&ctx, &mut sealed).await {
                 continue;
             }
             // The task that sends takes the slot right before it writes; the next batch is
@@ -107,8 +106,7 @@ impl Dispatcher {
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
                 me.send(&ctx, sealed, gated, asked, taken_tx).await;
-                me.batcher.unhold(&held);
-                drop(permit);
+                drop((held, permit));
             });
             let _ = taken_rx.await;
         }
@@ -138,13 +136,13 @@ impl Dispatcher {
             Err(delay) => {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
                 let _ = taken.send(());
-                sender::put_back(ctx, &sealed, delay).await;
+                batch::put_back(ctx, &sealed, delay).await;
                 return;
             }
         };
         let _ = taken.send(());
         // The slot moved while the batch waited: look again right before it leaves.
-        if gated.elapsed() > GATE_FRESHNESS && !sender::pass_gate(ctx, &mut sealed).await {
+        if gated.elapsed() > GATE_FRESHNESS && !batch::pass_gate(ctx, &mut sealed).await {
             return;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
@@ -170,10 +168,10 @@ impl Dispatcher {
 async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
     let drained = batcher.drain();
     for (p, items) in &drained.fresh {
-        sender::hand_back(ctx, *p, items).await;
+        claims::hand_back(ctx, *p, items).await;
     }
     for sealed in &drained.resend {
-        sender::put_back(ctx, sealed, Duration::ZERO).await;
+        batch::put_back(ctx, sealed, Duration::ZERO).await;
     }
 }
 

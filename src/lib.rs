@@ -4,7 +4,10 @@
 //! signals. This file is the table of contents: one module per room.
 
 pub mod admin;
+pub mod attempt;
+pub mod batch;
 pub mod batcher;
+pub mod claims;
 pub mod config;
 pub mod consumer;
 pub mod ctx;
@@ -35,13 +38,13 @@ pub mod render;
 pub mod resend;
 pub mod retry;
 pub mod schedule;
-pub mod sender;
 pub mod shutdown;
 pub mod slo;
 pub mod stuck;
 pub mod subscribers;
 pub mod suppression;
 pub mod svix;
+pub mod tokens;
 pub mod work;
 
 pub use crate::ctx::{Failpoints, Hold};

@@ -13,13 +13,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::streams::StreamAutoClaimReply;
 
+use crate::batch;
 use crate::batcher::Batcher;
 use crate::consumer::Consumer;
 use crate::ctx::Ctx;
 use crate::db::scripts::{self, Take, Verdict};
 use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Failpoint, Reason};
-use crate::sender;
 use crate::stuck;
 use crate::work::{Lane, Sealed};
 
@@ -136,7 +136,7 @@ impl Reclaimer {
                          its deliveries are outcome_unknown and will not be resent"
                     );
                     let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
-                    sender::settle_all(ctx, &taken, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
+                    batch::settle_all(ctx, &taken, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
                 }
                 Take::Lost => {
                     tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
@@ -218,7 +218,7 @@ impl Reclaimer {
         tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
         ctx.metrics.lost_batch(members.len() as u64);
         let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-        sender::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
+        batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
-//! The shape of the code, checked: the rooms of `src/` import each other in a
-//! line, never a circle (every `crate::room` path in every file, test modules
-//! included, is an edge), and `lib.rs` stays a wiring file.
+//! The shape of the code, checked: the rooms of `src/` import each other in the
+//! order the README's rooms table lists them, top to bottom, never up and never in a
+//! circle (every `crate::room` path in every file, test modules included, is an
+//! edge), and `lib.rs` stays a wiring file.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -104,24 +105,76 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     graph.keys().find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
 }
 
+/// The rooms of the README's rooms table, top to bottom: a row's rooms (`x.rs`, `x/`,
+/// each in backquotes in its first column) share its place.
+fn readme_order() -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let table = readme.split("The rooms of `src/`").nth(1).expect("the README has a rooms table");
+    let mut rows = Vec::new();
+    for line in table.lines().skip_while(|l| !l.starts_with("| room")).skip(2) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let first = line.split('|').nth(1).unwrap_or_default();
+        let rooms: Vec<String> = first
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter_map(|name| name.strip_suffix(".rs").or_else(|| name.strip_suffix('/')))
+            .filter(|room| !room.contains('/') && *room != "lua")
+            .map(str::to_string)
+            .collect();
+        rows.push(rooms);
+    }
+    rows
+}
+
 #[test]
-fn rooms_import_each_other_in_a_line_not_a_circle() {
+fn rooms_import_only_rooms_below_them_in_the_readme() {
     let graph = graph();
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import circle: {}\n{graph:#?}", cycle.join(" → "));
     }
-    // The send path reports upward only by return values: the lower rooms never
-    // name the ones above them.
-    for (low, high) in [
-        ("sender", "dispatch"),
-        ("sender", "consumer"),
-        ("sender", "batcher"),
-        ("batcher", "consumer"),
-        ("batcher", "sender"),
-        ("render", "config"),
-    ] {
-        assert!(!graph[low].contains(high), "{low} imports {high}");
+    let rows = readme_order();
+    let rank: BTreeMap<&str, usize> =
+        rows.iter().enumerate().flat_map(|(i, row)| row.iter().map(move |r| (r.as_str(), i))).collect();
+    let unlisted: Vec<&String> = graph.keys().filter(|room| !rank.contains_key(room.as_str())).collect();
+    assert!(unlisted.is_empty(), "rooms missing from the README's rooms table: {unlisted:?}");
+    let mut upward = Vec::new();
+    for (room, imports) in &graph {
+        for imported in imports.iter().filter(|i| graph.contains_key(*i)) {
+            if rank[imported.as_str()] <= rank[room.as_str()] {
+                upward.push(format!("{room} imports {imported}"));
+            }
+        }
     }
+    // The consumer renders and hands over: it neither sends nor answers HTTP.
+    for (room, not) in
+        [("consumer", "attempt"), ("consumer", "batch"), ("consumer", "public"), ("consumer", "dispatch")]
+    {
+        assert!(!graph[room].contains(not), "{room} imports {not}");
+    }
+    assert!(
+        upward.is_empty(),
+        "imports that do not point down the README's rooms table: {upward:?}\n(an order that holds: {:?})",
+        topological(&graph)
+    );
+}
+
+/// The rooms, each above every room it imports (for the message of a failure).
+fn topological(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    let mut left: BTreeSet<&String> = graph.keys().collect();
+    while !left.is_empty() {
+        let next = left
+            .iter()
+            .find(|room| !left.iter().any(|other| graph[other.as_str()].contains(room.as_str())))
+            .copied()
+            .expect("no circle");
+        out.push(next.clone());
+        left.remove(next);
+    }
+    out
 }
 
 #[test]

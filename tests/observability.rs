@@ -16,9 +16,9 @@ use common::*;
 use mailstream::config::{EXAMPLE, Secret};
 use mailstream::db::scripts;
 use mailstream::emulator::{EmulatorConfig, Faults, Storm, WebhookTarget};
-use mailstream::public::unsubscribe::Tokens;
 use mailstream::stuck::{self, Kind, Limits};
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::tokens::Tokens;
 use mailstream::work::DeliveryRef;
 use mailstream::{Listeners, RunOptions};
 

@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::*;
+use mailstream::batch::idempotency_key;
 use mailstream::db::scripts::{self, Claim};
 use mailstream::emulator::EmulatorConfig;
 use mailstream::kick;
-use mailstream::sender::idempotency_key;
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::work::DeliveryRef;
 

@@ -11,11 +11,12 @@ use std::time::Duration;
 
 use hyper::StatusCode;
 
-use self::unsubscribe::{Ask, Tokens};
+use self::unsubscribe::Ask;
 use self::webhook::Webhooks;
 use crate::ctx::Ctx;
 use crate::db::scripts;
 use crate::http::{self, HttpRequest, HttpResponse};
+use crate::tokens::Tokens;
 
 /// Serves the public routes on `listener` until `shutdown`, with the limits the
 /// config sets (body size, requests per second per client address, timeout).
@@ -68,7 +69,7 @@ impl Public {
         if path == ingest::PATH {
             return self.ingest.handle(req).await;
         }
-        if path.starts_with(unsubscribe::PATH) {
+        if path.starts_with(crate::tokens::PATH) {
             return self.unsubscribe(&req).await;
         }
         if path == "/healthz" {

@@ -1,20 +1,13 @@
-//! One batch request's life: seal (seal.lua) → the last gate (gate.lua, in the
-//! few milliseconds before its slot) → POST with the sealed key and body →
-//! settle (settle.lua) or reschedule (reschedule.lua). Any failure to record an outcome leaves the batch sealed
-//! under a lease that expires, and whoever takes it over resends the same bytes
-//! with the same key. The sender reports what the provider said about pacing
-//! back to its caller.
+//! A batch record's life around its request: seal (seal.lua), the last gate
+//! (gate.lua, in the few milliseconds before its slot, then WAIT with replicas),
+//! settle (settle.lua) or reschedule and put back (reschedule.lua). Any failure to
+//! record an outcome leaves the batch sealed under a lease that expires, and
+//! whoever takes it over resends the same bytes with the same key.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
-use chrono::Utc;
-use rand::SeedableRng;
-use rand::rngs::StdRng;
 
 use crate::config::Config;
 use crate::ctx::Ctx;
@@ -23,152 +16,7 @@ use crate::db::scripts::{
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
-use crate::pause::quota_renews;
-use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
-use crate::retry::RetryPolicy;
 use crate::work::{DeliveryRef, Ready, Sealed};
-
-/// Logs the provider becoming unreachable, and reachable again, once per change
-/// (not once per request).
-pub struct ProviderHealth {
-    base_url: String,
-    down: AtomicBool,
-}
-
-impl ProviderHealth {
-    pub fn new(base_url: &str) -> ProviderHealth {
-        ProviderHealth { base_url: base_url.to_string(), down: AtomicBool::new(false) }
-    }
-
-    fn unreachable(&self) {
-        if !self.down.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                base_url = %self.base_url,
-                "Resend is unreachable (connection refused or no route); batches stay sealed and are retried \
-                 with backoff until their deadline"
-            );
-        }
-    }
-
-    fn reachable(&self) {
-        if self.down.swap(false, Ordering::Relaxed) {
-            tracing::warn!(base_url = %self.base_url, "Resend is reachable again");
-        }
-    }
-}
-
-/// What the provider said about pacing, for the limiter.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PacingNews {
-    pub rate: RateHeaders,
-    /// A 429 `rate_limit_exceeded` asked every request to wait this long.
-    pub pause: Option<Duration>,
-}
-
-/// The `endpoint` label of `POST /emails/batch`.
-const BATCH_ENDPOINT: &str = "emails_batch";
-
-/// Sends sealed batches and records what became of them.
-pub struct Sender {
-    client: Client,
-    retry: RetryPolicy,
-    rng: Mutex<StdRng>,
-    health: ProviderHealth,
-}
-
-impl Sender {
-    pub fn new(client: Client, retry: RetryPolicy, rng: StdRng, base_url: &str) -> Sender {
-        Sender { client, retry, rng: Mutex::new(rng), health: ProviderHealth::new(base_url) }
-    }
-
-    /// The sender `config` describes; `seed` fixes the retry jitter (tests).
-    pub fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
-        let r = &config.resend;
-        let key = r.api_key.clone().context("no Resend API key: set RESEND_API_KEY or resend.api_key_file")?;
-        let client = Client::new(&r.base_url, key, Duration::from_secs(r.timeout_seconds))?;
-        let rng = seed.map_or_else(rand::make_rng, StdRng::seed_from_u64);
-        Ok(Sender::new(client, RetryPolicy::from_config(&config.delivery), rng, &r.base_url))
-    }
-
-    /// Sends a batch that passed the last gate (the caller has just taken its slot) and
-    /// records what happened.
-    pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
-        ctx.failpoints.at(Failpoint::Gated).await;
-        let started = std::time::Instant::now();
-        let emails = b.members.len();
-        let answer = self.client.send_batch(&b.key, b.body.clone(), emails).await;
-        let took = started.elapsed();
-        ctx.failpoints.at(Failpoint::Answered).await;
-        match answer {
-            Ok(accepted) => {
-                self.health.reachable();
-                ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
-                let verdicts: Vec<Verdict> = accepted
-                    .items
-                    .into_iter()
-                    .map(|item| match item {
-                        ItemResult::Sent(id) => Verdict::Sent(id),
-                        ItemResult::Invalid => Verdict::Failed(Reason::Provider(ErrorName::ValidationError)),
-                    })
-                    .collect();
-                settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts).await;
-                PacingNews { rate: accepted.rate, pause: None }
-            }
-            Err((e, rate)) => {
-                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), emails, took);
-                let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
-                self.failed(ctx, b, e).await;
-                PacingNews { rate, pause }
-            }
-        }
-    }
-
-    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
-        if e.name == ErrorName::ConnectionFailed {
-            self.health.unreachable();
-        } else {
-            self.health.reachable();
-        }
-        let next = {
-            let mut rng = self.rng.lock().expect("rng lock");
-            plan(&e, b.tries, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
-        };
-        let error = Reason::Provider(e.name.clone());
-        match next {
-            Plan::Retry { delay } => {
-                // What this holder knows of earlier requests counts too: a failover may have
-                // taken the record's mark back.
-                let r = Reschedule {
-                    delay_ms: delay.as_millis() as u64,
-                    failed_request: true,
-                    maybe_sent: e.maybe_sent || b.maybe_sent,
-                    error,
-                };
-                reschedule(ctx, b.partition, &b.id, &r).await;
-                ctx.metrics.retry_scheduled(&e.name, b.tries + 1, delay);
-            }
-            Plan::PauseUntil(until) => {
-                if let Err(err) = ctx.pause.begin(&ctx.store, until, e.name.as_str()).await {
-                    ctx.metrics.redis_error("pause", &err);
-                }
-                ctx.metrics.set_paused(true);
-                // Due again almost at once, but no instance takes a batch while paused: it
-                // goes out as soon as the pause ends, by expiry or `mailstream resume`.
-                let r = Reschedule {
-                    delay_ms: QUOTA_RECHECK.as_millis() as u64,
-                    failed_request: true,
-                    maybe_sent: b.maybe_sent,
-                    error,
-                };
-                reschedule(ctx, b.partition, &b.id, &r).await;
-            }
-            Plan::Settle(outcome) => {
-                let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
-                settle_all(ctx, &b, verdict).await;
-            }
-        }
-    }
-}
 
 /// The gate's limits from the config.
 fn gate_limits(config: &Config) -> GateLimits {
@@ -381,43 +229,7 @@ async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Opti
 
 /// How soon a batch refused for quota, or put back during a pause, is due again
 /// (no instance takes a batch while paused).
-const QUOTA_RECHECK: Duration = Duration::from_secs(1);
-
-/// What to do after a failed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
-    /// Resend the same sealed batch (same key, same body) after `delay`; the last gate
-    /// ends it at its deadline.
-    Retry { delay: Duration },
-    /// Every instance stops sending until the quota renews; the batch waits, sealed.
-    PauseUntil(SystemTime),
-    /// No point retrying: settle every member with this outcome.
-    Settle(Outcome),
-}
-
-/// Decides what follows a failure of a batch that had failed `tries_before` times,
-/// `maybe_sent_before` telling whether any earlier request may have been processed.
-/// Pure, with the clock and randomness passed in. Retryable errors are retried
-/// without a count: a batch ends at its deadline, so an outage delays mail.
-pub fn plan(
-    e: &ProviderError,
-    tries_before: u32,
-    maybe_sent_before: bool,
-    policy: &RetryPolicy,
-    rng: &mut impl rand::RngExt,
-    now: chrono::DateTime<Utc>,
-) -> Plan {
-    match e.action {
-        Action::Retryable => Plan::Retry { delay: policy.after_failure(tries_before + 1, e.retry_after, rng) },
-        Action::QuotaExhausted => Plan::PauseUntil(quota_renews(&e.name, now)),
-        // A refusal now does not prove an earlier attempt was refused too (an API key
-        // rotated in between is refused before the idempotency store is consulted).
-        Action::SenderRejected | Action::Fatal if e.maybe_sent || maybe_sent_before => {
-            Plan::Settle(Outcome::OutcomeUnknown)
-        }
-        Action::SenderRejected | Action::Fatal => Plan::Settle(Outcome::Failed),
-    }
-}
+pub(crate) const QUOTA_RECHECK: Duration = Duration::from_secs(1);
 
 /// Puts a sealed batch this instance holds back in Redis, unsent, due after `delay`
 /// (its slot moved far away, a pause, a stop), so another instance may take it and
@@ -433,7 +245,7 @@ pub async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
     reschedule(ctx, b.partition, &b.id, &r).await;
 }
 
-async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule) {
+pub(crate) async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule) {
     let result = async {
         let mut conn = ctx.store.conn().await?;
         anyhow::Ok(scripts::reschedule(&mut conn, &ctx.store.keys, partition, batch, &ctx.owner, r).await?)
@@ -442,25 +254,6 @@ async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Reschedule) {
         Ok(Some(_)) => {}
         Ok(None) => tracing::info!(batch = %batch, "batch was taken over by another holder; its retry is theirs"),
         Err(err) => ctx.metrics.redis_error("reschedule", &err),
-    }
-}
-
-/// Hands claimed emails of partition `p` back to Redis (pending again, readable by
-/// any instance at once): at a stop, a pause, or when a queue has no room.
-pub async fn hand_back(ctx: &Ctx, p: u16, items: &[Ready]) {
-    if items.is_empty() {
-        return;
-    }
-    let result = async {
-        let mut conn = ctx.store.conn().await?;
-        let refs: Vec<(&str, &DeliveryRef)> = items.iter().map(|r| (r.entry.as_str(), &r.delivery)).collect();
-        let (keys, group) = (&ctx.store.keys, &ctx.config.redis.group);
-        anyhow::Ok(scripts::release(&mut conn, keys, p, group, &ctx.owner, &refs).await?)
-    };
-    match result.await {
-        Ok(n) => tracing::debug!(partition = p, released = n, "claimed deliveries handed back"),
-        // They stay claimed and are taken over when their lease expires.
-        Err(err) => ctx.metrics.redis_error("release", &err),
     }
 }
 
@@ -530,78 +323,5 @@ fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<O
     }
     for ((campaign, outcome, reason), n) in tally {
         ctx.metrics.settled(campaign, outcome, reason, n);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn policy() -> RetryPolicy {
-        RetryPolicy { base: Duration::from_secs(1), max: Duration::from_secs(60) }
-    }
-
-    fn now() -> chrono::DateTime<Utc> {
-        chrono::DateTime::parse_from_rfc3339("2026-11-29T10:00:00Z").unwrap().with_timezone(&Utc)
-    }
-
-    fn answer(status: u16, name: &str) -> ProviderError {
-        ProviderError::from_response(status, Some(name), "", None)
-    }
-
-    fn decide(e: &ProviderError, tries_before: u32, maybe_before: bool) -> Plan {
-        plan(e, tries_before, maybe_before, &policy(), &mut StdRng::seed_from_u64(5), now())
-    }
-
-    #[test]
-    fn a_timeout_is_retried_with_growing_backoff_and_no_count() {
-        let timeout = ProviderError::local(ErrorName::Timeout, true);
-        assert!(matches!(decide(&timeout, 0, false), Plan::Retry { delay } if delay <= Duration::from_secs(1)));
-        assert!(matches!(decide(&timeout, 1, true), Plan::Retry { delay } if delay <= Duration::from_secs(2)));
-        // However often: the last gate ends a batch at its deadline, not after a count.
-        assert!(matches!(decide(&timeout, 500, true), Plan::Retry { delay } if delay <= Duration::from_secs(60)));
-    }
-
-    #[test]
-    fn an_unreachable_provider_is_retried_for_as_long_as_it_takes() {
-        let refused = ProviderError::local(ErrorName::ConnectionFailed, false);
-        for tries in [0, 8, 100, 10_000] {
-            assert!(matches!(decide(&refused, tries, false), Plan::Retry { .. }), "{tries}");
-        }
-    }
-
-    #[test]
-    fn a_429_waits_at_least_its_retry_after() {
-        let e = ProviderError::from_response(429, Some("rate_limit_exceeded"), "", Some(Duration::from_secs(9)));
-        assert_eq!(decide(&e, 0, false), Plan::Retry { delay: Duration::from_secs(9) });
-        assert!(matches!(decide(&e, 40, false), Plan::Retry { delay } if delay >= Duration::from_secs(30)));
-    }
-
-    #[test]
-    fn a_concurrent_request_waits_and_retries_the_same_batch() {
-        let e = answer(409, "concurrent_idempotent_requests");
-        assert!(matches!(decide(&e, 0, false), Plan::Retry { .. }));
-        assert!(matches!(decide(&e, 9, true), Plan::Retry { .. }));
-    }
-
-    #[test]
-    fn fatal_and_sender_rejected_end_at_once_without_a_sleep() {
-        for e in [answer(422, "invalid_parameter"), answer(403, "invalid_api_key"), answer(422, "invalid_from_address")]
-        {
-            assert_eq!(decide(&e, 0, false), Plan::Settle(Outcome::Failed), "{e}");
-            // After an attempt that may have been processed, nobody can say it was not.
-            assert_eq!(decide(&e, 1, true), Plan::Settle(Outcome::OutcomeUnknown), "{e}");
-        }
-        let garbled = ProviderError::local(ErrorName::UnexpectedResponse, true);
-        assert_eq!(decide(&garbled, 0, false), Plan::Settle(Outcome::OutcomeUnknown));
-    }
-
-    #[test]
-    fn a_quota_pauses_until_it_renews() {
-        let e = answer(429, "daily_quota_exceeded");
-        let renews = chrono::DateTime::parse_from_rfc3339("2026-11-30T00:00:00Z").unwrap();
-        let want = std::time::UNIX_EPOCH + Duration::from_secs(renews.timestamp() as u64);
-        assert_eq!(decide(&e, 0, false), Plan::PauseUntil(want));
-        assert_eq!(decide(&e, 7, false), Plan::PauseUntil(want), "never given up on");
     }
 }
