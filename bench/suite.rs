@@ -404,8 +404,11 @@ async fn fan_out(sizes: &Sizes, r: &mut Results) -> anyhow::Result<()> {
 /// each of 4 connections; deliveries/s.
 async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, rep: usize) -> anyhow::Result<f64> {
     let mut conn = store.conn().await?;
-    let sha: String =
-        redis::cmd("SCRIPT").arg("LOAD").arg(include_str!("../lua/enqueue.lua")).query_async(&mut conn).await?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(format!("{}{}", mailstream::db::scripts::PRELUDE, include_str!("../lua/enqueue.lua")))
+        .query_async(&mut conn)
+        .await?;
     let keys = &store.keys;
     let period = format!("2026-W{}", 40 + rep);
     let chunk = kick::ENQUEUE_CHUNK;

@@ -9,8 +9,7 @@
 --   {'gone'}              no record (a lost write): the caller records it as lost
 --   {state}               already sealed into a batch, or settled
 local owner, lease = ARGV[1], tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local out = {}
 for i, key in ipairs(KEYS) do
   local d = redis.call('HMGET', key, 'state', 'lease_until')

@@ -10,8 +10,7 @@
 --   expect ('held': claimed by owner, 'lost': the record is missing)
 -- Returns, per delivery, 1 if it was decided now, 0 if not (no longer ours, or no longer lost).
 local group, owner, c, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local out = {}
 for i = 3 + c, #KEYS do
   local base = 4 + 6 * (i - 3 - c)

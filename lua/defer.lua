@@ -12,8 +12,7 @@
 -- Returns per item the delay in ms, -1 if not held by this owner, -2 if past the deadline.
 local group, owner = ARGV[1], ARGV[2]
 local base, max, deadline, jitter = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local out = {}
 for i = 3, #KEYS do
   local entry, id = ARGV[7 + 2 * (i - 3)], ARGV[8 + 2 * (i - 3)]

@@ -7,8 +7,7 @@
 -- Returns how many were released.
 local now = tonumber(ARGV[1])
 if now == 0 then
-  local t = redis.call('TIME')
-  now = t[1] * 1000 + math.floor(t[2] / 1000)
+  now = now_ms()
 end
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, id in ipairs(ids) do

@@ -14,8 +14,7 @@
 --   ARGV[4] '1' if a release time (ms; 0: now) follows per item as ARGV[4+i], else '0' (all now)
 -- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
 local retention, plen, timed = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1'
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local result, added = {}, 0
 for i = 5, #KEYS do
   if redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then

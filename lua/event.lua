@@ -11,8 +11,7 @@ end
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2])) then
   return 0
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[2], 'ev_' .. ARGV[1], now)
 redis.call('HINCRBY', KEYS[2], 'events', 1)
 return 1

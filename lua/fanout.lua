@@ -16,8 +16,7 @@
 -- 'rewind' (`mailstream upgrade`; owner and lease unused): ARGV[4] partitions. A fan-out still
 --   running starts every partition again from the beginning. Returns 1, or 0 if not running.
 local op, owner, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'lease_until')
 if op == 'acquire' then
   local restart, partitions = ARGV[4] == '1', tonumber(ARGV[5])

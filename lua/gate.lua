@@ -34,15 +34,13 @@
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local n = (#KEYS - 4 - c) / 2
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
   'members', 'addresses', 'state', 'sends')
 if not b[1] then
-  local final = {sent = true, failed = true, skipped = true, outcome_unknown = true}
   for m = 1, n do
-    if not final[redis.call('HGET', KEYS[4 + c + 2 * m - 1], 'state') or ''] then
+    if not FINAL[redis.call('HGET', KEYS[4 + c + 2 * m - 1], 'state') or ''] then
       return {'lost'}
     end
   end
@@ -102,15 +100,7 @@ for m = 1, n do
     reason = 'suppressed'
   elseif check == '1' then
     local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed', 'off:' .. campaign)
-    if not s[1] then
-      reason = 'unknown_subscriber'
-    elseif s[4] then
-      reason = 'suppressed'
-    elseif s[2] ~= '1' then
-      reason = 'not_entitled'
-    elseif s[3] ~= '1' or s[5] then
-      reason = 'unsubscribed'
-    end
+    reason = unwanted(s[1], s[2], s[3], s[4], s[5])
   end
   reasons[m] = reason
   if reason ~= '' then any = true end

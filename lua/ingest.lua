@@ -13,8 +13,7 @@
 --   hash, request JSON
 -- Returns per item {status, delivery id} with status 'new', 'duplicate' or 'conflict'.
 local retention = tonumber(ARGV[1])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local out, added, dups = {}, 0, 0
 local n = (#KEYS - 3) / 2
 for i = 1, n do

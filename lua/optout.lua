@@ -8,7 +8,6 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return -1
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 redis.call('SADD', KEYS[2], ARGV[2])
 return redis.call('HSETNX', KEYS[1], 'off:' .. ARGV[1], now)

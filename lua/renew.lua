@@ -6,8 +6,7 @@
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] n; then per batch key its batch id
 -- Returns {deliveries renewed, batches renewed}.
 local owner, lease, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local claims, batches = 0, 0
 for i = 2, 1 + n do
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')

@@ -8,8 +8,7 @@
 -- (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name
 -- Returns the failed requests so far, or -1 when this owner no longer holds the batch.
 local bid, owner = ARGV[1], ARGV[2]
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'state')
 if b[1] ~= owner then
   return -1

@@ -19,8 +19,7 @@
 --   hashes of its email's addresses, comma-separated ('-' for none)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
 local bid, ikey, owner, group, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local sealed, entries, tx_entries, ids, items, sizes, addresses = {}, {}, {}, {}, {}, {}, {}
 for i = 5, #KEYS do
   local m = i - 4

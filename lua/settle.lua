@@ -37,10 +37,8 @@ elseif owner ~= '' and owner ~= '*lost*' and b[1] ~= owner then
   for i = 5 + c, #KEYS do out[#out + 1] = '' end
   return {'not_held', out}
 end
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local sends = b[3] or 0
-local final = {sent = true, failed = true, skipped = true, outcome_unknown = true}
 local all_final = true
 for i = 5 + c, #KEYS do
   local base = 4 + 4 * (i - 5 - c)
@@ -49,7 +47,7 @@ for i = 5 + c, #KEYS do
     state = 'outcome_unknown'
   end
   local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant')
-  all_final = all_final and final[d[1] or ''] == true
+  all_final = all_final and FINAL[d[1] or ''] == true
   local open = d[1] == 'sealed' and d[2] == bid
   if status == 'missing' and owner == '' then
     -- The seal was lost but the provider accepted: record it unless already final.

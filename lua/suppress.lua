@@ -13,8 +13,7 @@
 -- 'counted' (a transient bounce below the threshold), 'removed', 'duplicate' (event seen).
 local mode, reason, source, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, window, threshold = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local ids = redis.call('SMEMBERS', KEYS[4])
 local state
 if event ~= '' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then

@@ -11,8 +11,7 @@
 -- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local now = now_ms()
 local score = redis.call('ZSCORE', KEYS[2], bid)
 if not score or tonumber(score) > now then
   return {'skip'}

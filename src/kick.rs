@@ -20,7 +20,7 @@ use serde::Serialize;
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
 use crate::db::scripts::{self, Fanout, FanoutOf, FanoutPage};
-use crate::subscribers::{self, Subscriber, field};
+use crate::subscribers::{self, Subscriber, Unwanted, field};
 use crate::work::{DeliveryRef, delivery_id};
 
 /// Deliveries per enqueue.lua call: large enough to amortize the round trip,
@@ -456,34 +456,11 @@ async fn enqueue(
     Ok(())
 }
 
-/// Why a subscriber gets no delivery of a campaign.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum NotEligible {
-    NotEntitled,
-    Unsubscribed,
-    Suppressed,
-    OptedOut,
-    /// No record (removed since the scan saw its id).
-    Missing,
-}
-
-impl NotEligible {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NotEligible::NotEntitled => "not_entitled",
-            NotEligible::Unsubscribed => "unsubscribed",
-            NotEligible::Suppressed => "suppressed",
-            NotEligible::OptedOut => "opted_out",
-            NotEligible::Missing => "missing",
-        }
-    }
-}
-
 /// What the kick makes of one subscriber record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     Eligible { targets: Vec<String>, zone: Option<String> },
-    NotEligible(NotEligible),
+    NotEligible(Unwanted),
 }
 
 /// Reads subscribers `ids` of partition `p` and judges each for `campaign`
@@ -512,19 +489,13 @@ async fn read_subscribers(
     Ok(rows
         .into_iter()
         .map(|(targets, entitled, subscribed, suppressed, off, zone)| {
-            let why = if entitled.is_none() && subscribed.is_none() {
-                Some(NotEligible::Missing)
-            } else if !subscribers::is_set(entitled.as_deref()) {
-                Some(NotEligible::NotEntitled)
-            } else if suppressed.is_some() {
-                Some(NotEligible::Suppressed)
-            } else if !subscribers::is_set(subscribed.as_deref()) {
-                Some(NotEligible::Unsubscribed)
-            } else if off.is_some() {
-                Some(NotEligible::OptedOut)
-            } else {
-                None
-            };
+            let why = Unwanted::of(
+                entitled.is_some() || subscribed.is_some(),
+                subscribers::is_set(entitled.as_deref()),
+                subscribers::is_set(subscribed.as_deref()),
+                suppressed.is_some(),
+                off.is_some(),
+            );
             match why {
                 Some(why) => Verdict::NotEligible(why),
                 None => Verdict::Eligible {

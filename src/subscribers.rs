@@ -186,7 +186,10 @@ fn audience_entry(
     targets: &str,
     zone: Option<&str>,
 ) -> Option<String> {
-    (entitled && subscribed && !suppressed).then(|| format!("{targets}|{}", zone.unwrap_or("")))
+    // Campaign opt-outs are kept apart (`off:<campaign>`): the audience is the rest of the rule.
+    Unwanted::of(true, entitled, subscribed, suppressed, false)
+        .is_none()
+        .then(|| format!("{targets}|{}", zone.unwrap_or("")))
 }
 
 /// Reads an audience entry: (targets, zone).
@@ -304,6 +307,61 @@ pub fn is_set(value: Option<&str>) -> bool {
     value == Some("1")
 }
 
+/// Why a subscriber record does not want a campaign's mail now: the one rule, in the one
+/// order, of the kick, the claim and the last gate (`unwanted` in `lua/prelude.lua`; a
+/// test holds the two to the same answer for every record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Unwanted {
+    /// No record (removed since its id was seen).
+    Missing,
+    Suppressed,
+    NotEntitled,
+    Unsubscribed,
+    /// Subscribed, but this campaign turned off (one-click unsubscribe).
+    OptedOut,
+}
+
+impl Unwanted {
+    /// What a record says, by its fields: it exists, `entitled` and `subscribed` are
+    /// `1`, `suppressed` and the campaign's opt-out field are set.
+    pub fn of(exists: bool, entitled: bool, subscribed: bool, suppressed: bool, opted_out: bool) -> Option<Unwanted> {
+        if !exists {
+            Some(Unwanted::Missing)
+        } else if suppressed {
+            Some(Unwanted::Suppressed)
+        } else if !entitled {
+            Some(Unwanted::NotEntitled)
+        } else if !subscribed {
+            Some(Unwanted::Unsubscribed)
+        } else if opted_out {
+            Some(Unwanted::OptedOut)
+        } else {
+            None
+        }
+    }
+
+    /// The reason a delivery is skipped for it.
+    pub fn reason(self) -> Reason {
+        match self {
+            Unwanted::Missing => Reason::UnknownSubscriber,
+            Unwanted::Suppressed => Reason::Suppressed,
+            Unwanted::NotEntitled => Reason::NotEntitled,
+            Unwanted::Unsubscribed | Unwanted::OptedOut => Reason::Unsubscribed,
+        }
+    }
+
+    /// Its name in a kick's report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unwanted::Missing => "missing",
+            Unwanted::Suppressed => "suppressed",
+            Unwanted::NotEntitled => "not_entitled",
+            Unwanted::Unsubscribed => "unsubscribed",
+            Unwanted::OptedOut => "opted_out",
+        }
+    }
+}
+
 /// The stored targets of a record (comma-separated), or the default one.
 pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
     stored.unwrap_or(DEFAULT_TARGET).split(',').filter(|t| !t.is_empty())
@@ -333,16 +391,13 @@ pub enum Resolved {
 /// entitled, is subscribed, and its address and data are well-formed.
 pub fn resolve(row: Row) -> Resolved {
     let (email, entitled, subscribed, suppressed, data, opted_out) = row;
+    let set = |v: &Option<Vec<u8>>| v.as_deref() == Some(b"1");
+    let unwanted =
+        Unwanted::of(email.is_some(), set(&entitled), set(&subscribed), suppressed.is_some(), opted_out.is_some());
+    if let Some(why) = unwanted {
+        return Resolved::Skip(why.reason());
+    }
     let Some(email) = email else { return Resolved::Skip(Reason::UnknownSubscriber) };
-    if suppressed.is_some() {
-        return Resolved::Skip(Reason::Suppressed);
-    }
-    if entitled.as_deref() != Some(b"1") {
-        return Resolved::Skip(Reason::NotEntitled);
-    }
-    if subscribed.as_deref() != Some(b"1") || opted_out.is_some() {
-        return Resolved::Skip(Reason::Unsubscribed);
-    }
     let Ok(email) = String::from_utf8(email) else { return Resolved::Fail(Reason::InvalidSubscriberData) };
     match data.map(|d| serde_json::from_slice::<serde_json::Value>(&d)) {
         None => Resolved::Send { email, data: serde_json::Value::Null },

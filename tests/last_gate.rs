@@ -354,3 +354,37 @@ async fn a_taker_that_knows_a_request_may_have_left_is_withheld_though_a_failove
         redis::cmd("HGET").arg(keys.batch(0, &batch)).arg("maybe_sent").query_async(&mut conn).await.unwrap();
     assert_eq!(marked, "1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_gates_rule_is_the_kicks_and_the_claims() {
+    // gate.lua's `unwanted` (lua/prelude.lua) and subscribers::Unwanted, on every record.
+    let world = World::new().await;
+    let mut conn = world.store.conn().await.unwrap();
+    let script = format!(
+        "{}\nlocal function arg(i) if ARGV[i] == '' then return nil end return ARGV[i] end\n\
+         return unwanted(arg(1), arg(2), arg(3), arg(4), arg(5))",
+        mailstream::db::scripts::PRELUDE
+    );
+    for bits in 0u8..32 {
+        let on = |i: u8| bits & (1 << i) != 0;
+        let (exists, entitled, subscribed, suppressed, off) = (on(0), on(1), on(2), on(3), on(4));
+        let rust = subscribers::Unwanted::of(exists, entitled, subscribed, suppressed, off)
+            .map(|u| u.reason().as_str().to_string())
+            .unwrap_or_default();
+        let lua: String = redis::cmd("EVAL")
+            .arg(&script)
+            .arg(0)
+            .arg(if exists { "a@acme.example" } else { "" })
+            .arg(if entitled { "1" } else { "0" })
+            .arg(if subscribed { "1" } else { "0" })
+            .arg(if suppressed { "bounced" } else { "" })
+            .arg(if off { "1700000000000" } else { "" })
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(
+            lua, rust,
+            "exists {exists}, entitled {entitled}, subscribed {subscribed}, suppressed {suppressed}, off {off}"
+        );
+    }
+}

@@ -1,0 +1,407 @@
+//! Deliveries: enqueue (kick, ingest), defer, release at their hour, claim, decide,
+//! requeue, hand back, renew leases.
+
+use redis::RedisResult;
+use redis::aio::ConnectionLike;
+
+use super::{SCRIPTS, counts_index, unexpected};
+use crate::db::keys::Keys;
+use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
+use crate::work::{DeliveryRef, Lane};
+
+/// Enqueues deliveries of one partition and one campaign period; `true` where new.
+pub async fn enqueue(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    items: &[DeliveryRef],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    let now: Vec<(DeliveryRef, u64)> = items.iter().map(|d| (d.clone(), 0)).collect();
+    enqueue_at(conn, keys, partition, &now, retention_secs).await
+}
+
+/// [`enqueue`] with a release time (Redis-clock ms) per delivery: one in the future
+/// waits in the partition's due set, 0 (or a past time) goes to the stream now.
+pub async fn enqueue_at(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    items: &[(DeliveryRef, u64)],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    let Some((first, _)) = items.first() else { return Ok(Vec::new()) };
+    let ids: Vec<(String, u64)> = items
+        .iter()
+        .map(|(item, release_ms)| {
+            debug_assert!(
+                item.campaign == first.campaign && item.period == first.period,
+                "one campaign period per call"
+            );
+            (item.id(), *release_ms)
+        })
+        .collect();
+    enqueue_ids(conn, keys, partition, &first.campaign, &first.period, &ids, retention_secs).await
+}
+
+/// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id (what a fan-out
+/// builds, without a [`DeliveryRef`] each).
+pub async fn enqueue_ids(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    campaign: &str,
+    period: &str,
+    items: &[(String, u64)],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    // Each key is the partition's delivery prefix plus the id (the script reads the id
+    // back from it), built in one buffer: a fan-out makes a million of them.
+    let prefix = keys.delivery(partition, "");
+    let timed = items.iter().any(|(_, release_ms)| *release_ms > 0);
+    let mut call = SCRIPTS.enqueue.prepare_invoke();
+    call.key(keys.stream(partition))
+        .key(keys.counts(partition, campaign, period))
+        .key(keys.periods(partition))
+        .key(keys.due(partition))
+        .arg(retention_secs)
+        .arg(format!("{campaign}:{period}"))
+        .arg(prefix.len())
+        .arg(if timed { "1" } else { "0" });
+    let mut key = String::with_capacity(prefix.len() + 96);
+    for (id, release_ms) in items {
+        key.truncate(0);
+        key.push_str(&prefix);
+        key.push_str(id);
+        call.key(key.as_str());
+        if timed {
+            call.arg(release_ms);
+        }
+    }
+    read_added(call.invoke_async(conn).await?)
+}
+
+/// enqueue.lua's answer: 1 where new, 0 where already enqueued.
+pub(super) fn read_added(added: Vec<i64>) -> RedisResult<Vec<bool>> {
+    added.into_iter().map(|a| super::flag("enqueue.lua", a)).collect()
+}
+
+/// One transactional item for [`ingest`]: its delivery, the request as stored in the
+/// delivery record (JSON), and the request's hash (a replay must match it).
+#[derive(Debug, Clone, Copy)]
+pub struct IngestItem<'a> {
+    pub delivery: &'a DeliveryRef,
+    pub hash: &'a str,
+    pub request: &'a str,
+}
+
+/// What ingest.lua did with one item; each names the delivery of its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingested {
+    New(String),
+    /// The same request was enqueued before under this key.
+    Duplicate(String),
+    /// The key was used before for a different request: refused.
+    Conflict(String),
+}
+
+/// Enqueues transactional items of one partition and one period (see lua/ingest.lua).
+pub async fn ingest(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    items: &[IngestItem<'_>],
+    retention_secs: u64,
+) -> RedisResult<Vec<Ingested>> {
+    let Some(first) = items.first() else { return Ok(Vec::new()) };
+    let (campaign, period) = (&first.delivery.campaign, &first.delivery.period);
+    let mut call = SCRIPTS.ingest.prepare_invoke();
+    call.key(keys.lane_stream(partition, Lane::Transactional))
+        .key(keys.counts(partition, campaign, period))
+        .key(keys.periods(partition))
+        .arg(retention_secs)
+        .arg(format!("{campaign}:{period}"));
+    for item in items {
+        debug_assert!(item.delivery.lane() == Lane::Transactional && &item.delivery.period == period);
+        let id = item.delivery.id();
+        call.key(keys.idempotency(partition, item.delivery.home())).key(keys.delivery(partition, &id));
+        call.arg(id).arg(item.hash).arg(item.request);
+    }
+    read_ingested(call.invoke_async(conn).await?)
+}
+
+/// ingest.lua's answer: per item, what it did and the delivery of its key.
+pub(super) fn read_ingested(rows: Vec<(String, String)>) -> RedisResult<Vec<Ingested>> {
+    rows.into_iter()
+        .map(|(status, id)| match status.as_str() {
+            "new" => Ok(Ingested::New(id)),
+            "duplicate" => Ok(Ingested::Duplicate(id)),
+            "conflict" => Ok(Ingested::Conflict(id)),
+            other => Err(unexpected("ingest.lua", other)),
+        })
+        .collect()
+}
+
+/// How [`defer`] backs off.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub base_ms: u64,
+    pub max_ms: u64,
+    /// Deferred no more once this long has passed since the first wait.
+    pub deadline_ms: u64,
+    /// 0-100: shortens each delay by up to half this percentage.
+    pub jitter_percent: u8,
+}
+
+/// What [`defer`] did with one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferred {
+    /// Due again after this long.
+    For(u64),
+    /// Not this owner's any more.
+    NotHeld,
+    /// Past the deadline: the caller decides it.
+    Expired,
+}
+
+/// Defers claimed digest deliveries of partition `p` (entry, delivery) whose render
+/// hook gave no answer (see lua/defer.lua).
+pub async fn defer(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    owner: &str,
+    backoff: Backoff,
+    items: &[(&str, &DeliveryRef)],
+) -> RedisResult<Vec<Deferred>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = SCRIPTS.defer.prepare_invoke();
+    call.key(keys.stream(partition)).key(keys.due(partition)).arg(group).arg(owner);
+    call.arg(backoff.base_ms).arg(backoff.max_ms).arg(backoff.deadline_ms).arg(backoff.jitter_percent);
+    for (entry, d) in items {
+        let id = d.id();
+        call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
+    }
+    read_deferred(call.invoke_async(conn).await?)
+}
+
+/// defer.lua's answer: per delivery, the delay in ms, -1 (not held) or -2 (expired).
+pub(super) fn read_deferred(out: Vec<i64>) -> RedisResult<Vec<Deferred>> {
+    out.into_iter()
+        .map(|v| match v {
+            -1 => Ok(Deferred::NotHeld),
+            -2 => Ok(Deferred::Expired),
+            ms if ms >= 0 => Ok(Deferred::For(ms as u64)),
+            other => Err(unexpected("defer.lua", &other.to_string())),
+        })
+        .collect()
+}
+
+/// Moves up to `limit` deliveries whose release time has come (at `now_ms`, or Redis's
+/// clock when 0) from partition `p`'s due set into its stream; returns how many.
+pub async fn release_due(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    now_ms: u64,
+    limit: usize,
+) -> RedisResult<u64> {
+    SCRIPTS.due.key(keys.due(partition)).key(keys.stream(partition)).arg(now_ms).arg(limit).invoke_async(conn).await
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// Ours now, under a lease; claimed this many times in all.
+    Claimed { claims: u32 },
+    /// Another holder's lease is live: do nothing.
+    Held,
+    /// No record where the stream says there is one (a lost write).
+    Gone,
+    /// Sealed into a batch or already settled: acknowledge the entry.
+    Done(DeliveryState),
+}
+
+/// Claims deliveries of one partition for `owner` for `lease_ms`.
+pub async fn claim(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    ids: &[&str],
+    owner: &str,
+    lease_ms: u64,
+) -> RedisResult<Vec<Claim>> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = SCRIPTS.claim.prepare_invoke();
+    for id in ids {
+        call.key(keys.delivery(partition, id));
+    }
+    call.arg(owner).arg(lease_ms);
+    let rows: Vec<Vec<String>> = call.invoke_async(conn).await?;
+    rows.into_iter().map(read_claim).collect()
+}
+
+/// One delivery's line of claim.lua's answer.
+pub(super) fn read_claim(row: Vec<String>) -> RedisResult<Claim> {
+    match row.as_slice() {
+        [tag, claims] if tag == "claimed" => match claims.parse() {
+            Ok(claims) => Ok(Claim::Claimed { claims }),
+            Err(_) => Err(unexpected("claim.lua", claims)),
+        },
+        [tag] if tag == "held" => Ok(Claim::Held),
+        [tag] if tag == "gone" => Ok(Claim::Gone),
+        // A state: what this version knows of it, or `Unknown` for another version's.
+        [state] if !state.is_empty() => Ok(Claim::Done(DeliveryState::parse(state))),
+        _ => Err(unexpected("claim.lua", &row.join(" "))),
+    }
+}
+
+/// A claimed delivery that will not be sent, and why.
+#[derive(Debug, Clone)]
+pub struct Decision<'a> {
+    pub entry: &'a str,
+    pub delivery: &'a DeliveryRef,
+    /// Skipped or Failed.
+    pub outcome: Outcome,
+    pub reason: Reason,
+    /// The record is missing (claim found it gone): it is written back as decided.
+    pub lost: bool,
+}
+
+/// Settles claimed deliveries that will not be sent and acknowledges their entries;
+/// returns, per delivery, whether it was decided now (false: no longer ours).
+pub async fn decide(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    owner: &str,
+    decisions: &[Decision<'_>],
+    retention_secs: u64,
+) -> RedisResult<Vec<bool>> {
+    if decisions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let lane = decisions[0].delivery.lane();
+    debug_assert!(decisions.iter().all(|d| d.delivery.lane() == lane), "one lane per call");
+    let (counts, index) = counts_index(
+        keys,
+        partition,
+        decisions.iter().map(|d| (d.delivery.campaign.as_str(), d.delivery.period.as_str())),
+    );
+    let mut call = SCRIPTS.decide.prepare_invoke();
+    call.key(keys.lane_stream(partition, lane))
+        .key(keys.dead(partition))
+        .arg(group)
+        .arg(owner)
+        .arg(counts.len())
+        .arg(retention_secs);
+    for c in &counts {
+        call.key(c);
+    }
+    for (d, ci) in decisions.iter().zip(index) {
+        let id = d.delivery.id();
+        call.key(keys.delivery(partition, &id))
+            .arg(d.entry)
+            .arg(id)
+            .arg(d.outcome.as_str())
+            .arg(d.reason.as_str())
+            .arg(ci)
+            .arg(if d.lost { "lost" } else { "held" });
+    }
+    read_decided(call.invoke_async(conn).await?)
+}
+
+/// decide.lua's answer: 1 where decided now, 0 where no longer ours.
+pub(super) fn read_decided(decided: Vec<i64>) -> RedisResult<Vec<bool>> {
+    decided.into_iter().map(|d| super::flag("decide.lua", d)).collect()
+}
+
+/// Requeues a failed (or, if allowed, outcome_unknown) delivery.
+pub async fn requeue(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    delivery: &DeliveryRef,
+    allow_unknown: bool,
+) -> RedisResult<Requeue> {
+    let id = delivery.id();
+    let result: String = SCRIPTS
+        .requeue
+        .key(keys.stream_of(partition, delivery))
+        .key(keys.delivery(partition, &id))
+        .key(keys.counts(partition, &delivery.campaign, &delivery.period))
+        .arg(id)
+        .arg(u8::from(allow_unknown))
+        .invoke_async(conn)
+        .await?;
+    read_requeue(&result)
+}
+
+/// requeue.lua's answer: requeued, missing, or the state that refused it.
+pub(super) fn read_requeue(result: &str) -> RedisResult<Requeue> {
+    if result.is_empty() {
+        return Err(unexpected("requeue.lua", result));
+    }
+    Ok(Requeue::parse(result))
+}
+
+/// Hands back claimed deliveries (entry, delivery) of one partition; returns how many were.
+pub async fn release(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    group: &str,
+    owner: &str,
+    items: &[(&str, &DeliveryRef)],
+) -> RedisResult<u64> {
+    let mut released = 0;
+    for lane in Lane::ALL {
+        let items: Vec<_> = items.iter().filter(|(_, d)| d.lane() == lane).collect();
+        if items.is_empty() {
+            continue;
+        }
+        let mut call = SCRIPTS.release.prepare_invoke();
+        call.key(keys.lane_stream(partition, lane)).arg(group).arg(owner);
+        for (entry, d) in items {
+            let id = d.id();
+            call.key(keys.delivery(partition, &id)).arg(*entry).arg(id);
+        }
+        let n: u64 = call.invoke_async(conn).await?;
+        released += n;
+    }
+    Ok(released)
+}
+
+/// Renews this owner's leases on claimed deliveries and held batches of one
+/// partition; returns (deliveries, batches) renewed.
+pub async fn renew(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    owner: &str,
+    lease_ms: u64,
+    claimed: &[&DeliveryRef],
+    batches: &[&str],
+) -> RedisResult<(u64, u64)> {
+    if claimed.is_empty() && batches.is_empty() {
+        return Ok((0, 0));
+    }
+    let mut call = SCRIPTS.renew.prepare_invoke();
+    call.key(keys.batches(partition)).arg(owner).arg(lease_ms).arg(claimed.len());
+    for d in claimed {
+        call.key(keys.delivery(partition, &d.id()));
+    }
+    for b in batches {
+        call.key(keys.batch(partition, b)).arg(*b);
+    }
+    call.invoke_async(conn).await
+}
