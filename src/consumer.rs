@@ -481,3 +481,72 @@ impl Consumer {
         }
     }
 }
+
+/// `mailstream preview`.
+#[derive(clap::Args)]
+pub struct PreviewArgs {
+    #[arg(long)]
+    campaign: String,
+    #[arg(long)]
+    subscriber: String,
+    /// The subscriber's target (default: their first).
+    #[arg(long)]
+    target: Option<String>,
+    /// Default: the current period.
+    #[arg(long)]
+    period: Option<String>,
+    #[arg(long, value_enum, default_value = "text")]
+    format: PreviewFormat,
+}
+
+/// What `mailstream preview` prints.
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum PreviewFormat {
+    /// Subject, headers and the text part.
+    Text,
+    /// The HTML part.
+    Html,
+    /// The email object exactly as it would be sealed.
+    Json,
+}
+
+/// Prints the email a delivery would be sealed as now; exit 1 (and why) if it would not be sent.
+pub async fn preview_command(config: &Config, args: PreviewArgs) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let PreviewArgs { campaign, subscriber, target, period, format } = args;
+    let c = config.campaign(&campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let store = Store::open(config).await?;
+    let rule = crate::kick::PeriodRule::AnyWithinRetention;
+    let period = crate::kick::period_for(&store, config, c, period.as_deref(), rule).await?;
+    let target = match target {
+        Some(t) => t,
+        None => subscribers::first_target(&store, &subscriber).await?,
+    };
+    let delivery = DeliveryRef::new(&campaign, &period, &subscriber, &target);
+    let email = match preview(&store, config, &delivery).await? {
+        Ok(json) => json,
+        Err(reason) => {
+            println!("{} would not be sent: {}", delivery.id(), reason.as_str());
+            return Ok(std::process::ExitCode::FAILURE);
+        }
+    };
+    let value: serde_json::Value = serde_json::from_str(&email)?;
+    match format {
+        PreviewFormat::Json => println!("{email}"),
+        PreviewFormat::Html => println!("{}", value["html"].as_str().unwrap_or("")),
+        PreviewFormat::Text => {
+            println!("delivery: {}", delivery.id());
+            for field in ["from", "subject"] {
+                println!("{field}: {}", value[field].as_str().unwrap_or(""));
+            }
+            println!("to: {}", value["to"]);
+            if let Some(headers) = value["headers"].as_object() {
+                for (k, v) in headers {
+                    println!("{k}: {}", v.as_str().unwrap_or(""));
+                }
+            }
+            println!("\n{}", value["text"].as_str().unwrap_or(""));
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -109,3 +109,30 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     }
     Ok(())
 }
+
+/// `mailstream run`: binds the listeners, runs until SIGTERM or SIGINT.
+pub async fn command(config: Config) -> anyhow::Result<std::process::ExitCode> {
+    let listeners = Listeners::bind(&config).await?;
+    let shutdown = shutdown::on_signals().context("installing the signal handlers")?;
+    run(config, listeners, shutdown).await?;
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `mailstream upgrade`: moves an earlier key layout to this version's (every
+/// instance stopped), building the kick's audience index where the layout lacks it.
+pub async fn upgrade(config: &Config) -> anyhow::Result<std::process::ExitCode> {
+    let store = db::Store::connect(config).await?;
+    store.check_version().await?;
+    let upgraded = store
+        .upgrade_layout(async |store: &db::Store| {
+            let n = crate::subscribers::build_audience(store).await?;
+            println!("built the kick's audience: {n} subscribers entitled, subscribed and not suppressed");
+            Ok(())
+        })
+        .await?;
+    match upgraded {
+        Some(from) => println!("upgraded from key layout {from} to {}", db::keys::LAYOUT),
+        None => println!("nothing to upgrade: key layout {}", db::keys::LAYOUT),
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -92,3 +92,68 @@ pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow
     }
     Ok(out)
 }
+
+/// `mailstream dead-letters`.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// The newest dead letters, oldest first, with each delivery's state now.
+    List {
+        /// List deliveries whose outcome is unknown instead of failed ones.
+        #[arg(long)]
+        unknown: bool,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Requeue deliveries by id: pending again, attempts reset, a new stream entry.
+    Retry {
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Also requeue outcome_unknown deliveries (check in Resend first that they were not sent).
+        #[arg(long)]
+        allow_unknown: bool,
+    },
+}
+
+/// Lists or requeues dead letters; exit 1 if a requeue was refused.
+pub async fn command(config: &crate::config::Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
+    let store = Store::open(config).await?;
+    match command {
+        Command::List { unknown, limit, json } => {
+            let kind = if unknown { Kind::OutcomeUnknown } else { Kind::Failed };
+            let entries = list(&store, kind, limit).await?;
+            for d in &entries {
+                if json {
+                    println!("{}", serde_json::to_string(d)?);
+                } else {
+                    let at = chrono::DateTime::from_timestamp_millis(d.at_ms as i64).unwrap_or_default();
+                    println!(
+                        "{}  {}  error={}  attempts={}  now={}",
+                        at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        d.delivery,
+                        d.error,
+                        d.attempts,
+                        d.state_now
+                    );
+                }
+            }
+            if !json {
+                eprintln!("{} entries", entries.len());
+            }
+        }
+        Command::Retry { ids, allow_unknown } => {
+            let results = retry(&store, &ids, allow_unknown).await?;
+            let mut refused = 0;
+            for (id, result) in &results {
+                println!("{id}: {result}");
+                refused += usize::from(*result != Requeue::Requeued);
+            }
+            if refused > 0 {
+                return Ok(std::process::ExitCode::FAILURE);
+            }
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -467,3 +467,32 @@ fn summary(out: &mut (dyn Write + Send), r: &DemoReport) -> std::io::Result<()> 
     }
     Ok(())
 }
+
+/// `mailstream demo`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value_t = 5000)]
+    subscribers: u64,
+    #[arg(long, default_value_t = 10)]
+    rps: u32,
+    /// End with one JSON line of results.
+    #[arg(long)]
+    json: bool,
+    /// Use this Redis (under a fresh key prefix) instead of starting a private one.
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Let the daemon's scheduler kick: the campaign is scheduled a minute ahead.
+    #[arg(long)]
+    scheduled: bool,
+}
+
+/// Runs the demo on stdout; exit 1 if it found a problem.
+pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let Args { subscribers, rps, json, redis_url, scheduled } = args;
+    let opts = DemoOptions { subscribers, rps, redis_url, scheduled, ..Default::default() };
+    let report = run(&opts, &mut std::io::stdout()).await?;
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    }
+    Ok(if report.problems().is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
+}

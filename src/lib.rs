@@ -8,6 +8,7 @@ pub mod attempt;
 pub mod batch;
 pub mod batcher;
 pub mod claims;
+pub mod cli;
 pub mod config;
 pub mod consumer;
 pub mod ctx;

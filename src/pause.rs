@@ -90,6 +90,14 @@ pub fn quota_renews(error: &ErrorName, now: DateTime<Utc>) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(next.timestamp_millis().max(0) as u64)
 }
 
+/// `mailstream resume`: ends a quota pause now, on every instance.
+pub async fn command(config: &crate::config::Config) -> anyhow::Result<std::process::ExitCode> {
+    let store = Store::open(config).await?;
+    let was = Pause::resume(&store).await?;
+    println!("{}", if was { "sending resumed" } else { "sending was not paused" });
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,3 +69,30 @@ impl Shutdown {
         Shutdown(rx)
     }
 }
+
+/// SIGTERM or SIGINT begins a graceful shutdown; a second one exits at once
+/// (leases and sealed batches make that safe: the next instance recovers).
+pub fn on_signals() -> std::io::Result<Shutdown> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (trigger, shutdown) = channel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    tokio::spawn(async move {
+        let mut seen = 0;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            seen += 1;
+            if seen == 1 {
+                tracing::warn!("shutting down: finishing in-flight requests (signal again to exit now)");
+                trigger.trigger();
+            } else {
+                tracing::warn!("exiting now; unfinished work stays leased or sealed for the next instance");
+                std::process::exit(130);
+            }
+        }
+    });
+    Ok(shutdown)
+}

@@ -160,6 +160,39 @@ pub fn render(report: &Report) -> String {
     out
 }
 
+/// `mailstream slo`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    campaign: Option<String>,
+    #[arg(long)]
+    period: Option<String>,
+    /// End with one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Prints the report; the exit code says within (0), breached (3) or not evaluated (4).
+pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let report = async {
+        let store = Store::open(config).await?;
+        evaluate(&store, config, args.campaign.as_deref(), args.period.as_deref()).await
+    };
+    match report.await {
+        Ok(report) => {
+            print!("{}", render(&report));
+            if args.json {
+                println!("{}", serde_json::to_string(&report)?);
+            }
+            Ok(std::process::ExitCode::from(report.exit_code()))
+        }
+        Err(e) => {
+            eprintln!("error: the SLO could not be evaluated: {e:#}");
+            Ok(std::process::ExitCode::from(EXIT_UNEVALUATED))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

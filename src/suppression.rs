@@ -155,3 +155,64 @@ pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Entr
     out.sort_by_key(|e| e.at_ms);
     Ok(out)
 }
+
+/// `mailstream suppressions`.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Every suppression, oldest first (addresses are kept as salted hashes), or one address's.
+    List {
+        /// Only this address (it is hashed, not stored).
+        #[arg(long)]
+        email: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Suppress an address by hand: its subscribers are marked suppressed and unsubscribed.
+    Add {
+        #[arg(long)]
+        email: String,
+    },
+    /// Lift an address's suppression (its subscribers stay unsubscribed until re-subscribed).
+    Remove {
+        #[arg(long)]
+        email: String,
+    },
+}
+
+/// Lists, adds or lifts suppressions.
+pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
+    let store = Store::open(config).await?;
+    match command {
+        Command::List { email, json } => {
+            let entries = list(&store, email.as_deref()).await?;
+            for e in &entries {
+                if json {
+                    println!("{}", serde_json::to_string(e)?);
+                } else {
+                    let at = chrono::DateTime::from_timestamp_millis(e.at_ms as i64).unwrap_or_default();
+                    let event = if e.event.is_empty() { String::new() } else { format!("  event={}", e.event) };
+                    println!(
+                        "{}  {}  reason={}  source={}{event}",
+                        at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        e.address_hash,
+                        e.reason,
+                        e.source
+                    );
+                }
+            }
+            if !json {
+                eprintln!("{} suppressed", entries.len());
+            }
+        }
+        Command::Add { email } => {
+            let state = apply(&store, config, &email, Act::Suppress(Why::Manual), None).await?;
+            println!("{}", if state == Suppressed::Already { "already suppressed" } else { "suppressed" });
+        }
+        Command::Remove { email } => {
+            apply(&store, config, &email, Act::Lift, None).await?;
+            println!("suppression lifted");
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -450,3 +450,38 @@ impl Inner {
         }
     }
 }
+
+/// `mailstream emulator`.
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, default_value = "127.0.0.1:3030")]
+    listen: std::net::SocketAddr,
+    /// Team rate limit (requests per sliding second), 0 for none; overrides the
+    /// settings file (default 10).
+    #[arg(long)]
+    rps: Option<u32>,
+    /// TOML file with emulator settings and faults (see EmulatorConfig).
+    #[arg(long)]
+    settings: Option<std::path::PathBuf>,
+}
+
+/// Serves the emulator until SIGTERM or SIGINT.
+pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let Args { listen, rps, settings } = args;
+    let mut config = match settings {
+        Some(path) => {
+            let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+            toml::from_str::<EmulatorConfig>(&text).with_context(|| format!("{}", path.display()))?
+        }
+        None => EmulatorConfig::default(),
+    };
+    if let Some(rps) = rps {
+        config.requests_per_second = (rps > 0).then_some(rps);
+    }
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(%listen, rps = ?config.requests_per_second, "Resend emulator listening");
+    let shutdown = crate::shutdown::on_signals().context("installing the signal handlers")?;
+    Emulator::new(config).serve(listener, shutdown).await;
+    Ok(std::process::ExitCode::SUCCESS)
+}

@@ -1,0 +1,331 @@
+//! The kick: fans a campaign period out over the subscriber registry (or over
+//! NDJSON records given with the kick) through enqueue.lua, each (campaign,
+//! subscriber, target, period) at most once however often it is kicked. A
+//! registry fan-out reads each partition's audience (the entitled, subscribed,
+//! unsuppressed subscribers' targets and zones, one hash entry each) and the
+//! campaign's opt-outs, never the records themselves, and keeps a record
+//! (fanout.lua): one holder at a time, a cursor per partition, so several
+//! schedulers fan out once and a crash resumes. A dry run reads the records
+//! (why each one is left out) and writes nothing.
+
+mod command;
+mod dry_run;
+mod fanout;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+pub use self::command::{Args, command};
+use self::dry_run::read_subscribers;
+pub use self::dry_run::{DryRun, Verdict, dry_run};
+pub use self::fanout::{LocalHour, fan_out};
+use crate::config::{CampaignConfig, Config};
+use crate::db::Store;
+use crate::db::scripts::{self, Fanout, FanoutOf};
+use crate::subscribers::{self, Subscriber};
+use crate::work::delivery_id;
+
+/// Deliveries per enqueue.lua call: large enough to amortize the round trip,
+/// small enough that one call never blocks Redis for long.
+pub const ENQUEUE_CHUNK: usize = 500;
+
+/// What a kick did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct KickReport {
+    pub campaign: String,
+    pub period: String,
+    /// Deliveries enqueued by this kick.
+    pub new: u64,
+    /// Deliveries that were already enqueued for this period.
+    pub duplicates: u64,
+    /// Subscribers skipped because they were not entitled or had unsubscribed.
+    pub not_eligible: u64,
+    /// SSCAN pages read by this run.
+    pub scans: u64,
+    /// Continued a fan-out that had stopped halfway.
+    pub resumed: bool,
+    /// Stopped before the end (a test's stop, or another holder took over).
+    pub abandoned: bool,
+    /// Another holder (named) is fanning this period out: nothing was done.
+    pub standby: Option<String>,
+    /// The period was already fanned out (a scheduler does not do it again).
+    pub already_done: bool,
+}
+
+impl KickReport {
+    fn add(&mut self, other: &KickReport) {
+        self.new += other.new;
+        self.duplicates += other.duplicates;
+        self.not_eligible += other.not_eligible;
+        self.scans += other.scans;
+    }
+}
+
+/// Which periods a kick may enqueue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PeriodRule {
+    /// The current period, the previous or the next one.
+    #[default]
+    NearNow,
+    /// Any period still within the retention (`--allow-any-period`).
+    AnyWithinRetention,
+}
+
+/// The period a kick is for, judged at `now` (Redis's clock, so two kickers on either
+/// side of a period boundary agree): `explicit` if given and allowed, else the current
+/// one. A period that started longer than `retention` ago is refused outright: its
+/// deliveries' records may have expired, so kicking it again could send twice.
+pub fn choose_period(
+    campaign: &CampaignConfig,
+    explicit: Option<&str>,
+    rule: PeriodRule,
+    now: DateTime<Utc>,
+    retention: std::time::Duration,
+) -> anyhow::Result<String> {
+    let (kind, tz) = (campaign.period, campaign.tz());
+    let current = kind.period_at(now, tz);
+    let Some(p) = explicit else { return Ok(current) };
+    let Some(start) = kind.start(p, tz) else {
+        bail!("--period {p:?} is not a {} period (expected e.g. {current})", kind.name());
+    };
+    let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+    if start + retention <= now {
+        bail!(
+            "period {p} started more than delivery.retention_days ago: its deliveries' records may have \
+             expired, so kicking it again could send twice; refused"
+        );
+    }
+    let near = [kind.previous(&current, tz), Some(current.clone()), kind.next(&current, tz)];
+    if rule == PeriodRule::NearNow && !near.iter().flatten().any(|n| n == p) {
+        bail!(
+            "--period {p} is not the current period ({current}), the one before or the one after; \
+             pass --allow-any-period to kick it anyway"
+        );
+    }
+    Ok(p.to_string())
+}
+
+/// [`choose_period`] on Redis's clock.
+pub async fn period_for(
+    store: &Store,
+    config: &Config,
+    campaign: &CampaignConfig,
+    explicit: Option<&str>,
+    rule: PeriodRule,
+) -> anyhow::Result<String> {
+    let now = store.time().await?;
+    choose_period(campaign, explicit, rule, now, config.retention())
+}
+
+/// How long a fan-out's holder keeps its record without recording a page.
+pub(super) const FANOUT_LEASE_MS: u64 = 30_000;
+
+/// Test and progress hooks of a fan-out.
+#[derive(Clone, Default)]
+pub struct FanoutOptions {
+    /// Subscribers scanned so far, for a progress display.
+    pub scanned: Option<Arc<AtomicU64>>,
+    /// Stop after this many pages in all, as a crash would (tests of resuming).
+    pub stop_after_pages: Option<u64>,
+}
+
+/// Fans `campaign` out over the whole registry for `period`, as an operator's kick:
+/// through the period's fan-out record, so a kick already running elsewhere is left
+/// to finish (`standby`), one that died halfway is resumed, and a finished one is
+/// done again (new subscribers get theirs; the rest are duplicates).
+pub async fn kick_registry(store: &Store, config: &Config, campaign: &str, period: &str) -> anyhow::Result<KickReport> {
+    kick_registry_with(store, config, campaign, period, &FanoutOptions::default()).await
+}
+
+/// [`kick_registry`] with options (progress, a stop for tests).
+pub async fn kick_registry_with(
+    store: &Store,
+    config: &Config,
+    campaign: &str,
+    period: &str,
+    options: &FanoutOptions,
+) -> anyhow::Result<KickReport> {
+    let owner = crate::ctx::owner_name("kick");
+    kick_with(store, config, FanoutOf { campaign, period, owner: &owner }, true, options).await
+}
+
+/// [`kick_registry`] as `owner`; `restart` says whether a finished fan-out is done
+/// again (an operator's kick) or left alone (a scheduler's).
+pub async fn kick_with(
+    store: &Store,
+    config: &Config,
+    run: FanoutOf<'_>,
+    restart: bool,
+    options: &FanoutOptions,
+) -> anyhow::Result<KickReport> {
+    let mut report =
+        KickReport { campaign: run.campaign.to_string(), period: run.period.to_string(), ..Default::default() };
+    match acquire(store, config, run, restart).await? {
+        Fanout::Acquired { resumed, cursors } => fan_out(store, config, run, resumed, cursors, options).await,
+        Fanout::Held { owner } => {
+            report.standby = Some(owner);
+            Ok(report)
+        }
+        Fanout::Done => {
+            report.already_done = true;
+            Ok(report)
+        }
+    }
+}
+
+/// Takes the period's fan-out record for `owner` (see [`kick_with`]).
+pub async fn acquire(store: &Store, config: &Config, run: FanoutOf<'_>, restart: bool) -> anyhow::Result<Fanout> {
+    let mut conn = store.conn().await?;
+    let retention = config.retention().as_secs();
+    scripts::fanout_acquire(&mut conn, &store.keys, run, FANOUT_LEASE_MS, restart, retention)
+        .await
+        .context("fanout.lua")
+}
+
+/// Which campaign period a kick enqueues, and when its deliveries are released.
+struct Target<'a> {
+    campaign: &'a str,
+    period: &'a str,
+    release: Option<LocalHour>,
+}
+
+/// Enqueues a delivery per target of each eligible subscriber of `ids` (partition
+/// `p`), at its release time, adding what happened to `report`.
+async fn enqueue_eligible(
+    conn: &mut crate::db::conn::Conn,
+    store: &Store,
+    p: u16,
+    target: &Target<'_>,
+    ids: &[String],
+    retention: u64,
+    report: &mut KickReport,
+) -> anyhow::Result<()> {
+    let verdicts = read_subscribers(conn, store, p, target.campaign, ids).await?;
+    let mut items = Vec::new();
+    for (id, verdict) in ids.iter().zip(verdicts) {
+        match verdict {
+            Verdict::Eligible { targets, zone } => {
+                let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
+                items.extend(targets.iter().map(|t| (delivery_id(target.campaign, target.period, id, t), at)));
+            }
+            Verdict::NotEligible(_) => report.not_eligible += 1,
+        }
+    }
+    enqueue(store, p, (target.campaign, target.period), items, retention, report).await
+}
+
+/// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, and
+/// their release times) through enqueue.lua, [`ENQUEUE_CHUNK`] a call, the calls at
+/// once on connections of their own (so Redis always has the next one), adding what
+/// happened to `report`.
+pub(super) async fn enqueue(
+    store: &Store,
+    p: u16,
+    (campaign, period): (&str, &str),
+    items: Vec<(String, u64)>,
+    retention: u64,
+    report: &mut KickReport,
+) -> anyhow::Result<()> {
+    let mut calls = tokio::task::JoinSet::new();
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let chunk: Vec<(String, u64)> = items.by_ref().take(ENQUEUE_CHUNK).collect();
+        let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
+        calls.spawn(async move {
+            let mut conn = store.conn().await?;
+            let added = scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
+                .await
+                .context("enqueue.lua")?;
+            // Counted enqueued (and the fan-out's cursor moved past it) only once it would
+            // survive a failover.
+            store.durable(&mut conn, &store.keys.stream(p)).await?;
+            anyhow::Ok(added)
+        });
+    }
+    while let Some(added) = calls.join_next().await {
+        let added = added.context("enqueue task panicked")??;
+        let new = added.iter().filter(|&&a| a).count() as u64;
+        report.new += new;
+        report.duplicates += added.len() as u64 - new;
+    }
+    Ok(())
+}
+
+/// Upserts NDJSON subscriber records, then enqueues `campaign` for the eligible ones only.
+pub async fn kick_list(
+    store: &Store,
+    config: &Config,
+    campaign: &str,
+    period: &str,
+    subscribers: &[Subscriber],
+) -> anyhow::Result<KickReport> {
+    subscribers::upsert(store, subscribers).await?;
+    let mut by_partition: Vec<Vec<String>> = vec![Vec::new(); usize::from(store.keys.partitions())];
+    for s in subscribers {
+        by_partition[usize::from(store.keys.partition_of(&s.id))].push(s.id.clone());
+    }
+    let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
+    let mut conn = store.conn().await?;
+    let retention = config.retention().as_secs();
+    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let release = LocalHour::of(c, store.time().await?, period)?;
+    for (p, ids) in by_partition.iter().enumerate() {
+        // As written a moment ago, suppressions and opt-outs included.
+        for chunk in ids.chunks(ENQUEUE_CHUNK) {
+            let target = Target { campaign, period, release };
+            enqueue_eligible(&mut conn, store, p as u16, &target, chunk, retention, &mut report).await?;
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn campaign() -> CampaignConfig {
+        crate::config::Config::example().campaigns[0].clone()
+    }
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    const RETENTION: std::time::Duration = std::time::Duration::from_secs(35 * 86_400);
+
+    #[test]
+    fn the_period_follows_the_clock_it_is_given() {
+        // Two kickers reading one clock on either side of Monday 00:00 JST agree on
+        // whichever side that clock is: the clock is Redis's, shared by both.
+        let c = campaign();
+        let before = at("2026-11-29T14:59:59Z");
+        let after = at("2026-11-29T15:00:00Z");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, before, RETENTION).unwrap(), "2026-W48");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, after, RETENTION).unwrap(), "2026-W49");
+    }
+
+    #[test]
+    fn explicit_periods_are_limited_to_near_now_unless_asked() {
+        let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
+        for ok in ["2026-W48", "2026-W49", "2026-W50"] {
+            assert_eq!(choose_period(&c, Some(ok), PeriodRule::NearNow, now, RETENTION).unwrap(), ok);
+        }
+        let far = choose_period(&c, Some("2026-W46"), PeriodRule::NearNow, now, RETENTION).unwrap_err();
+        assert!(far.to_string().contains("--allow-any-period"), "{far}");
+        assert!(choose_period(&c, Some("2026-W46"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
+        assert!(choose_period(&c, Some("2027-W10"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
+    }
+
+    #[test]
+    fn a_period_older_than_the_retention_is_refused_outright() {
+        let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
+        let old = choose_period(&c, Some("2026-W40"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
+        assert!(old.to_string().contains("refused"), "{old}");
+        let bad = choose_period(&c, Some("2025-W53"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
+        assert!(bad.to_string().contains("is not a week period"), "{bad}");
+    }
+}
