@@ -27,6 +27,7 @@ pub mod kick;
 pub mod limiter;
 pub mod logging;
 pub mod metrics;
+pub mod names;
 pub mod notify;
 pub mod outcome;
 pub mod pause;

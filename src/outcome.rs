@@ -1,10 +1,11 @@
 //! The states a delivery passes through, the outcomes it ends in, the reasons
 //! given and the failpoints, as enums. Strings exist only at the Redis boundary
-//! (`as_str` / `parse`), so metric labels are bounded by construction and a typo
+//! (`as_str` / `parse`, or `names!`), so metric labels are bounded by construction and a typo
 //! is a compile error; what an older or newer version wrote reads as `Unknown`.
 
 use std::fmt;
 
+use crate::names::names;
 use crate::resend::error::ErrorName;
 
 /// Where a delivery is in its life (`state` in its record).
@@ -39,9 +40,7 @@ impl DeliveryState {
             "pending" => DeliveryState::Pending,
             "processing" => DeliveryState::Processing,
             "sealed" => DeliveryState::Sealed,
-            other => {
-                Outcome::parse(other).map_or_else(|| DeliveryState::Unknown(other.to_string()), DeliveryState::Done)
-            }
+            other => other.parse().map_or_else(|_| DeliveryState::Unknown(other.to_string()), DeliveryState::Done),
         }
     }
 }
@@ -52,36 +51,14 @@ impl fmt::Display for DeliveryState {
     }
 }
 
-/// The final state of one delivery.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Outcome {
-    Sent,
-    Skipped,
-    Failed,
-    OutcomeUnknown,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 4] = [Outcome::Sent, Outcome::Skipped, Outcome::Failed, Outcome::OutcomeUnknown];
-
-    /// The outcome named `s` (as stored in a delivery's `state`).
-    pub fn parse(s: &str) -> Option<Outcome> {
-        Outcome::ALL.into_iter().find(|o| o.as_str() == s)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Sent => "sent",
-            Outcome::Skipped => "skipped",
-            Outcome::Failed => "failed",
-            Outcome::OutcomeUnknown => "outcome_unknown",
-        }
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+names! {
+    /// The final state of one delivery.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Outcome {
+        Sent = "sent",
+        Skipped = "skipped",
+        Failed = "failed",
+        OutcomeUnknown = "outcome_unknown",
     }
 }
 
@@ -220,37 +197,25 @@ impl fmt::Display for Requeue {
     }
 }
 
-/// Points in a batch's life where a crash matters; tests freeze the daemon there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Failpoint {
-    /// Deliveries claimed (and rendered), not yet sealed.
-    Claimed,
-    /// A batch sealed, its request not yet sent.
-    Sealed,
-    /// The last gate's write is made; WAIT (with `wait_replicas`) is not asked yet.
-    Gating,
-    /// A batch passed its last gate (and, with `wait_replicas`, its WAIT); its request
-    /// has not left yet.
-    Gated,
-    /// The provider answered; nothing recorded yet.
-    Answered,
-    /// The answer recorded.
-    Settled,
-    /// One pass of the reclaimer's loop (the loop the watchdog follows).
-    ReclaimTick,
-}
-
-impl Failpoint {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Failpoint::Claimed => "claimed",
-            Failpoint::Sealed => "sealed",
-            Failpoint::Gating => "gating",
-            Failpoint::Gated => "gated",
-            Failpoint::Answered => "answered",
-            Failpoint::Settled => "settled",
-            Failpoint::ReclaimTick => "reclaim_tick",
-        }
+names! {
+    /// Points in a batch's life where a crash matters; tests freeze the daemon there.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Failpoint {
+        /// Deliveries claimed (and rendered), not yet sealed.
+        Claimed = "claimed",
+        /// A batch sealed, its request not yet sent.
+        Sealed = "sealed",
+        /// The last gate's write is made; WAIT (with `wait_replicas`) is not asked yet.
+        Gating = "gating",
+        /// A batch passed its last gate (and, with `wait_replicas`, its WAIT); its request
+        /// has not left yet.
+        Gated = "gated",
+        /// The provider answered; nothing recorded yet.
+        Answered = "answered",
+        /// The answer recorded.
+        Settled = "settled",
+        /// One pass of the reclaimer's loop (the loop the watchdog follows).
+        ReclaimTick = "reclaim_tick",
     }
 }
 

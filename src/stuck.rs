@@ -15,31 +15,22 @@ use redis::streams::{StreamId, StreamRangeReply};
 use crate::config::Config;
 use crate::db::Store;
 use crate::db::streams::{self, entry_of};
+use crate::names::names;
 use crate::work::{DeliveryRef, Lane};
 
 /// Most deliveries of one kind counted per partition per look.
 pub const LIMIT: usize = 1000;
 
-/// How a delivery is stuck.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Kind {
-    /// Enqueued long ago and never read by any instance.
-    Unclaimed,
-    /// Claimed, and its lease ran out a whole lease ago without a takeover.
-    LeaseExpired,
-    /// Sealed into a batch that is past its deadline and not settled.
-    PastDeadline,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Unclaimed, Kind::LeaseExpired, Kind::PastDeadline];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Unclaimed => "unclaimed",
-            Kind::LeaseExpired => "lease_expired",
-            Kind::PastDeadline => "past_deadline",
-        }
+names! {
+    /// How a delivery is stuck.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub enum Kind {
+        /// Enqueued long ago and never read by any instance.
+        Unclaimed = "unclaimed",
+        /// Claimed, and its lease ran out a whole lease ago without a takeover.
+        LeaseExpired = "lease_expired",
+        /// Sealed into a batch that is past its deadline and not settled.
+        PastDeadline = "past_deadline",
     }
 }
 

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::is_name;
 use crate::db::Store;
 use crate::db::conn::Conn;
+use crate::names::names;
 use crate::outcome::Reason;
 
 /// Target id given to a subscriber who names none.
@@ -307,18 +308,22 @@ pub fn is_set(value: Option<&str>) -> bool {
     value == Some("1")
 }
 
+names! {
 /// Why a subscriber record does not want a campaign's mail now: the one rule, in the one
 /// order, of the kick, the claim and the last gate (`unwanted` in `lua/prelude.lua`; a
 /// test holds the two to the same answer for every record).
+///
+/// Its names are those of a kick's report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Unwanted {
     /// No record (removed since its id was seen).
-    Missing,
-    Suppressed,
-    NotEntitled,
-    Unsubscribed,
+    Missing = "missing",
+    Suppressed = "suppressed",
+    NotEntitled = "not_entitled",
+    Unsubscribed = "unsubscribed",
     /// Subscribed, but this campaign turned off (one-click unsubscribe).
-    OptedOut,
+    OptedOut = "opted_out",
+}
 }
 
 impl Unwanted {
@@ -347,17 +352,6 @@ impl Unwanted {
             Unwanted::Suppressed => Reason::Suppressed,
             Unwanted::NotEntitled => Reason::NotEntitled,
             Unwanted::Unsubscribed | Unwanted::OptedOut => Reason::Unsubscribed,
-        }
-    }
-
-    /// Its name in a kick's report.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Unwanted::Missing => "missing",
-            Unwanted::Suppressed => "suppressed",
-            Unwanted::NotEntitled => "not_entitled",
-            Unwanted::Unsubscribed => "unsubscribed",
-            Unwanted::OptedOut => "opted_out",
         }
     }
 }

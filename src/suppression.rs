@@ -15,34 +15,22 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::db::Store;
 use crate::db::scripts::{self, SuppressMode, Suppressed, Suppression};
+use crate::names::names;
 
-/// Why an address is suppressed (bounded: metric labels).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Why {
-    /// A permanent bounce (the mailbox does not exist).
-    Bounced,
-    /// Marked as spam by the recipient.
-    Complained,
-    /// Resend reported it on its own suppression list.
-    ProviderSuppressed,
-    /// Transient or undetermined bounces, often enough within the window.
-    TransientBounces,
-    /// An operator added it.
-    Manual,
-}
-
-impl Why {
-    pub const ALL: [Why; 5] =
-        [Why::Bounced, Why::Complained, Why::ProviderSuppressed, Why::TransientBounces, Why::Manual];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Why::Bounced => "bounced",
-            Why::Complained => "complained",
-            Why::ProviderSuppressed => "provider_suppressed",
-            Why::TransientBounces => "transient_bounces",
-            Why::Manual => "manual",
-        }
+names! {
+    /// Why an address is suppressed (bounded: metric labels).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Why {
+        /// A permanent bounce (the mailbox does not exist).
+        Bounced = "bounced",
+        /// Marked as spam by the recipient.
+        Complained = "complained",
+        /// Resend reported it on its own suppression list.
+        ProviderSuppressed = "provider_suppressed",
+        /// Transient or undetermined bounces, often enough within the window.
+        TransientBounces = "transient_bounces",
+        /// An operator added it.
+        Manual = "manual",
     }
 }
 

@@ -9,6 +9,8 @@ use base64::engine::general_purpose::STANDARD;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+use crate::names::names;
+
 /// How far a signed timestamp may be from now, either way.
 pub const TOLERANCE_SECS: i64 = 5 * 60;
 
@@ -46,23 +48,14 @@ impl SigningKey {
     }
 }
 
-/// Why a webhook request was refused (bounded names: metric labels, log fields).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
-    MissingHeaders,
-    BadTimestamp,
-    StaleTimestamp,
-    BadSignature,
-}
-
-impl Rejection {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Rejection::MissingHeaders => "missing_headers",
-            Rejection::BadTimestamp => "bad_timestamp",
-            Rejection::StaleTimestamp => "stale_timestamp",
-            Rejection::BadSignature => "bad_signature",
-        }
+names! {
+    /// Why a webhook request was refused (bounded names: metric labels, log fields).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Rejection {
+        MissingHeaders = "missing_headers",
+        BadTimestamp = "bad_timestamp",
+        StaleTimestamp = "stale_timestamp",
+        BadSignature = "bad_signature",
     }
 }
 

@@ -16,6 +16,7 @@ use crate::db::Store;
 use crate::db::scripts;
 use crate::http::{self, HttpRequest, HttpResponse};
 use crate::metrics::Metrics;
+use crate::names::names;
 use crate::suppression::{self, Act, Why};
 use crate::svix::{self, Signed, SigningKey};
 use crate::work::DeliveryRef;
@@ -23,51 +24,29 @@ use crate::work::DeliveryRef;
 /// The path Resend posts to.
 pub const PATH: &str = "/webhooks/resend";
 
-/// An event type mailstream knows (a bounded metric label; the rest are `other`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Sent,
-    Delivered,
-    DeliveryDelayed,
-    Bounced,
-    Complained,
-    Opened,
-    Clicked,
-    Failed,
-    Suppressed,
-    Other,
+names! {
+    /// An event type mailstream knows, by the name written on a delivery (`ev_<name>`)
+    /// and used as a label (bounded: the rest are `other`).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Kind {
+        Sent = "sent",
+        Delivered = "delivered",
+        DeliveryDelayed = "delivery_delayed",
+        Bounced = "bounced",
+        Complained = "complained",
+        Opened = "opened",
+        Clicked = "clicked",
+        Failed = "failed",
+        Suppressed = "suppressed",
+        Other = "other",
+    }
 }
 
 impl Kind {
-    pub fn parse(s: &str) -> Kind {
-        match s {
-            "email.sent" => Kind::Sent,
-            "email.delivered" => Kind::Delivered,
-            "email.delivery_delayed" => Kind::DeliveryDelayed,
-            "email.bounced" => Kind::Bounced,
-            "email.complained" => Kind::Complained,
-            "email.opened" => Kind::Opened,
-            "email.clicked" => Kind::Clicked,
-            "email.failed" => Kind::Failed,
-            "email.suppressed" => Kind::Suppressed,
-            _ => Kind::Other,
-        }
-    }
-
-    /// The name written on a delivery (`ev_<name>`) and used as a label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Sent => "sent",
-            Kind::Delivered => "delivered",
-            Kind::DeliveryDelayed => "delivery_delayed",
-            Kind::Bounced => "bounced",
-            Kind::Complained => "complained",
-            Kind::Opened => "opened",
-            Kind::Clicked => "clicked",
-            Kind::Failed => "failed",
-            Kind::Suppressed => "suppressed",
-            Kind::Other => "other",
-        }
+    /// The kind of an event `type` (`email.bounced`); one it does not know is `Other`.
+    pub fn of_type(s: &str) -> Kind {
+        let known = s.strip_prefix("email.").and_then(|name| name.parse().ok());
+        known.filter(|&k| k != Kind::Other).unwrap_or(Kind::Other)
     }
 }
 
@@ -87,7 +66,7 @@ pub struct Event {
 /// JSON. JSON of another shape is an event of an unknown type (acknowledged, ignored).
 pub fn parse_event(body: &[u8]) -> Option<Event> {
     let v: Value = serde_json::from_slice(body).ok()?;
-    let kind = Kind::parse(v.get("type").and_then(Value::as_str).unwrap_or(""));
+    let kind = Kind::of_type(v.get("type").and_then(Value::as_str).unwrap_or(""));
     let data = v.get("data").cloned().unwrap_or(Value::Null);
     let delivery = tag(&data, "delivery").and_then(|t| DeliveryRef::from_tag(&t));
     let act = match kind {

@@ -4,27 +4,20 @@
 
 use std::time::Duration;
 
-/// What the caller does with a failed request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
-    /// Try again later with the same key and body.
-    Retryable,
-    /// A daily or monthly quota is used up: pause all sending until it renews.
-    QuotaExhausted,
-    /// The sender (from address or its domain) was refused.
-    SenderRejected,
-    /// Retrying cannot help.
-    Fatal,
-}
+use crate::names::names;
 
-impl Action {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Action::Retryable => "retryable",
-            Action::QuotaExhausted => "quota_exhausted",
-            Action::SenderRejected => "sender_rejected",
-            Action::Fatal => "fatal",
-        }
+names! {
+    /// What the caller does with a failed request.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Action {
+        /// Try again later with the same key and body.
+        Retryable = "retryable",
+        /// A daily or monthly quota is used up: pause all sending until it renews.
+        QuotaExhausted = "quota_exhausted",
+        /// The sender (from address or its domain) was refused.
+        SenderRejected = "sender_rejected",
+        /// Retrying cannot help.
+        Fatal = "fatal",
     }
 }
 

@@ -438,7 +438,7 @@ pub(super) fn read_settle(status: String, recorded: Vec<String>) -> RedisResult<
         .iter()
         .map(|s| match s.as_str() {
             "" => Ok(None),
-            outcome => Outcome::parse(outcome).map(Some).ok_or_else(|| unexpected("settle.lua", outcome)),
+            outcome => outcome.parse::<Outcome>().map(Some).map_err(|_| unexpected("settle.lua", outcome)),
         })
         .collect::<RedisResult<_>>()?;
     Ok(Settled { batch, recorded })

@@ -6,26 +6,19 @@ use redis::aio::ConnectionLike;
 
 use super::{SCRIPTS, unexpected};
 use crate::db::keys::Keys;
+use crate::names::names;
 use crate::work::DeliveryRef;
 
-/// What to do to an address's suppression.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SuppressMode {
-    /// Suppress it (a permanent bounce, a complaint, the provider's list, an operator).
-    Suppress,
-    /// Count a transient or undetermined bounce; suppress at the threshold.
-    Transient,
-    /// Lift it (an operator).
-    Remove,
-}
-
-impl SuppressMode {
-    fn as_str(self) -> &'static str {
-        match self {
-            SuppressMode::Suppress => "suppress",
-            SuppressMode::Transient => "transient",
-            SuppressMode::Remove => "remove",
-        }
+names! {
+    /// What to do to an address's suppression (suppress.lua's mode).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum SuppressMode {
+        /// Suppress it (a permanent bounce, a complaint, the provider's list, an operator).
+        Suppress = "suppress",
+        /// Count a transient or undetermined bounce; suppress at the threshold.
+        Transient = "transient",
+        /// Lift it (an operator).
+        Remove = "remove",
     }
 }
 
