@@ -57,7 +57,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
     let go = match scripts::gate(&mut conn, &ctx.store.keys, &request, &b.members).await? {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {
-            tracing::info!(batch = %b.id, skipped = skipped.len(), "members no longer wanted were left out at the last gate");
+            tracing::info!(skipped = skipped.len(), "members no longer wanted were left out at the last gate");
             count_skipped(ctx, &b.members, &skipped);
             let mut all: Vec<Option<DeliveryRef>> = std::mem::take(&mut b.members).into_iter().map(Some).collect();
             b.members = kept.iter().filter_map(|&i| all.get_mut(i).and_then(Option::take)).collect();
@@ -71,7 +71,6 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         }
         Gate::Withhold { reasons } => {
             tracing::warn!(
-                batch = %b.id,
                 "a request that may have been sent holds members no longer wanted: it is not resent, and its \
                  deliveries are outcome_unknown"
             );
@@ -85,7 +84,6 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         }
         Gate::Expired => {
             tracing::error!(
-                batch = %b.id,
                 deliveries = b.members.len(),
                 "sealed batch outlived the provider's idempotency window without a known outcome; \
                  its deliveries are outcome_unknown and will not be resent"
@@ -94,21 +92,21 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
             false
         }
         Gate::Deadline { maybe_sent } => {
-            tracing::error!(batch = %b.id, deliveries = b.members.len(), maybe_sent, "batch passed its delivery deadline");
+            tracing::error!(deliveries = b.members.len(), maybe_sent, "batch passed its delivery deadline");
             let verdict = if maybe_sent { Verdict::Unknown(Reason::Expired) } else { Verdict::Failed(Reason::Expired) };
             settle_all(ctx, b, verdict).await;
             false
         }
         Gate::NotHeld => {
-            tracing::info!(batch = %b.id, "batch was taken over by another holder before its request left");
+            tracing::info!("batch was taken over by another holder before its request left");
             false
         }
         Gate::Settled => {
-            tracing::debug!(batch = %b.id, "batch was taken over and settled by another holder");
+            tracing::debug!("batch was taken over and settled by another holder");
             false
         }
         Gate::Lost => {
-            tracing::error!(batch = %b.id, deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
+            tracing::error!(deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
             let verdicts = vec![Verdict::Unknown(Reason::RecordLost); b.members.len()];
             settle(ctx, b.partition, &b.id, &b.members, Settler::Lost, verdicts).await;
             false
@@ -138,7 +136,7 @@ async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow
                 && state.as_deref() == Some("sending")
                 && key.as_deref() == Some(b.key.as_str());
             if !held {
-                tracing::warn!(batch = %b.id, "the last gate's write was lost in a failover; the batch is taken over after its lease");
+                tracing::warn!("the last gate's write was lost in a failover; the batch is taken over after its lease");
             }
             Ok(held)
         }
@@ -146,7 +144,7 @@ async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow
         // so the batch goes back unsent, never left 'sending' to look maybe sent.
         answer => {
             match answer {
-                Ok(_) => tracing::warn!(batch = %b.id, "replicas did not acknowledge the batch; it waits"),
+                Ok(_) => tracing::warn!("replicas did not acknowledge the batch; it waits"),
                 Err(e) => ctx.metrics.redis_error("wait", &e),
             }
             put_back(ctx, b, Duration::from_secs(1)).await;
@@ -252,7 +250,7 @@ pub(crate) async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Resch
     };
     match result.await {
         Ok(Some(_)) => {}
-        Ok(None) => tracing::info!(batch = %batch, "batch was taken over by another holder; its retry is theirs"),
+        Ok(None) => tracing::info!("batch was taken over by another holder; its retry is theirs"),
         Err(err) => ctx.metrics.redis_error("reschedule", &err),
     }
 }
@@ -287,7 +285,6 @@ pub async fn settle(
             if settled.batch == BatchFound::Missing && by == Settler::Answer {
                 let recorded = settled.recorded.iter().filter(|r| r.is_some()).count();
                 tracing::error!(
-                    batch = %batch,
                     deliveries = members.len(),
                     recorded,
                     "the provider accepted a batch whose record is gone (a lost write); its answer was recorded \
@@ -296,7 +293,7 @@ pub async fn settle(
                 ctx.metrics.lost_batch(members.len() as u64);
             }
             if settled.recorded.iter().all(Option::is_none) {
-                tracing::debug!(batch = %batch, "batch was already settled, or taken over by another holder");
+                tracing::debug!("batch was already settled, or taken over by another holder");
                 return true;
             }
             ctx.failpoints.at(Failpoint::Settled).await;

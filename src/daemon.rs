@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
+use tracing::Instrument;
 
 use crate::ctx::Failpoints;
 use crate::work::Lane;
@@ -85,7 +86,8 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
     for p in 0..c.redis.partitions {
         for lane in Lane::ALL {
-            tasks.spawn(consumer.clone().read_partition(p, lane));
+            let reader = tracing::info_span!("reader", partition = p, lane = lane.as_str());
+            tasks.spawn(consumer.clone().read_partition(p, lane).instrument(reader));
         }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));

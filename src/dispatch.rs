@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::attempt::{PacingNews, Sender};
 use crate::batcher::Batcher;
@@ -96,18 +97,22 @@ impl Dispatcher {
             // In hand (whatever its gate leaves of it) until it is sent or given up: its
             // lease is renewed, and the reclaimer leaves it alone.
             let held = self.batcher.hold(&sealed.id, sealed.partition);
+            let span = sealed.span();
             let gated = Instant::now();
-            if !batch::pass_gate(&ctx, &mut sealed).await {
+            if !batch::pass_gate(&ctx, &mut sealed).instrument(span.clone()).await {
                 continue;
             }
             // The task that sends takes the slot right before it writes; the next batch is
             // prepared only once this one's slot is taken (or given up).
             let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
             let (me, ctx) = (self.clone(), ctx.clone());
-            tasks.spawn(async move {
-                me.send(&ctx, sealed, gated, asked, taken_tx).await;
-                drop((held, permit));
-            });
+            tasks.spawn(
+                async move {
+                    me.send(&ctx, sealed, gated, asked, taken_tx).await;
+                    drop((held, permit));
+                }
+                .instrument(span),
+            );
             let _ = taken_rx.await;
         }
         // Stop: nothing more is queued, and what is queued goes back to Redis at once.
@@ -171,7 +176,7 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
         claims::hand_back(ctx, *p, items).await;
     }
     for sealed in &drained.resend {
-        batch::put_back(ctx, sealed, Duration::ZERO).await;
+        batch::put_back(ctx, sealed, Duration::ZERO).instrument(sealed.span()).await;
     }
 }
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use redis::streams::StreamAutoClaimReply;
+use tracing::Instrument;
 
 use crate::batch;
 use crate::batcher::Batcher;
@@ -136,7 +137,8 @@ impl Reclaimer {
                          its deliveries are outcome_unknown and will not be resent"
                     );
                     let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
-                    batch::settle_all(ctx, &taken, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
+                    let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
+                    batch::settle_all(ctx, &taken, verdict).instrument(taken.span()).await;
                 }
                 Take::Lost => {
                     tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
@@ -218,7 +220,8 @@ impl Reclaimer {
         tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
         ctx.metrics.lost_batch(members.len() as u64);
         let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-        batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts).await;
+        let settled = batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts);
+        settled.instrument(crate::work::batch_span(p, batch)).await;
         Ok(())
     }
 }

@@ -4,26 +4,28 @@
 
 use bytes::Bytes;
 
+use crate::names::names;
+
 /// The campaign name of transactional deliveries (receipts, resets) enqueued
 /// through the ingest API or `mailstream enqueue`; no configured campaign may
 /// take it.
 pub const TRANSACTIONAL: &str = "transactional";
 
-/// The line a delivery waits in. Each has its own stream per partition; the
-/// dispatcher fills every request slot from the transactional lane first, so a
-/// receipt never waits behind a digest. A batch of receipts has its spare room
-/// filled with digest emails of the same partition (seal.lua acknowledges each
-/// member's entry on its own lane's stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Lane {
-    Transactional,
-    Digest,
+names! {
+    /// The line a delivery waits in. Each has its own stream per partition; the
+    /// dispatcher fills every request slot from the transactional lane first, so a
+    /// receipt never waits behind a digest. A batch of receipts has its spare room
+    /// filled with digest emails of the same partition (seal.lua acknowledges each
+    /// member's entry on its own lane's stream). `ALL` is in the order the dispatcher
+    /// serves them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Lane {
+        Transactional = "transactional",
+        Digest = "digest",
+    }
 }
 
 impl Lane {
-    /// In the order the dispatcher serves them.
-    pub const ALL: [Lane; 2] = [Lane::Transactional, Lane::Digest];
-
     pub fn index(self) -> usize {
         self as usize
     }
@@ -172,6 +174,16 @@ impl Sealed {
     pub fn new(partition: u16, id: String, key: String, body: Bytes, members: Vec<DeliveryRef>) -> Sealed {
         Sealed { partition, id, key, body, members, tries: 0, maybe_sent: false }
     }
+
+    /// The span its life is logged in (see [`batch_span`]).
+    pub fn span(&self) -> tracing::Span {
+        batch_span(self.partition, &self.id)
+    }
+}
+
+/// The span of batch `id` of partition `p`: every line logged about it carries both.
+pub fn batch_span(p: u16, id: &str) -> tracing::Span {
+    tracing::info_span!("batch", partition = p, batch = id)
 }
 
 /// The next request to make.
