@@ -23,9 +23,9 @@ fn gate_limits(config: &Config) -> GateLimits {
     let d = &config.delivery;
     GateLimits {
         lease_ms: config.lease().as_millis() as u64,
-        window_ms: d.resend_window_hours * 3_600_000,
-        deadline_ms: d.deadline_hours * 3_600_000,
-        maybe_sent_deadline_ms: d.maybe_sent_deadline_hours * 3_600_000,
+        window_ms: d.resend_window().as_millis() as u64,
+        deadline_ms: d.deadline().as_millis() as u64,
+        maybe_sent_deadline_ms: d.maybe_sent_deadline().as_millis() as u64,
         retention_secs: config.retention().as_secs(),
     }
 }

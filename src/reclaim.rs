@@ -118,7 +118,7 @@ impl Reclaimer {
             .query_async(&mut conn)
             .await?;
         let lease_ms = ctx.config.lease().as_millis() as u64;
-        let window_ms = ctx.config.delivery.resend_window_hours * 3_600_000;
+        let window_ms = ctx.config.delivery.resend_window().as_millis() as u64;
         for batch in due {
             if self.batcher.has(&batch) {
                 continue;

@@ -48,8 +48,8 @@ impl Limits {
         Limits {
             stuck_after_ms: config.stuck_after().as_millis() as u64,
             lease_ms: config.lease().as_millis() as u64,
-            deadline_ms: config.delivery.deadline_hours * 3_600_000,
-            maybe_sent_deadline_ms: config.delivery.maybe_sent_deadline_hours * 3_600_000,
+            deadline_ms: config.delivery.deadline().as_millis() as u64,
+            maybe_sent_deadline_ms: config.delivery.maybe_sent_deadline().as_millis() as u64,
         }
     }
 }

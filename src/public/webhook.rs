@@ -182,7 +182,7 @@ impl Webhooks {
 
     /// Has the event's effects; returns whether it had had them all before.
     async fn apply(&self, id: &str, event: &Event) -> anyhow::Result<bool> {
-        let ttl = self.config.webhook.seen_ttl_hours * 3600;
+        let ttl = self.config.webhook.seen_ttl().as_secs();
         let mut duplicate = true;
         if let (Some(d), true) = (&event.delivery, event.kind != Kind::Other) {
             let mut conn = self.store.conn().await?;
