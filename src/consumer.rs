@@ -457,7 +457,7 @@ impl Consumer {
         let backoff = scripts::Backoff {
             base_ms: d.retry_base_ms,
             max_ms: d.retry_max_ms.min(60_000),
-            deadline_ms: d.deadline_hours * 3_600_000,
+            deadline_ms: d.deadline().as_millis() as u64,
             jitter_percent: rand::random_range(0..=20),
         };
         let (keys, group) = (&ctx.store.keys, &ctx.config.redis.group);

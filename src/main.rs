@@ -122,18 +122,7 @@ async fn execute(path: PathBuf, command: Command, preloaded: Option<Config>) -> 
     let config = || config.expect("loaded for every command that reads it");
     match command {
         Command::Run => daemon::command(config()).await,
-        Command::CheckConfig => {
-            let config = config();
-            println!(
-                "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
-                path.display(),
-                config.campaigns.len(),
-                config.redis.partitions,
-                config.resend.requests_per_second,
-                if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::CheckConfig => Ok(mailstream::config::check(&path, &config())),
         Command::Subscribe(args) => subscribers::command(&config(), args).await,
         Command::Enqueue(args) => ingest::command(&config(), args).await,
         Command::Kick(args) => kick::command(&config(), args).await,

@@ -65,8 +65,8 @@ pub async fn apply(
         reason: reason.as_str(),
         source: if event.is_some() { "webhook" } else { "operator" },
         event: event.unwrap_or(""),
-        seen_ttl_secs: w.seen_ttl_hours * 3600,
-        transient_window_ms: w.transient_bounce_window_days * 86_400_000,
+        seen_ttl_secs: w.seen_ttl().as_secs(),
+        transient_window_ms: w.transient_bounce_window().as_millis() as u64,
         transient_threshold: w.transient_bounces_to_suppress,
     };
     let mut conn = store.conn().await?;

@@ -262,6 +262,19 @@ impl Config {
     }
 }
 
+/// `mailstream check-config`: `config` (read from `path`) is valid; says what it holds.
+pub fn check(path: &Path, config: &Config) -> std::process::ExitCode {
+    println!(
+        "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
+        path.display(),
+        config.campaigns.len(),
+        config.redis.partitions,
+        config.resend.requests_per_second,
+        if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
+    );
+    std::process::ExitCode::SUCCESS
+}
+
 /// Parses a cron expression (5 fields, or 6 with seconds first).
 pub fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
     <croner::Cron as std::str::FromStr>::from_str(expr).map_err(|e| anyhow::anyhow!("{e}"))
