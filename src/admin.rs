@@ -21,7 +21,7 @@ const COOKIE: &str = "mailstream_admin";
 const PAGE_SIZE: usize = 50;
 
 /// The tokens that open the log.
-pub struct Admin {
+pub(crate) struct Admin {
     tokens: Vec<Secret>,
 }
 
@@ -61,7 +61,7 @@ impl Admin {
     }
 
     /// Answers a request under `/admin`.
-    pub async fn route(&self, store: &Store, req: HttpRequest) -> HttpResponse {
+    pub(crate) async fn route(&self, store: &Store, req: HttpRequest) -> HttpResponse {
         if self.tokens.is_empty() {
             return http::text(
                 StatusCode::NOT_FOUND,

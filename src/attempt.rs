@@ -25,7 +25,7 @@ use crate::work::Sealed;
 
 /// Logs the provider becoming unreachable, and reachable again, once per change
 /// (not once per request).
-pub struct ProviderHealth {
+struct ProviderHealth {
     base_url: String,
     down: AtomicBool,
 }
@@ -54,7 +54,7 @@ impl ProviderHealth {
 
 /// What the provider said about pacing, for the limiter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PacingNews {
+pub(crate) struct PacingNews {
     pub rate: RateHeaders,
     /// A 429 `rate_limit_exceeded` asked every request to wait this long.
     pub pause: Option<Duration>,
@@ -64,7 +64,7 @@ pub struct PacingNews {
 const BATCH_ENDPOINT: &str = "emails_batch";
 
 /// Sends sealed batches and records what became of them.
-pub struct Sender {
+pub(crate) struct Sender {
     client: Client,
     retry: RetryPolicy,
     rng: Mutex<StdRng>,
@@ -77,7 +77,7 @@ impl Sender {
     }
 
     /// The sender `config` describes; `seed` fixes the retry jitter (tests).
-    pub fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
+    pub(crate) fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
         let r = &config.resend;
         let key = r.api_key.clone().context("no Resend API key: set RESEND_API_KEY or resend.api_key_file")?;
         let client = Client::new(&r.base_url, key, Duration::from_secs(r.timeout_seconds))?;
@@ -167,7 +167,7 @@ impl Sender {
 
 /// What to do after a failed request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plan {
+enum Plan {
     /// Resend the same sealed batch (same key, same body) after `delay`; the last gate
     /// ends it at its deadline.
     Retry { delay: Duration },
@@ -181,7 +181,7 @@ pub enum Plan {
 /// `maybe_sent_before` telling whether any earlier request may have been processed.
 /// Pure, with the clock and randomness passed in. Retryable errors are retried
 /// without a count: a batch ends at its deadline, so an outage delays mail.
-pub fn plan(
+fn plan(
     e: &ProviderError,
     tries_before: u32,
     maybe_sent_before: bool,

@@ -33,7 +33,7 @@ fn gate_limits(config: &Config) -> GateLimits {
 /// Runs the last gate for `b`, just before its slot, and acts on what it says; true
 /// when the request may leave (with `b` updated if members were dropped). On a Redis
 /// error, false: the batch stays sealed and is taken over after its lease.
-pub async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
+pub(crate) async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
     match last_gate(ctx, b).await {
         Ok(go) => go,
         Err(e) => {
@@ -172,7 +172,7 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
 
 /// Seals the emails of partition `p` into a new batch (those still held by this
 /// instance); `None` when nothing was sealed.
-pub async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
+pub(crate) async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
     match seal_batch(ctx, p, items).await {
         Ok(sealed) => {
             ctx.failpoints.at(Failpoint::Sealed).await;
@@ -233,7 +233,7 @@ pub(crate) const QUOTA_RECHECK: Duration = Duration::from_secs(1);
 /// (its slot moved far away, a pause, a stop), so another instance may take it and
 /// nobody thinks this request may have been sent; what the holder knows of earlier
 /// ones is written back with it (a failover may have taken the record's mark back).
-pub async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
+pub(crate) async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
     let r = Reschedule {
         delay_ms: delay.as_millis() as u64,
         failed_request: false,
@@ -256,14 +256,14 @@ pub(crate) async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Resch
 }
 
 /// Settles every member of a batch this instance holds with one verdict.
-pub async fn settle_all(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
+pub(crate) async fn settle_all(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
     let verdicts = vec![verdict; b.members.len()];
     settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
 }
 
 /// Records each member's verdict (same order as the batch) and counts what was recorded;
 /// false when Redis could not be asked (the batch stays sealed for recovery).
-pub async fn settle(
+pub(crate) async fn settle(
     ctx: &Ctx,
     partition: u16,
     batch: &str,

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::work::{DeliveryRef, Lane, Ready, Sealed, Work};
 
 /// A batch in hand, for as long as this lives ([`Batcher::hold`]).
-pub struct InHand {
+pub(crate) struct InHand {
     batcher: Arc<Batcher>,
     batch: String,
 }
@@ -29,7 +29,7 @@ impl Drop for InHand {
 }
 
 /// Queues between the readers and the request slots, and the batches in hand.
-pub struct Batcher {
+pub(crate) struct Batcher {
     batch_size: usize,
     queues: Mutex<Queues>,
     changed: Notify,
@@ -49,7 +49,7 @@ struct Queues {
 }
 
 /// Everything that was queued, handed back at a stop or a pause.
-pub struct Drained {
+pub(crate) struct Drained {
     /// Claimed emails, per partition.
     pub fresh: Vec<(u16, Vec<Ready>)>,
     /// Sealed batches that were waiting to be resent.
@@ -58,7 +58,7 @@ pub struct Drained {
 
 impl Batcher {
     /// The queues `config` asks for: room for two batches or one read per partition.
-    pub fn from_config(config: &crate::config::Config) -> Batcher {
+    pub(crate) fn from_config(config: &crate::config::Config) -> Batcher {
         let size = config.resend.batch_size;
         Batcher::new(config.redis.partitions, size, (2 * size).max(config.delivery.read_count))
     }
@@ -91,7 +91,7 @@ impl Batcher {
     }
 
     /// Queues emails of partition `p` in `lane` if there is room now; gives them back if not.
-    pub fn try_push(&self, p: u16, lane: Lane, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
+    pub(crate) fn try_push(&self, p: u16, lane: Lane, items: Vec<Ready>) -> Result<(), Vec<Ready>> {
         if items.is_empty() {
             return Ok(());
         }
@@ -117,13 +117,13 @@ impl Batcher {
     }
 
     /// Queues a sealed batch for resending.
-    pub fn push_resend(&self, sealed: Sealed) {
+    pub(crate) fn push_resend(&self, sealed: Sealed) {
         self.queues.lock().expect("batcher lock").resend.push_back(sealed);
         self.changed.notify_one();
     }
 
     /// Stops queueing: waiting and later pushes get their items back.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         let _q = self.queues.lock().expect("batcher lock");
         self.closed.store(true, Ordering::SeqCst);
         for s in self.space.iter().flatten() {
@@ -132,7 +132,7 @@ impl Batcher {
     }
 
     /// Takes everything queued (to hand it back to Redis).
-    pub fn drain(&self) -> Drained {
+    pub(crate) fn drain(&self) -> Drained {
         let mut q = self.queues.lock().expect("batcher lock");
         let mut fresh = Vec::new();
         for (lane, queues) in q.fresh.iter_mut().enumerate() {
@@ -148,7 +148,8 @@ impl Batcher {
     }
 
     /// Emails and batches waiting.
-    pub fn queued(&self) -> (usize, usize) {
+    #[cfg(test)]
+    fn queued(&self) -> (usize, usize) {
         let q = self.queues.lock().expect("batcher lock");
         (q.fresh.iter().flatten().map(VecDeque::len).sum(), q.resend.len())
     }
@@ -173,7 +174,7 @@ impl Batcher {
     }
 
     /// The batches of partition `p` in hand.
-    pub fn in_hand(&self, p: u16) -> Vec<String> {
+    pub(crate) fn in_hand(&self, p: u16) -> Vec<String> {
         let held = self.in_hand.lock().expect("batcher lock");
         held.iter().filter(|(_, q)| **q == p).map(|(b, _)| b.clone()).collect()
     }
@@ -185,7 +186,7 @@ impl Batcher {
     }
 
     /// Waits until there is something to send.
-    pub async fn wait_for_work(&self) {
+    pub(crate) async fn wait_for_work(&self) {
         loop {
             let notified = self.changed.notified();
             {

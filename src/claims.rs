@@ -9,7 +9,7 @@ use crate::work::{DeliveryRef, Ready};
 
 /// Hands claimed emails of partition `p` back to Redis (pending again, readable by
 /// any instance at once): at a stop, a pause, or when a queue has no room.
-pub async fn hand_back(ctx: &Ctx, p: u16, items: &[Ready]) {
+pub(crate) async fn hand_back(ctx: &Ctx, p: u16, items: &[Ready]) {
     if items.is_empty() {
         return;
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::Context;
 
 /// Reads a file, or stdin for `-`.
-pub fn read_source(source: &str) -> anyhow::Result<String> {
+pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
     if source == "-" {
         let mut text = String::new();
         std::io::stdin().read_to_string(&mut text).context("reading stdin")?;

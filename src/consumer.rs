@@ -33,7 +33,7 @@ use crate::work::{DeliveryRef, Lane, Ready, TRANSACTIONAL};
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
 /// campaign's template (or its variant's parts) over the subscriber's data, with
 /// the unsubscribe headers.
-pub fn compose(
+fn compose(
     config: &Config,
     renderer: &Renderer,
     tokens: &Tokens,
@@ -55,7 +55,7 @@ pub fn compose(
 
 /// The variant a subscriber gets: the hook's choice if it names one of the
 /// campaign's variants, else the stable assignment; none without variants.
-pub fn variant_of(config: &Config, delivery: &DeliveryRef, chosen: Option<&str>) -> Option<String> {
+fn variant_of(config: &Config, delivery: &DeliveryRef, chosen: Option<&str>) -> Option<String> {
     let arms = config.campaign(&delivery.campaign)?.variants.active();
     match chosen.filter(|c| arms.iter().any(|a| a.name == *c)) {
         Some(c) => Some(c.to_string()),
@@ -109,7 +109,7 @@ fn merged(base: serde_json::Value, over: Option<&serde_json::Map<String, serde_j
 }
 
 /// Reads, claims, resolves and renders; hands what is ready to the batcher.
-pub struct Consumer {
+pub(crate) struct Consumer {
     ctx: Arc<Ctx>,
     renderer: Renderer,
     batcher: Arc<Batcher>,
@@ -127,7 +127,7 @@ impl Consumer {
     }
 
     /// Reads partition `p`'s stream of `lane` until shutdown.
-    pub async fn read_partition(self: Arc<Self>, p: u16, lane: Lane) {
+    pub(crate) async fn read_partition(self: Arc<Self>, p: u16, lane: Lane) {
         let ctx = &self.ctx;
         let mut shutdown = ctx.shutdown.clone();
         let stream = ctx.store.keys.lane_stream(p, lane);
@@ -194,7 +194,7 @@ impl Consumer {
     /// Claims, resolves and renders `entries` of partition `p`'s `lane`; returns the
     /// emails to hand to the batcher (what will not be sent is decided here, and what
     /// a render hook did not answer is put off).
-    pub async fn process_entries(
+    pub(crate) async fn process_entries(
         &self,
         p: u16,
         lane: Lane,
@@ -475,7 +475,7 @@ impl Consumer {
 
     /// Queues claimed emails for the batcher if there is room now, else hands them
     /// back to Redis (the reclaimer never waits on the queues).
-    pub async fn hand_over_now(&self, p: u16, lane: Lane, ready: Vec<Ready>) {
+    pub(crate) async fn hand_over_now(&self, p: u16, lane: Lane, ready: Vec<Ready>) {
         if let Err(refused) = self.batcher.try_push(p, lane, ready) {
             claims::hand_back(&self.ctx, p, &refused).await;
         }
@@ -501,7 +501,7 @@ pub struct PreviewArgs {
 
 /// What `mailstream preview` prints.
 #[derive(Clone, Copy, clap::ValueEnum)]
-pub enum PreviewFormat {
+enum PreviewFormat {
     /// Subject, headers and the text part.
     Text,
     /// The HTML part.

@@ -13,7 +13,7 @@ use crate::pause::Pause;
 use crate::shutdown::Shutdown;
 
 /// What every task of a running daemon shares.
-pub struct Ctx {
+pub(crate) struct Ctx {
     pub config: Config,
     pub store: Store,
     /// This instance's name in the consumer group: host and instance id, stable across
@@ -82,15 +82,15 @@ impl Failpoints {
 }
 
 /// The environment variable naming this instance on its host (a systemd template's `%i`).
-pub const ENV_INSTANCE: &str = "MAILSTREAM_INSTANCE";
+const ENV_INSTANCE: &str = "MAILSTREAM_INSTANCE";
 
 /// This instance's consumer name from the host name and `MAILSTREAM_INSTANCE`.
-pub fn consumer_from_env() -> String {
+pub(crate) fn consumer_from_env() -> String {
     consumer_name(std::env::var(ENV_INSTANCE).ok().as_deref())
 }
 
 /// `host-instance`: this instance's consumer name, the same after a restart.
-pub fn consumer_name(instance: Option<&str>) -> String {
+fn consumer_name(instance: Option<&str>) -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -107,7 +107,7 @@ pub fn consumer_name(instance: Option<&str>) -> String {
 }
 
 /// `consumer-pid-xxxx`: a lease owner unique to this process.
-pub fn owner_name(consumer: &str) -> String {
+pub(crate) fn owner_name(consumer: &str) -> String {
     let tag: u16 = rand::random();
     format!("{consumer}-{}-{tag:04x}", std::process::id())
 }

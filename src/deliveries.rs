@@ -17,10 +17,10 @@ use crate::outcome::DeliveryState;
 use crate::work::DeliveryRef;
 
 /// Keys SCAN looks at per step.
-pub const SCAN_COUNT: usize = 500;
+const SCAN_COUNT: usize = 500;
 
 /// The statuses a delivery can be in (what `--status` accepts).
-pub const STATUSES: [&str; 8] =
+pub(crate) const STATUSES: [&str; 8] =
     ["pending", "processing", "sealed", "sent", "skipped", "failed", "outcome_unknown", "unknown"];
 
 /// Which deliveries to list.
@@ -68,7 +68,7 @@ pub struct Page {
 }
 
 /// `a***@acme.example`: the first character and the domain.
-pub fn mask(address: &str) -> String {
+fn mask(address: &str) -> String {
     match address.split_once('@') {
         Some((local, domain)) => format!("{}***@{domain}", local.chars().next().unwrap_or('*')),
         None => "***".to_string(),
@@ -313,7 +313,7 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
 }
 
 /// `2h`, `30m`, `7d`, `90s` before `now`, or an RFC 3339 time.
-pub fn parse_since(s: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
+pub(crate) fn parse_since(s: &str, now: DateTime<Utc>) -> anyhow::Result<DateTime<Utc>> {
     if let Ok(t) = DateTime::parse_from_rfc3339(s) {
         return Ok(t.with_timezone(&Utc));
     }

@@ -24,7 +24,7 @@ use crate::{Listeners, RunOptions};
 
 /// What the demo is asked to do.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+struct DemoOptions {
     pub subscribers: u64,
     pub rps: u32,
     /// Use this Redis (under a fresh key prefix) instead of a private one.
@@ -52,7 +52,7 @@ impl Default for DemoOptions {
 
 /// The demo's findings (`--json` prints this as its last line).
 #[derive(Debug, Clone, Serialize)]
-pub struct DemoReport {
+struct DemoReport {
     pub subscribers: u64,
     pub period: String,
     pub enqueued: u64,
@@ -94,7 +94,7 @@ const TRANSACTIONAL_SENDS: u64 = 20;
 
 /// Webhook requests, as the daemon counted them.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct WebhookTally {
+struct WebhookTally {
     pub received: u64,
     pub verified: u64,
     pub rejected: u64,
@@ -156,7 +156,7 @@ impl DemoReport {
 }
 
 /// Runs the demo, writing progress and the summary to `out`.
-pub async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result<DemoReport> {
+async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result<DemoReport> {
     let mut config = Config::example();
     config.campaigns.iter_mut().for_each(|c| c.schedule = None);
     // Kept until the end of the run: dropping it stops the private Redis.

@@ -41,7 +41,7 @@ const GATE_FRESHNESS: Duration = Duration::from_millis(500);
 const SLOT_PATIENCE: Duration = Duration::from_secs(30);
 
 /// The sending side of a daemon: queues in, paced requests out.
-pub struct Dispatcher {
+pub(crate) struct Dispatcher {
     limiter: Limiter,
     batcher: Arc<Batcher>,
     sender: Sender,

@@ -23,7 +23,7 @@ use crate::subscribers::is_plain_address;
 use crate::work::DeliveryRef;
 
 /// The most deliveries one hook request carries.
-pub const MAX_PER_REQUEST: usize = 100;
+pub(crate) const MAX_PER_REQUEST: usize = 100;
 
 /// What the hook said about one delivery.
 #[derive(Debug, Clone, PartialEq)]
@@ -34,7 +34,7 @@ pub enum Answer {
 
 /// Why a whole request got no usable answer (nothing in it is decided).
 #[derive(Debug)]
-pub enum HookError {
+pub(crate) enum HookError {
     Unreachable(String),
     Status(u16),
     Garbage,
@@ -127,7 +127,7 @@ fn read_item(item: &serde_json::Value) -> Option<(String, Answer)> {
 }
 
 /// Calls render hooks (one pooled client for all of them).
-pub struct Hooks {
+pub(crate) struct Hooks {
     http: reqwest::Client,
     secret: Option<Secret>,
 }
@@ -142,7 +142,7 @@ impl Hooks {
     /// Asks `hook` about `deliveries` (at most [`MAX_PER_REQUEST`]), retrying a failed
     /// request `hook.retries` times; the answers by delivery id. Items the hook left
     /// out or answered wrongly are simply absent.
-    pub async fn ask(
+    pub(crate) async fn ask(
         &self,
         hook: &RenderHookConfig,
         deliveries: &[&DeliveryRef],

@@ -25,7 +25,7 @@ pub type HttpResponse = Response<Full<Bytes>>;
 
 /// When a request's head arrived (before its body was read), as a request extension.
 #[derive(Debug, Clone, Copy)]
-pub struct Arrived(pub std::time::Instant);
+pub(crate) struct Arrived(pub std::time::Instant);
 
 /// How a listener treats its requests.
 #[derive(Debug, Clone, Copy)]
@@ -176,7 +176,7 @@ fn typed(status: StatusCode, body: Bytes, content_type: &'static str) -> HttpRes
 }
 
 /// `s` safe inside HTML text and attribute values.
-pub fn escape(s: &str) -> String {
+pub(crate) fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -204,7 +204,7 @@ pub fn same_secret(presented: &str, known: &str) -> bool {
 }
 
 /// The token of an `Authorization: Bearer <token>` header, or "".
-pub fn bearer(req: &HttpRequest) -> &str {
+pub(crate) fn bearer(req: &HttpRequest) -> &str {
     let header = req.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
     header.strip_prefix("Bearer ").unwrap_or("").trim()
 }

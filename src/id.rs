@@ -6,20 +6,20 @@ use rand::RngExt;
 const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /// A new ULID for the current time.
-pub fn new_id() -> String {
+pub(crate) fn new_id() -> String {
     let millis =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
     ulid(millis, rand::rng().random::<u128>())
 }
 
 /// The ULID of `millis` (low 48 bits) and `random` (low 80 bits).
-pub fn ulid(millis: u64, random: u128) -> String {
+fn ulid(millis: u64, random: u128) -> String {
     let value: u128 = (u128::from(millis & 0xFFFF_FFFF_FFFF) << 80) | (random & ((1u128 << 80) - 1));
     (0..26).rev().map(|i| ALPHABET[((value >> (i * 5)) & 31) as usize] as char).collect()
 }
 
 /// A random RFC 4122 version-4 UUID (the emulator's email ids).
-pub fn new_uuid() -> String {
+pub(crate) fn new_uuid() -> String {
     let mut v: u128 = rand::rng().random();
     v = (v & !(0xF000u128 << 64)) | (0x4000u128 << 64);
     v = (v & !(0xC000u128 << 48)) | (0x8000u128 << 48);

@@ -20,10 +20,10 @@ use crate::subscribers::is_plain_address;
 use crate::work::{DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The most items one request (or one `enqueue` call) may carry.
-pub const MAX_ITEMS: usize = 1000;
+pub(crate) const MAX_ITEMS: usize = 1000;
 
 /// The subscriber part of a transactional delivery id whose address was given inline.
-pub const INLINE: &str = "-";
+const INLINE: &str = "-";
 
 /// One transactional item as checked: exactly one recipient, exactly one kind of
 /// content. Stored as JSON in the delivery record (`request`) and read back by the
@@ -52,7 +52,7 @@ pub struct Request {
 
 /// Why an item was refused: which field, and why (never the field's value).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct FieldError {
+struct FieldError {
     pub field: String,
     pub error: String,
 }
@@ -63,7 +63,7 @@ fn refuse(field: &str, error: &str) -> FieldError {
 
 impl Request {
     /// Reads and checks one item (a JSON object) against the config's templates.
-    pub fn from_json(value: serde_json::Value, config: &Config) -> Result<Request, FieldError> {
+    fn from_json(value: serde_json::Value, config: &Config) -> Result<Request, FieldError> {
         let Some(object) = value.as_object() else {
             return Err(refuse("", "each delivery must be a JSON object"));
         };
@@ -150,7 +150,7 @@ pub enum ItemResult {
 
 impl ItemResult {
     /// Moves its index by `by` (items enqueued in chunks).
-    pub fn shift(&mut self, by: usize) {
+    fn shift(&mut self, by: usize) {
         match self {
             ItemResult::Accepted { index, .. }
             | ItemResult::Duplicate { index, .. }

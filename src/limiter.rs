@@ -40,7 +40,7 @@ const SLACK: Duration = Duration::from_millis(20);
 pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../lua/limiter.lua")));
 
 /// Team-wide request pacing.
-pub enum Limiter {
+pub(crate) enum Limiter {
     Process(Local),
     Redis(Box<Shared>),
 }
@@ -53,7 +53,7 @@ pub struct Taken {
 
 impl Limiter {
     /// The limiter `config` asks for.
-    pub fn from_config(config: &Config, store: &Store) -> Limiter {
+    pub(crate) fn from_config(config: &Config, store: &Store) -> Limiter {
         let r = &config.resend;
         let guard = Duration::from_millis(r.pacing_guard_ms);
         match r.limiter {
@@ -63,7 +63,7 @@ impl Limiter {
     }
 
     /// When the next slot is, as far as can be told now (to seal and gate a batch just before it).
-    pub async fn next_slot(&self) -> Instant {
+    pub(crate) async fn next_slot(&self) -> Instant {
         match self {
             Limiter::Process(l) => l.next_slot(),
             Limiter::Redis(s) => {
@@ -104,7 +104,7 @@ impl Limiter {
     /// (in Redis, the moment the script runs, after the write), and the request `rps`
     /// after it leaves no sooner than a second plus the guard later, whichever instance
     /// sends it. Until this is recorded the grant plus 1 ms stands in.
-    pub async fn departed(&self, taken: Taken) {
+    pub(crate) async fn departed(&self, taken: Taken) {
         match self {
             Limiter::Process(l) => l.sent(taken.n, Instant::now()),
             Limiter::Redis(s) => {
@@ -114,7 +114,7 @@ impl Limiter {
     }
 
     /// No slot is granted before `d` from now, on any instance (a 429's `retry-after`).
-    pub async fn pause_for(&self, d: Duration) {
+    pub(crate) async fn pause_for(&self, d: Duration) {
         match self {
             Limiter::Process(l) => l.pause_for(d),
             Limiter::Redis(s) => {
@@ -124,7 +124,7 @@ impl Limiter {
     }
 
     /// Obeys a response's rate headers; returns the new rate when it was lowered.
-    pub async fn observe(&self, rate: &RateHeaders) -> Option<u32> {
+    pub(crate) async fn observe(&self, rate: &RateHeaders) -> Option<u32> {
         match self {
             Limiter::Process(l) => l.observe(rate),
             Limiter::Redis(s) => {
@@ -178,7 +178,7 @@ impl Shared {
 
 /// Pacing kept in this process (`resend.limiter = "process"`): for a single instance
 /// that wants no Redis round trip per request. The same two rules as limiter.lua.
-pub struct Local {
+pub(crate) struct Local {
     guard: Duration,
     state: Mutex<State>,
 }
@@ -219,12 +219,13 @@ impl Local {
     }
 
     /// The time between two slots of the cadence.
+    #[cfg(test)]
     pub fn interval(&self) -> Duration {
         self.state.lock().expect("limiter lock").interval()
     }
 
     /// When the next request may leave: now, or later (never during a pause).
-    pub fn next_slot(&self) -> Instant {
+    fn next_slot(&self) -> Instant {
         let now = Instant::now();
         self.state.lock().expect("limiter lock").allowed(self.guard).map_or(now, |at| at.max(now))
     }
@@ -240,7 +241,7 @@ impl Local {
     }
 
     /// Takes the slot if it is due (the request's number), else says how long until it is.
-    pub fn try_take(&self) -> Result<u64, Duration> {
+    fn try_take(&self) -> Result<u64, Duration> {
         let now = Instant::now();
         let mut s = self.state.lock().expect("limiter lock");
         if let Some(at) = s.allowed(self.guard).filter(|&at| at > now) {
@@ -260,7 +261,8 @@ impl Local {
     /// Waits for the next slot, following it as it moves (a late departure, a new
     /// pause), and takes it: the caller sends right away. Gives up, returning how far
     /// off the slot is, when it lies more than `patience` ahead.
-    pub async fn wait_for_slot(&self, patience: Duration) -> Result<u64, Duration> {
+    #[cfg(test)]
+    async fn wait_for_slot(&self, patience: Duration) -> Result<u64, Duration> {
         loop {
             match self.try_take() {
                 Ok(n) => return Ok(n),
@@ -271,7 +273,7 @@ impl Local {
     }
 
     /// No slot is granted before `d` from now (a 429's `retry-after`).
-    pub fn pause_for(&self, d: Duration) {
+    fn pause_for(&self, d: Duration) {
         let until = Instant::now() + d;
         let mut s = self.state.lock().expect("limiter lock");
         if s.paused_until.is_none_or(|u| u < until) {
@@ -280,7 +282,7 @@ impl Local {
     }
 
     /// Obeys a response's rate headers; returns the new rate when it was lowered.
-    pub fn observe(&self, rate: &RateHeaders) -> Option<u32> {
+    fn observe(&self, rate: &RateHeaders) -> Option<u32> {
         let mut s = self.state.lock().expect("limiter lock");
         match rate.limit {
             Some(limit) if limit >= 1 && limit < s.rps => {

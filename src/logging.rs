@@ -18,7 +18,7 @@ use tracing_subscriber::registry::LookupSpan;
 use crate::config::{LogConfig, LogFormat};
 
 /// The environment variable that overrides `log.level`.
-pub const ENV_LOG: &str = "MAILSTREAM_LOG";
+const ENV_LOG: &str = "MAILSTREAM_LOG";
 
 /// Installs the process's logger, writing to `writer`; `terminal` tells whether it
 /// is one (for `auto`). Fails if a logger is already installed.

@@ -8,14 +8,14 @@ use sd_notify::NotifyState;
 
 /// Sends state changes to the service manager, if there is one.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Notifier {
+pub(crate) struct Notifier {
     /// systemd asked for watchdog pings (`$WATCHDOG_USEC`).
     watchdog: bool,
 }
 
 impl Notifier {
     /// What the environment systemd set up asks for.
-    pub fn from_env() -> Notifier {
+    pub(crate) fn from_env() -> Notifier {
         Notifier { watchdog: sd_notify::watchdog_enabled().is_some() }
     }
 

@@ -78,7 +78,7 @@ impl Pause {
 
 /// When the quota named by `error` renews: daily quotas at the next 00:00 UTC,
 /// monthly ones on the 1st of next month, 00:00 UTC.
-pub fn quota_renews(error: &ErrorName, now: DateTime<Utc>) -> SystemTime {
+pub(crate) fn quota_renews(error: &ErrorName, now: DateTime<Utc>) -> SystemTime {
     let next = if *error == ErrorName::MonthlyQuotaExceeded {
         let (y, m) = if now.month() == 12 { (now.year() + 1, 1) } else { (now.year(), now.month() + 1) };
         Utc.with_ymd_and_hms(y, m, 1, 0, 0, 0).single()

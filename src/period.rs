@@ -30,7 +30,7 @@ impl PeriodKind {
     }
 
     /// The longest such period, counting a DST shift (for retention checks).
-    pub fn max_length_seconds(self) -> u64 {
+    pub(crate) fn max_length_seconds(self) -> u64 {
         let day = 86_400 + 3_600;
         match self {
             PeriodKind::Week => 7 * day,
@@ -40,7 +40,7 @@ impl PeriodKind {
     }
 
     /// The period `at` falls in, as seen in `tz`.
-    pub fn period_at(self, at: DateTime<Utc>, tz: Tz) -> String {
+    pub(crate) fn period_at(self, at: DateTime<Utc>, tz: Tz) -> String {
         let local = tz.from_utc_datetime(&at.naive_utc());
         match self {
             PeriodKind::Week => {
@@ -54,7 +54,7 @@ impl PeriodKind {
 
     /// The local date a period `s` starts on; `None` unless `s` is a real period
     /// of this kind (so `2026-W53` is one and `2025-W53` is not).
-    pub fn first_day(self, s: &str) -> Option<NaiveDate> {
+    fn first_day(self, s: &str) -> Option<NaiveDate> {
         if !self.is_well_formed(s) {
             return None;
         }
@@ -86,13 +86,14 @@ impl PeriodKind {
     }
 
     /// The period before `s`.
-    pub fn previous(self, s: &str, tz: Tz) -> Option<String> {
+    pub(crate) fn previous(self, s: &str, tz: Tz) -> Option<String> {
         let start = self.start(s, tz)?;
         Some(self.period_at(start - chrono::Duration::seconds(1), tz))
     }
 
     /// Whether `s` is a real period of this kind (`--period` from an operator).
-    pub fn is_valid(self, s: &str) -> bool {
+    #[cfg(test)]
+    fn is_valid(self, s: &str) -> bool {
         self.first_day(s).is_some()
     }
 
@@ -127,7 +128,7 @@ fn midnight(day: NaiveDate, tz: Tz) -> Option<DateTime<Utc>> {
 /// The first instant at or after `from` when the wall clock in `tz` reads `at`
 /// (a time skipped by DST: the first instant after the gap; a repeated one: its
 /// first occurrence); if that is not before `until`, `from` (send at once).
-pub fn release_at(at: NaiveTime, tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> DateTime<Utc> {
+pub(crate) fn release_at(at: NaiveTime, tz: Tz, from: DateTime<Utc>, until: DateTime<Utc>) -> DateTime<Utc> {
     let mut day = from.with_timezone(&tz).date_naive();
     for _ in 0..3 {
         let wall = day.and_time(at);

@@ -15,7 +15,7 @@ use crate::metrics;
 const REDIS_READ_LIMIT: Duration = Duration::from_secs(5);
 
 /// Serves the private routes on `listener` until `shutdown`.
-pub fn serve(
+pub(crate) fn serve(
     ctx: &Arc<Ctx>,
     listener: tokio::net::TcpListener,
     shutdown: crate::shutdown::Shutdown,

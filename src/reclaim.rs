@@ -30,7 +30,7 @@ const DUE_BATCHES_PER_PASS: isize = 64;
 const TRIM_EVERY: u32 = 10;
 
 /// What the reclaimer works with.
-pub struct Reclaimer {
+pub(crate) struct Reclaimer {
     pub ctx: Arc<Ctx>,
     /// Taken-over entries are processed like new ones.
     pub consumer: Arc<Consumer>,
@@ -153,7 +153,7 @@ impl Reclaimer {
     /// XAUTOCLAIMs entries idle longer than a lease and processes them like new ones
     /// (claim.lua decides whether the lease really expired). Claims only what the
     /// partition's queue has room for, so the reclaimer never waits on the batcher.
-    pub async fn expired_leases(&self, p: u16, lane: Lane) -> anyhow::Result<()> {
+    async fn expired_leases(&self, p: u16, lane: Lane) -> anyhow::Result<()> {
         let ctx = &self.ctx;
         let keys = &ctx.store.keys;
         let count = ctx.config.delivery.read_count;
@@ -253,7 +253,7 @@ const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(600);
 /// Trims the stream below the oldest entry this deployment's group still needs
 /// (the first pending one, or the first not yet read), and removes consumers of
 /// past processes. Returns the group's standing as it found it.
-pub async fn trim(ctx: &Ctx, p: u16, lane: Lane) -> anyhow::Result<Option<streams::GroupInfo>> {
+pub(crate) async fn trim(ctx: &Ctx, p: u16, lane: Lane) -> anyhow::Result<Option<streams::GroupInfo>> {
     let stream = ctx.store.keys.lane_stream(p, lane);
     let group = &ctx.config.redis.group;
     let mut conn = ctx.store.conn().await?;

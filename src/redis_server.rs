@@ -79,7 +79,7 @@ impl RedisServer {
     }
 
     /// Whether the server was started and not killed since.
-    pub fn is_running(&self) -> bool {
+    fn is_running(&self) -> bool {
         self.child.is_some()
     }
 

@@ -41,7 +41,7 @@ pub struct VariantConfig {
 
 /// The variant `subscriber` gets in `campaign`: stable (a hash of both), in
 /// proportion to the weights; `None` without variants.
-pub fn assign<'a>(campaign: &str, subscriber: &str, variants: &'a [VariantConfig]) -> Option<&'a str> {
+pub(crate) fn assign<'a>(campaign: &str, subscriber: &str, variants: &'a [VariantConfig]) -> Option<&'a str> {
     let total: u64 = variants.iter().map(|v| u64::from(v.weight)).sum();
     if total == 0 {
         return None;
@@ -59,7 +59,7 @@ pub fn assign<'a>(campaign: &str, subscriber: &str, variants: &'a [VariantConfig
 
 /// What a template sees about one delivery.
 #[derive(Debug, Clone, Copy)]
-pub struct RenderInput<'a> {
+pub(crate) struct RenderInput<'a> {
     pub delivery: &'a DeliveryRef,
     /// The A/B variant (of the delivery's campaign) to render, if any.
     pub variant: Option<&'a str>,
@@ -74,14 +74,14 @@ pub struct RenderInput<'a> {
 /// A tag on a sent email (ids only, in Resend's tag alphabet): lets webhooks
 /// find the delivery again.
 #[derive(Debug, Clone, Serialize)]
-pub struct Tag<'a> {
+struct Tag<'a> {
     pub name: &'static str,
     pub value: std::borrow::Cow<'a, str>,
 }
 
 /// One email as Resend's API takes it.
 #[derive(Debug, Clone, Serialize)]
-pub struct Email<'a> {
+struct Email<'a> {
     pub from: &'a str,
     pub to: [&'a str; 1],
     pub subject: String,
@@ -117,19 +117,20 @@ pub struct Ready<'a> {
 }
 
 /// Compiled templates, by name.
-pub struct Renderer {
+pub(crate) struct Renderer {
     env: Environment<'static>,
 }
 
 impl Renderer {
-    /// Compiles every template (`[templates.NAME]` of the config, and the files of
-    /// `templates_dir`) and every campaign variant's parts.
+    /// [`Renderer::with_variants`] without variants.
+    #[cfg(test)]
     pub fn new(templates: &BTreeMap<String, TemplateConfig>) -> Result<Renderer, minijinja::Error> {
         Renderer::with_variants(templates, std::iter::empty())
     }
 
-    /// [`Renderer::new`] plus variants, as `(campaign, variants)`.
-    pub fn with_variants<'a>(
+    /// Compiles every template (`[templates.NAME]` of the config, and the files of
+    /// `templates_dir`) and every campaign variant's parts, given as `(campaign, variants)`.
+    pub(crate) fn with_variants<'a>(
         templates: &BTreeMap<String, TemplateConfig>,
         campaigns: impl Iterator<Item = (&'a str, &'a [VariantConfig])>,
     ) -> Result<Renderer, minijinja::Error> {

@@ -11,20 +11,20 @@ use crate::config::DeliveryConfig;
 
 /// The retry rules of a deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     pub base: Duration,
     pub max: Duration,
 }
 
 impl RetryPolicy {
-    pub fn from_config(d: &DeliveryConfig) -> RetryPolicy {
+    pub(crate) fn from_config(d: &DeliveryConfig) -> RetryPolicy {
         RetryPolicy { base: Duration::from_millis(d.retry_base_ms), max: Duration::from_millis(d.retry_max_ms) }
     }
 
     /// How long to wait after `failed` requests have failed (1 after the first).
     /// The delay is drawn from [d/2, d] with d = min(max, base * 2^(failed-1)), and is
     /// never shorter than the provider's `retry_after`.
-    pub fn after_failure(&self, failed: u32, retry_after: Option<Duration>, rng: &mut impl RngExt) -> Duration {
+    pub(crate) fn after_failure(&self, failed: u32, retry_after: Option<Duration>, rng: &mut impl RngExt) -> Duration {
         let exp = failed.saturating_sub(1).min(30);
         let ceiling = self.base.saturating_mul(1u32 << exp).min(self.max);
         let half = ceiling / 2;

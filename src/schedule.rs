@@ -18,13 +18,10 @@ use chrono_tz::Tz;
 use croner::Cron;
 use serde::Serialize;
 
-use crate::config::CampaignConfig;
+use crate::config::{CampaignConfig, parse_cron};
 use crate::ctx::Ctx;
 use crate::db::scripts::{Fanout, FanoutOf};
 use crate::kick::{self, FanoutOptions};
-
-pub use crate::config::{parse_cron, parse_local_time};
-pub use crate::period::release_at;
 
 /// A campaign's schedule in its zone.
 pub struct Schedule {
@@ -34,7 +31,7 @@ pub struct Schedule {
 
 /// One fire: when, and which period it kicks.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Fire {
+struct Fire {
     /// In the campaign's zone, RFC 3339 with its offset.
     pub local: String,
     pub utc: String,
@@ -43,7 +40,7 @@ pub struct Fire {
 
 /// What a scheduler should do about a campaign now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Plan {
+enum Plan {
     /// No fire yet, ever.
     Idle,
     /// Kick `period` for the fire at `at`; `late` when it is a catch-up (more than a
@@ -61,19 +58,19 @@ impl Schedule {
     }
 
     /// The first fire after `t` (`inclusive`: at `t` counts).
-    pub fn next_after(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
+    fn next_after(&self, t: DateTime<Utc>, inclusive: bool) -> Option<DateTime<Utc>> {
         let t = whole_seconds(t).with_timezone(&self.tz);
         self.cron.find_next_occurrence(&t, inclusive).ok().map(|d| d.with_timezone(&Utc))
     }
 
     /// The latest fire at or before `t`.
-    pub fn latest_at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    fn latest_at_or_before(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         let t = whole_seconds(t).with_timezone(&self.tz);
         self.cron.find_previous_occurrence(&t, true).ok().map(|d| d.with_timezone(&Utc))
     }
 
     /// The next `n` fires after `now`, with the period each kicks.
-    pub fn fires(&self, campaign: &CampaignConfig, now: DateTime<Utc>, n: usize) -> Vec<Fire> {
+    fn fires(&self, campaign: &CampaignConfig, now: DateTime<Utc>, n: usize) -> Vec<Fire> {
         let mut out = Vec::new();
         let mut t = now;
         while out.len() < n {
@@ -89,7 +86,7 @@ impl Schedule {
     }
 
     /// What to do at `now` for `campaign`.
-    pub fn plan(&self, campaign: &CampaignConfig, now: DateTime<Utc>) -> Plan {
+    fn plan(&self, campaign: &CampaignConfig, now: DateTime<Utc>) -> Plan {
         let Some(at) = self.latest_at_or_before(now) else { return Plan::Idle };
         let period = campaign.period.period_at(at, self.tz);
         let age = now - at;
@@ -107,7 +104,7 @@ fn whole_seconds(t: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// The scheduler of a running daemon.
-pub struct Scheduler {
+pub(crate) struct Scheduler {
     ctx: Arc<Ctx>,
     /// Fires this process reported as missed or stood by for (once each).
     reported: HashSet<(String, String, &'static str)>,
@@ -269,6 +266,8 @@ pub fn command(config: &crate::config::Config, args: Args) -> anyhow::Result<std
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_local_time;
+    use crate::period::release_at;
 
     fn campaign(schedule: &str, tz: &str) -> CampaignConfig {
         let mut c = crate::config::Config::example().campaigns[0].clone();

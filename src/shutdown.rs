@@ -33,7 +33,7 @@ impl Trigger {
 }
 
 /// Waits until every task of `tasks` has ended (a panic in one is raised here).
-pub async fn join_all(mut tasks: tokio::task::JoinSet<()>) {
+pub(crate) async fn join_all(mut tasks: tokio::task::JoinSet<()>) {
     while let Some(done) = tasks.join_next().await {
         if let Err(e) = done
             && e.is_panic()
@@ -45,7 +45,7 @@ pub async fn join_all(mut tasks: tokio::task::JoinSet<()>) {
 
 impl Shutdown {
     /// Whether shutdown has begun.
-    pub fn is_triggered(&self) -> bool {
+    pub(crate) fn is_triggered(&self) -> bool {
         *self.0.borrow()
     }
 
@@ -72,7 +72,7 @@ impl Shutdown {
 
 /// SIGTERM or SIGINT begins a graceful shutdown; a second one exits at once
 /// (leases and sealed batches make that safe: the next instance recovers).
-pub fn on_signals() -> std::io::Result<Shutdown> {
+pub(crate) fn on_signals() -> std::io::Result<Shutdown> {
     use tokio::signal::unix::{SignalKind, signal};
     let (trigger, shutdown) = channel();
     let mut term = signal(SignalKind::terminate())?;

@@ -13,12 +13,12 @@ use crate::db::{Counts, Store};
 use crate::stuck::{self, Kind};
 
 /// Every period within its objectives and nothing stuck.
-pub const EXIT_WITHIN: u8 = 0;
+const EXIT_WITHIN: u8 = 0;
 /// A failure rate above its objective, or stuck deliveries: a warning to look at,
 /// not a failure of the check itself.
-pub const EXIT_BREACHED: u8 = 3;
+const EXIT_BREACHED: u8 = 3;
 /// The SLO could not be evaluated (Redis unreachable, no such campaign).
-pub const EXIT_UNEVALUATED: u8 = 4;
+const EXIT_UNEVALUATED: u8 = 4;
 
 /// One campaign period's standing.
 #[derive(Debug, Clone, Serialize)]
@@ -50,19 +50,13 @@ pub struct Report {
 }
 
 impl Report {
-    pub fn exit_code(&self) -> u8 {
+    fn exit_code(&self) -> u8 {
         if self.status == "within" { EXIT_WITHIN } else { EXIT_BREACHED }
     }
 }
 
 /// Judges one period's counts and stuck tally.
-pub fn judge(
-    campaign: &str,
-    period: &str,
-    c: &Counts,
-    stuck: BTreeMap<&'static str, u64>,
-    objective: f64,
-) -> PeriodReport {
+fn judge(campaign: &str, period: &str, c: &Counts, stuck: BTreeMap<&'static str, u64>, objective: f64) -> PeriodReport {
     let failure_rate = c.failure_rate();
     let mut breached = Vec::new();
     if failure_rate.is_some_and(|r| r > objective) {

@@ -19,7 +19,7 @@ use crate::names::names;
 use crate::work::{DeliveryRef, Lane};
 
 /// Most deliveries of one kind counted per partition per look.
-pub const LIMIT: usize = 1000;
+const LIMIT: usize = 1000;
 
 names! {
     /// How a delivery is stuck.
@@ -44,7 +44,7 @@ pub struct Limits {
 }
 
 impl Limits {
-    pub fn from_config(config: &Config) -> Limits {
+    fn from_config(config: &Config) -> Limits {
         Limits {
             stuck_after_ms: config.stuck_after().as_millis() as u64,
             lease_ms: config.lease().as_millis() as u64,

@@ -16,7 +16,7 @@ use crate::names::names;
 use crate::outcome::Reason;
 
 /// Target id given to a subscriber who names none.
-pub const DEFAULT_TARGET: &str = "default";
+const DEFAULT_TARGET: &str = "default";
 
 /// A subscriber as `subscribe` and `kick --audience -` take it (one NDJSON line).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -47,7 +47,7 @@ fn yes() -> bool {
 }
 
 /// Whether `s` is one plain address (`local@domain.tld`, no display name, no list).
-pub fn is_plain_address(s: &str) -> bool {
+pub(crate) fn is_plain_address(s: &str) -> bool {
     s.len() <= 320
         && s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
         && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '>' || c == ',')
@@ -194,7 +194,7 @@ fn audience_entry(
 }
 
 /// Reads an audience entry: (targets, zone).
-pub fn read_audience_entry(entry: &str) -> (impl Iterator<Item = &str>, Option<&str>) {
+pub(crate) fn read_audience_entry(entry: &str) -> (impl Iterator<Item = &str>, Option<&str>) {
     let (stored, zone) = entry.split_once('|').unwrap_or((entry, ""));
     (targets(Some(stored).filter(|t| !t.is_empty())), Some(zone).filter(|z| !z.is_empty()))
 }
@@ -255,7 +255,12 @@ pub async fn build_audience(store: &Store) -> anyhow::Result<u64> {
 
 /// One SSCAN page of partition `p`'s registry from `cursor`: (next cursor, ids). An id
 /// may come twice while the set grows.
-pub async fn registry_page(conn: &mut Conn, store: &Store, p: u16, cursor: u64) -> anyhow::Result<(u64, Vec<String>)> {
+pub(crate) async fn registry_page(
+    conn: &mut Conn,
+    store: &Store,
+    p: u16,
+    cursor: u64,
+) -> anyhow::Result<(u64, Vec<String>)> {
     let page = redis::cmd("SSCAN")
         .arg(store.keys.subscribers(p))
         .arg(cursor)
@@ -268,7 +273,7 @@ pub async fn registry_page(conn: &mut Conn, store: &Store, p: u16, cursor: u64) 
 }
 
 /// The first target of subscriber `id` (what a preview shows when none is named).
-pub async fn first_target(store: &Store, id: &str) -> anyhow::Result<String> {
+pub(crate) async fn first_target(store: &Store, id: &str) -> anyhow::Result<String> {
     let mut conn = store.conn().await?;
     let targets: Option<String> =
         conn.hget(store.keys.subscriber(store.keys.partition_of(id), id), field::TARGETS).await?;
@@ -278,19 +283,19 @@ pub async fn first_target(store: &Store, id: &str) -> anyhow::Result<String> {
 
 /// The fields of a subscriber record (`{prefix}:{p}:subscriber:<id>`, a hash).
 pub mod field {
-    pub const EMAIL: &str = "email";
+    pub(crate) const EMAIL: &str = "email";
     /// Comma-separated target ids.
-    pub const TARGETS: &str = "targets";
+    pub(crate) const TARGETS: &str = "targets";
     /// "1" or "0".
-    pub const ENTITLED: &str = "entitled";
+    pub(crate) const ENTITLED: &str = "entitled";
     /// "1" or "0".
-    pub const SUBSCRIBED: &str = "subscribed";
+    pub(crate) const SUBSCRIBED: &str = "subscribed";
     /// A JSON object for the template.
-    pub const DATA: &str = "data";
+    pub(crate) const DATA: &str = "data";
     /// Present when the address is suppressed (bounced, complained): why.
-    pub const SUPPRESSED: &str = "suppressed";
+    pub(crate) const SUPPRESSED: &str = "suppressed";
     /// The subscriber's IANA zone, for deliveries at a local hour.
-    pub const TIME_ZONE: &str = "time_zone";
+    pub(crate) const TIME_ZONE: &str = "time_zone";
 
     /// Present (when, ms) when the subscriber turned `campaign` off (one-click unsubscribe).
     pub fn opted_out(campaign: &str) -> String {
@@ -304,7 +309,7 @@ fn flag(on: bool) -> &'static str {
 }
 
 /// Whether a stored yes/no field says yes (anything but "1" is no).
-pub fn is_set(value: Option<&str>) -> bool {
+pub(crate) fn is_set(value: Option<&str>) -> bool {
     value == Some("1")
 }
 
@@ -403,13 +408,13 @@ pub fn resolve(row: Row) -> Resolved {
 /// Reads a subscriber record for a transactional send (a receipt, a reset): it
 /// exists, is not suppressed, and its address and data are well-formed;
 /// entitlement and subscriptions are about campaigns and do not apply.
-pub fn resolve_transactional(row: Row) -> Resolved {
+pub(crate) fn resolve_transactional(row: Row) -> Resolved {
     let (email, _, _, suppressed, data, _) = row;
     resolve((email, Some(b"1".to_vec()), Some(b"1".to_vec()), suppressed, data, None))
 }
 
 /// Parses NDJSON subscriber records; errors name the line, never its content.
-pub fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
+pub(crate) fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

@@ -12,7 +12,7 @@ use sha2::Sha256;
 use crate::names::names;
 
 /// How far a signed timestamp may be from now, either way.
-pub const TOLERANCE_SECS: i64 = 5 * 60;
+const TOLERANCE_SECS: i64 = 5 * 60;
 
 /// A webhook signing secret (`whsec_…`), decoded.
 #[derive(Clone)]
@@ -61,7 +61,7 @@ names! {
 
 /// The three signature headers of a request (Svix's or the unbranded names).
 #[derive(Debug, Clone, Copy)]
-pub struct Signed<'a> {
+pub(crate) struct Signed<'a> {
     pub id: &'a str,
     pub timestamp: &'a str,
     pub signatures: &'a str,
@@ -69,7 +69,7 @@ pub struct Signed<'a> {
 
 impl<'a> Signed<'a> {
     /// Reads `svix-id`/`svix-timestamp`/`svix-signature`, or the `webhook-*` names.
-    pub fn from_headers(headers: &'a hyper::HeaderMap) -> Option<Signed<'a>> {
+    pub(crate) fn from_headers(headers: &'a hyper::HeaderMap) -> Option<Signed<'a>> {
         let get =
             |svix: &str, plain: &str| headers.get(svix).or_else(|| headers.get(plain)).and_then(|v| v.to_str().ok());
         Some(Signed {
@@ -82,7 +82,7 @@ impl<'a> Signed<'a> {
 
 /// Verifies a request against any of `keys` (the first signs; the others are
 /// accepted while a rotation settles), at `now` (Unix seconds).
-pub fn verify(keys: &[SigningKey], signed: &Signed<'_>, body: &[u8], now: i64) -> Result<(), Rejection> {
+pub(crate) fn verify(keys: &[SigningKey], signed: &Signed<'_>, body: &[u8], now: i64) -> Result<(), Rejection> {
     let timestamp: i64 = signed.timestamp.trim().parse().map_err(|_| Rejection::BadTimestamp)?;
     if timestamp < 0 {
         return Err(Rejection::BadTimestamp);

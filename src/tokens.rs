@@ -28,7 +28,7 @@ pub struct Tokens {
 
 /// Why a token was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenError {
+pub(crate) enum TokenError {
     /// Not a token at all (400).
     Malformed,
     /// A well-formed token no current secret signed: forged, altered, or rotated out (404).
@@ -61,7 +61,7 @@ impl Tokens {
     }
 
     /// The (subscriber, campaign) a token names, if one of the secrets signed it.
-    pub fn read(&self, token: &str) -> Result<(String, String), TokenError> {
+    pub(crate) fn read(&self, token: &str) -> Result<(String, String), TokenError> {
         let (payload, tag) = token.split_once('.').ok_or(TokenError::Malformed)?;
         let payload = URL_SAFE_NO_PAD.decode(payload).map_err(|_| TokenError::Malformed)?;
         let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| TokenError::Malformed)?;

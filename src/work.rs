@@ -33,7 +33,7 @@ impl Lane {
 
 /// The id of a delivery, [`DeliveryRef::id`], from its parts (for a fan-out, which
 /// builds ids by the million and needs no `DeliveryRef` for them).
-pub fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
+pub(crate) fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
     format!("{campaign}:{period}:{subscriber}:{target}")
 }
 
@@ -132,14 +132,14 @@ impl Ready {
     /// Every address its email is addressed to (`to`, `cc`, `bcc`; a string or a list
     /// each), read from the JSON that will be sealed, so the last gate checks exactly
     /// the addresses the request carries, whoever supplied them.
-    pub fn recipients(&self) -> Vec<String> {
+    pub(crate) fn recipients(&self) -> Vec<String> {
         serde_json::from_str(&self.json).map(|email| recipients_of(&email)).unwrap_or_default()
     }
 }
 
 /// Every address an email object is addressed to: `to`, `cc` and `bcc`, each a string
 /// or a list.
-pub fn recipients_of(email: &serde_json::Value) -> Vec<String> {
+pub(crate) fn recipients_of(email: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
     for field in ["to", "cc", "bcc"] {
         match email.get(field) {
@@ -176,19 +176,19 @@ impl Sealed {
     }
 
     /// The span its life is logged in (see [`batch_span`]).
-    pub fn span(&self) -> tracing::Span {
+    pub(crate) fn span(&self) -> tracing::Span {
         batch_span(self.partition, &self.id)
     }
 }
 
 /// The span of batch `id` of partition `p`: every line logged about it carries both.
-pub fn batch_span(p: u16, id: &str) -> tracing::Span {
+pub(crate) fn batch_span(p: u16, id: &str) -> tracing::Span {
     tracing::info_span!("batch", partition = p, batch = id)
 }
 
 /// The next request to make.
 #[derive(Debug)]
-pub enum Work {
+pub(crate) enum Work {
     /// A new batch of one partition's emails, to seal and send.
     Fresh(u16, Vec<Ready>),
     /// A sealed batch to send again, same key and body.

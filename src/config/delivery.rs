@@ -54,7 +54,7 @@ impl Default for DeliveryConfig {
 
 impl DeliveryConfig {
     /// How long after sealing a batch may still be resent (`resend_window_hours`).
-    pub fn resend_window(&self) -> Duration {
+    pub(crate) fn resend_window(&self) -> Duration {
         Duration::from_secs(self.resend_window_hours * 3600)
     }
 
@@ -64,7 +64,7 @@ impl DeliveryConfig {
     }
 
     /// How long after sealing a maybe-sent batch is retried (`maybe_sent_deadline_hours`).
-    pub fn maybe_sent_deadline(&self) -> Duration {
+    pub(crate) fn maybe_sent_deadline(&self) -> Duration {
         Duration::from_secs(self.maybe_sent_deadline_hours * 3600)
     }
 

@@ -156,12 +156,12 @@ impl HttpConfig {
 
 impl WebhookConfig {
     /// How long an event id is remembered (`seen_ttl_hours`).
-    pub fn seen_ttl(&self) -> Duration {
+    pub(crate) fn seen_ttl(&self) -> Duration {
         Duration::from_secs(self.seen_ttl_hours * 3600)
     }
 
     /// How far back transient bounces count toward suppression (`transient_bounce_window_days`).
-    pub fn transient_bounce_window(&self) -> Duration {
+    pub(crate) fn transient_bounce_window(&self) -> Duration {
         Duration::from_secs(self.transient_bounce_window_days * 86_400)
     }
 

@@ -31,19 +31,19 @@ pub use crate::render::TemplateConfig;
 pub const EXAMPLE: &str = include_str!("../../config.toml");
 
 /// Environment variable that overrides `resend.api_key`.
-pub const ENV_API_KEY: &str = "RESEND_API_KEY";
+const ENV_API_KEY: &str = "RESEND_API_KEY";
 /// Environment variable that overrides `redis.url`.
-pub const ENV_REDIS_URL: &str = "MAILSTREAM_REDIS_URL";
+const ENV_REDIS_URL: &str = "MAILSTREAM_REDIS_URL";
 /// Environment variable holding the webhook signing secret(s).
-pub const ENV_WEBHOOK_SECRET: &str = "MAILSTREAM_WEBHOOK_SECRET";
+const ENV_WEBHOOK_SECRET: &str = "MAILSTREAM_WEBHOOK_SECRET";
 /// Environment variable holding the unsubscribe token secret(s).
-pub const ENV_UNSUBSCRIBE_SECRET: &str = "MAILSTREAM_UNSUBSCRIBE_SECRET";
+const ENV_UNSUBSCRIBE_SECRET: &str = "MAILSTREAM_UNSUBSCRIBE_SECRET";
 /// Environment variable holding the admin token(s) of the private listener.
-pub const ENV_ADMIN_TOKEN: &str = "MAILSTREAM_ADMIN_TOKEN";
+const ENV_ADMIN_TOKEN: &str = "MAILSTREAM_ADMIN_TOKEN";
 /// The bearer token of the ingest API (`POST /v1/deliveries`).
-pub const ENV_INGEST_TOKEN: &str = "MAILSTREAM_INGEST_TOKEN";
+const ENV_INGEST_TOKEN: &str = "MAILSTREAM_INGEST_TOKEN";
 /// The secret render-hook requests are signed with.
-pub const ENV_RENDER_HOOK_SECRET: &str = "MAILSTREAM_RENDER_HOOK_SECRET";
+const ENV_RENDER_HOOK_SECRET: &str = "MAILSTREAM_RENDER_HOOK_SECRET";
 
 /// Everything `mailstream` reads from its config file.
 #[derive(Debug, Clone, Deserialize)]
@@ -105,7 +105,7 @@ impl Config {
 
     /// Adds the templates of `dir` (`NAME.subject`, `NAME.html`, `NAME.text`, all three
     /// per name), each compiled here so an error names its file and line.
-    pub fn load_templates(&mut self, dir: &Path) -> Result<(), ConfigError> {
+    fn load_templates(&mut self, dir: &Path) -> Result<(), ConfigError> {
         let entries = std::fs::read_dir(dir).map_err(|cause| ConfigError::Read { path: dir.to_owned(), cause })?;
         let mut parts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut errors = Vec::new();
@@ -158,7 +158,7 @@ impl Config {
     /// Takes secrets from the environment (or `api_key_file`), which win over the file.
     /// Each secret comes from, in order: its environment variable, the file the config
     /// names, or the systemd credential of that name (`$CREDENTIALS_DIRECTORY/<name>`).
-    pub fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    fn apply_env(&mut self, env: impl Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
         if let Some(url) = env(ENV_REDIS_URL).filter(|v| !v.is_empty()) {
             self.redis.url = Secret::new(url);
         }
@@ -233,7 +233,7 @@ impl Config {
     }
 
     /// The templates and every campaign's variants, compiled.
-    pub fn renderer(&self) -> Result<crate::render::Renderer, minijinja::Error> {
+    pub(crate) fn renderer(&self) -> Result<crate::render::Renderer, minijinja::Error> {
         let campaigns = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
         crate::render::Renderer::with_variants(&self.templates, campaigns)
     }
@@ -276,22 +276,22 @@ pub fn check(path: &Path, config: &Config) -> std::process::ExitCode {
 }
 
 /// Parses a cron expression (5 fields, or 6 with seconds first).
-pub fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
+pub(crate) fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
     <croner::Cron as std::str::FromStr>::from_str(expr).map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 /// `HH:MM`, a wall-clock time.
-pub fn parse_local_time(s: &str) -> Option<chrono::NaiveTime> {
+pub(crate) fn parse_local_time(s: &str) -> Option<chrono::NaiveTime> {
     chrono::NaiveTime::parse_from_str(s.trim(), "%H:%M").ok()
 }
 
 /// Names used inside Redis keys and as Resend tag values: ASCII letters, digits, `_`, `-`.
-pub fn is_tag_value(s: &str) -> bool {
+pub(crate) fn is_tag_value(s: &str) -> bool {
     !s.is_empty() && s.len() <= 128 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Subscriber and target ids, and the key prefix: tag characters plus `.`.
-pub fn is_name(s: &str) -> bool {
+pub(crate) fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
@@ -308,12 +308,12 @@ impl Secret {
     }
 
     /// The secret itself, for the one place that needs it.
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 
     /// For URLs: the URL with any password replaced by `***`.
-    pub fn redacted_url(&self) -> String {
+    pub(crate) fn redacted_url(&self) -> String {
         let s = &self.0;
         match (s.find("://"), s.rfind('@')) {
             (Some(scheme), Some(at)) if at > scheme => format!("{}***{}", &s[..scheme + 3], &s[at..]),

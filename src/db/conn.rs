@@ -19,7 +19,7 @@ use crate::config::RedisConfig;
 
 /// Where connections come from.
 #[derive(Clone)]
-pub enum Backend {
+pub(crate) enum Backend {
     Single(Pool),
     /// The client (for dedicated connections) and one shared, multiplexed connection.
     Cluster(Box<(ClusterClient, ClusterConnection)>),
@@ -83,7 +83,7 @@ impl Conn {
     }
 
     /// Runs `cmd` on the node that holds `key`'s slot (on a single server: here).
-    pub async fn on_node_of<T: redis::FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> anyhow::Result<T> {
+    pub(crate) async fn on_node_of<T: redis::FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> anyhow::Result<T> {
         match self {
             Conn::Single(c) => Ok(cmd.query_async(c).await?),
             Conn::Cluster(c) => {
@@ -97,7 +97,7 @@ impl Conn {
     }
 
     /// Runs `cmd` on the node at `address` (`host:port`; on a single server: here).
-    pub async fn on_node<T: redis::FromRedisValue>(&mut self, address: &str, cmd: &Cmd) -> anyhow::Result<T> {
+    pub(crate) async fn on_node<T: redis::FromRedisValue>(&mut self, address: &str, cmd: &Cmd) -> anyhow::Result<T> {
         match self {
             Conn::Single(c) => Ok(cmd.query_async(c).await?),
             Conn::Cluster(c) => {
@@ -125,7 +125,7 @@ impl Conn {
     }
 
     /// Whether every primary of the cluster answers (a single server: always).
-    pub async fn cluster_ok(&mut self) -> anyhow::Result<bool> {
+    pub(crate) async fn cluster_ok(&mut self) -> anyhow::Result<bool> {
         match self {
             Conn::Single(_) => Ok(true),
             Conn::Cluster(c) => {
@@ -141,7 +141,7 @@ impl Conn {
 /// (`<id> <addr> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...`): a primary
 /// with no slots (one just added, or emptied) serves no key, and the cluster client
 /// has no connection to route to it.
-pub fn primaries_of(nodes: &str) -> Vec<String> {
+fn primaries_of(nodes: &str) -> Vec<String> {
     nodes
         .lines()
         .filter_map(|line| {
@@ -199,7 +199,7 @@ impl Backend {
     /// A connection of its own, for a command that blocks (XREADGROUP … BLOCK): on a
     /// cluster, a blocking read on the shared multiplexed connection would hold up
     /// every other command to that node.
-    pub async fn dedicated(&self) -> anyhow::Result<Conn> {
+    pub(crate) async fn dedicated(&self) -> anyhow::Result<Conn> {
         match self {
             Backend::Single(_) => self.conn().await,
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.0.get_async_connection().await?)),

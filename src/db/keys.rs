@@ -13,18 +13,18 @@ use crate::work::{DeliveryRef, Lane};
 /// partitions could share a request (since retired: this version cannot send one);
 /// 5: one partition's batch per request, and every partition keeps the suppressed
 /// addresses its last gate reads).
-pub const LAYOUT: u32 = 5;
+pub(crate) const LAYOUT: u32 = 5;
 
 /// The layout that also needs the audience index built (`subscribers::build_audience`)
 /// on its way to [`LAYOUT`].
-pub const AUDIENCE_LAYOUT: u32 = 2;
+pub(crate) const AUDIENCE_LAYOUT: u32 = 2;
 
 /// The layout whose unsettled batches may belong to a shared tail request: it is
 /// upgraded only once a layout-4 daemon has settled them.
-pub const SHARED_TAIL_LAYOUT: u32 = 4;
+pub(crate) const SHARED_TAIL_LAYOUT: u32 = 4;
 
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
-pub const UPGRADABLE_LAYOUTS: [u32; 3] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT];
+pub(crate) const UPGRADABLE_LAYOUTS: [u32; 3] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT];
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl Keys {
     }
 
     /// The same layout with the deployment's salt (read from `meta` at connect).
-    pub fn with_salt(mut self, salt: &str) -> Keys {
+    pub(crate) fn with_salt(mut self, salt: &str) -> Keys {
         self.salt = salt.to_string();
         self
     }
@@ -72,7 +72,7 @@ impl Keys {
     }
 
     /// Set: the ids of the subscribers whose address hashes to `hash` (in its home partition).
-    pub fn address_index(&self, a: &Address) -> String {
+    pub(crate) fn address_index(&self, a: &Address) -> String {
         self.tagged(a.partition, &format!("addr:{}", a.hash))
     }
 
@@ -89,13 +89,13 @@ impl Keys {
     }
 
     /// The pattern matching every suppression record (for SCAN).
-    pub fn suppressions_pattern(&self) -> String {
+    pub(crate) fn suppressions_pattern(&self) -> String {
         format!("{}:{{*}}:suppression:*", self.prefix)
     }
 
     /// Sorted set: an address's recent transient bounces (event id → ms), expiring
     /// after the window.
-    pub fn bounces(&self, a: &Address) -> String {
+    pub(crate) fn bounces(&self, a: &Address) -> String {
         self.tagged(a.partition, &format!("bounces:{}", a.hash))
     }
 
@@ -143,7 +143,7 @@ impl Keys {
     }
 
     /// The stream a delivery waits in.
-    pub fn stream_of(&self, p: u16, d: &DeliveryRef) -> String {
+    pub(crate) fn stream_of(&self, p: u16, d: &DeliveryRef) -> String {
         self.lane_stream(p, d.lane())
     }
 

@@ -81,7 +81,7 @@ impl Store {
 
     /// Connects and makes the checks a daemon starts with: Redis version, layout and
     /// partition count, consumer groups, durability. Returns whether durability is relaxed.
-    pub async fn open_for_daemon(config: &Config) -> anyhow::Result<(Store, bool)> {
+    pub(crate) async fn open_for_daemon(config: &Config) -> anyhow::Result<(Store, bool)> {
         let store = Store::open(config).await?;
         store.ensure_groups(&config.redis.group).await?;
         let relaxed = store.check_durability(config).await?;
@@ -106,7 +106,7 @@ impl Store {
 
     /// Refuses a Redis older than 7.0 (the scripts use `EXPIRE … NX`, `XAUTOCLAIM`'s
     /// deleted ids and `ZADD … GT`), with one clear error rather than a script failing halfway.
-    pub async fn check_version(&self) -> anyhow::Result<()> {
+    pub(crate) async fn check_version(&self) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
         for node in conn.primaries().await? {
             let info: String = conn.on_node(&node, redis::cmd("INFO").arg("server")).await?;
@@ -121,7 +121,7 @@ impl Store {
     }
 
     /// A connection of its own, for blocking reads.
-    pub async fn dedicated(&self) -> anyhow::Result<Conn> {
+    pub(crate) async fn dedicated(&self) -> anyhow::Result<Conn> {
         self.backend.dedicated().await
     }
 
@@ -244,7 +244,7 @@ impl Store {
 
     /// Records the partition count on first use and refuses a different one later:
     /// subscribers would move partitions and their dedup keys would no longer be found.
-    pub async fn check_partitions(&self) -> anyhow::Result<()> {
+    async fn check_partitions(&self) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
         let want = self.keys.partitions();
@@ -296,7 +296,7 @@ impl Store {
     /// could mean a batch sent twice. Without `appendonly yes` + `appendfsync always`
     /// (or `wait_replicas` replicas connected) it refuses to start, unless the operator
     /// chose `redis.durability = "relaxed"`: then it warns and returns true.
-    pub async fn check_durability(&self, config: &Config) -> anyhow::Result<bool> {
+    async fn check_durability(&self, config: &Config) -> anyhow::Result<bool> {
         let mut conn = self.conn().await?;
         let wait = config.redis.wait_replicas;
         let mut problem = None;
@@ -363,7 +363,7 @@ impl Store {
 
 /// `XGROUP CREATE ... 0 MKSTREAM` (entries added before the group existed are
 /// delivered too), treating "already exists" as success.
-pub async fn ensure_group(conn: &mut impl ConnectionLike, stream: &str, group: &str) -> anyhow::Result<()> {
+pub(crate) async fn ensure_group(conn: &mut impl ConnectionLike, stream: &str, group: &str) -> anyhow::Result<()> {
     let created: redis::RedisResult<()> =
         redis::cmd("XGROUP").arg("CREATE").arg(stream).arg(group).arg("0").arg("MKSTREAM").query_async(conn).await;
     match created {
@@ -374,7 +374,7 @@ pub async fn ensure_group(conn: &mut impl ConnectionLike, stream: &str, group: &
 }
 
 /// Whether an `INFO server` reply names Redis 7.0 or later.
-pub fn supported_version(info: &str) -> anyhow::Result<()> {
+fn supported_version(info: &str) -> anyhow::Result<()> {
     let version = info_field(info, "redis_version").unwrap_or("unknown");
     let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
     if major < 7 {
@@ -443,7 +443,7 @@ impl Store {
 
     /// Deletes every key under this deployment's prefix (the demo on a shared Redis),
     /// one slot at a time (a cluster refuses multi-key commands across slots).
-    pub async fn delete_all(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn delete_all(&self) -> anyhow::Result<u64> {
         let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
         let mut by_slot: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
         for key in &keys {
@@ -461,7 +461,7 @@ impl Store {
     }
 
     /// How many subscribers the registry holds (all partitions).
-    pub async fn subscriber_count(&self) -> anyhow::Result<u64> {
+    pub(crate) async fn subscriber_count(&self) -> anyhow::Result<u64> {
         let cmds: Vec<redis::Cmd> =
             (0..self.keys.partitions()).map(|p| redis::cmd("SCARD").arg(self.keys.subscribers(p)).clone()).collect();
         let sizes: Vec<u64> = self.conn().await?.each(&cmds).await?;
@@ -496,7 +496,7 @@ impl Store {
     }
 
     /// Both, from one read of each partition's counts hash.
-    pub async fn counts_and_exposures(
+    pub(crate) async fn counts_and_exposures(
         &self,
         campaign: &str,
         period: &str,

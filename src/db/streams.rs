@@ -7,11 +7,11 @@ use std::collections::HashMap;
 use redis::aio::ConnectionLike;
 
 /// A stream entry id, `ms-seq`, as numbers (ordered like Redis orders them).
-pub type EntryId = (u64, u64);
+type EntryId = (u64, u64);
 
 /// What `XINFO GROUPS` says of one group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupInfo {
+pub(crate) struct GroupInfo {
     /// The last entry handed to any consumer of the group.
     pub last_delivered: EntryId,
     /// Entries not yet read by the group.
@@ -23,7 +23,7 @@ pub struct GroupInfo {
 }
 
 /// The group's standing on `stream`; `None` if the stream or the group does not exist.
-pub async fn group_info(
+pub(crate) async fn group_info(
     conn: &mut impl ConnectionLike,
     stream: &str,
     group: &str,
@@ -47,10 +47,10 @@ pub async fn group_info(
 }
 
 /// A stream entry: its id and the delivery id it carries (None: malformed entry).
-pub type Entry = (String, Option<String>);
+pub(crate) type Entry = (String, Option<String>);
 
 /// The delivery id of a stream entry (`delivery <id>`).
-pub fn entry_of(s: redis::streams::StreamId) -> Entry {
+pub(crate) fn entry_of(s: redis::streams::StreamId) -> Entry {
     let delivery = s.map.get("delivery").and_then(|v| redis::from_redis_value_ref::<String>(v).ok());
     (s.id, delivery)
 }
@@ -71,6 +71,6 @@ pub fn parse_id(s: &str) -> Option<EntryId> {
 }
 
 /// The id as Redis writes it.
-pub fn format_id(id: EntryId) -> String {
+pub(crate) fn format_id(id: EntryId) -> String {
     format!("{}-{}", id.0, id.1)
 }

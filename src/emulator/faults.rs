@@ -40,7 +40,7 @@ pub struct Storm {
 }
 
 /// Where the storms and the quota stand.
-pub struct FaultState {
+pub(crate) struct FaultState {
     storm_until: Option<Instant>,
     storm_retry_after: Option<u64>,
     storms_started: usize,
@@ -63,7 +63,7 @@ impl FaultState {
     }
 
     /// The `retry-after` (seconds) of a refusal if a 429 storm is on now (`requests`: seen so far).
-    pub fn in_storm(&mut self, now: Instant, requests: u64, faults: &Faults) -> Option<u64> {
+    pub(crate) fn in_storm(&mut self, now: Instant, requests: u64, faults: &Faults) -> Option<u64> {
         if let Some(storm) = faults.storms.get(self.storms_started)
             && requests > storm.after_requests
         {
@@ -76,7 +76,7 @@ impl FaultState {
     }
 
     /// Takes `emails` from the quota; `false` when they do not fit (nothing is taken).
-    pub fn take_quota(&mut self, emails: u64, now: Instant, faults: &Faults) -> bool {
+    pub(crate) fn take_quota(&mut self, emails: u64, now: Instant, faults: &Faults) -> bool {
         let Some(quota) = faults.quota_after_emails.filter(|_| !self.quota_lifted) else { return true };
         if faults.quota_reset_ms.is_some_and(|ms| now.duration_since(self.quota_since) >= Duration::from_millis(ms)) {
             self.renew(now);

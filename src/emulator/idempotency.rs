@@ -22,7 +22,7 @@ struct Stored {
 
 /// What the store says about a keyed request.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// Not seen: process it.
     Fresh,
     /// Seen with this body: answer this, send nothing.
@@ -35,13 +35,13 @@ pub enum Lookup {
 
 /// Keyed requests seen within the TTL.
 #[derive(Default)]
-pub struct IdempotencyStore {
+pub(crate) struct IdempotencyStore {
     entries: HashMap<String, Stored>,
 }
 
 impl IdempotencyStore {
     /// Looks `key` up for a request with `body` arriving at `now`.
-    pub fn lookup(&mut self, key: &str, body: &Bytes, now: Instant) -> Lookup {
+    pub(crate) fn lookup(&mut self, key: &str, body: &Bytes, now: Instant) -> Lookup {
         self.entries.retain(|_, s| now.duration_since(s.at) <= TTL);
         match self.entries.get(key) {
             None => Lookup::Fresh,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 /// Arrivals within the last second.
 #[derive(Default)]
-pub struct SlidingWindow {
+pub(crate) struct SlidingWindow {
     arrivals: VecDeque<Instant>,
     /// The most arrivals seen in any sliding second.
     pub max_in_1s: u64,
@@ -15,7 +15,7 @@ pub struct SlidingWindow {
 
 /// Rate-limit facts for one request.
 #[derive(Debug, Clone, Copy)]
-pub struct RateInfo {
+pub(crate) struct RateInfo {
     pub limited: bool,
     pub limit: Option<u32>,
     pub remaining: u32,
@@ -25,7 +25,7 @@ pub struct RateInfo {
 
 impl SlidingWindow {
     /// Records an arrival at `now` and decides whether it is over `limit`.
-    pub fn arrive(&mut self, now: Instant, limit: Option<u32>) -> RateInfo {
+    pub(crate) fn arrive(&mut self, now: Instant, limit: Option<u32>) -> RateInfo {
         let second = Duration::from_secs(1);
         while self.arrivals.front().is_some_and(|&t| now.duration_since(t) >= second) {
             self.arrivals.pop_front();

@@ -11,7 +11,7 @@ use crate::http::{self, HttpRequest, HttpResponse};
 
 /// A refusal, written the way Resend writes errors.
 #[derive(Debug)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     pub status: StatusCode,
     pub name: &'static str,
     pub message: String,
@@ -51,7 +51,7 @@ fn looks_like_a_key(key: &str) -> bool {
 
 /// The User-Agent and the API key: `allowed`, when given, is the one key
 /// accepted; otherwise any key that looks like a Resend key (`re_…`) is.
-pub fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<(), ApiError> {
+pub(crate) fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<(), ApiError> {
     let h = req.headers();
     if h.get(hyper::header::USER_AGENT).is_none_or(|v| v.is_empty()) {
         return Err(ApiError::new(403, "missing_user_agent", "A User-Agent header is required."));
@@ -73,13 +73,13 @@ pub fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<(), Api
 }
 
 /// The recipients and subject of an email that passed validation.
-pub struct Recipients {
+pub(crate) struct Recipients {
     pub to: Vec<String>,
     pub subject: String,
 }
 
 /// Resend's per-email rules.
-pub fn email(email: &Value, batch: bool, faults: &Faults) -> Result<Recipients, ApiError> {
+pub(crate) fn email(email: &Value, batch: bool, faults: &Faults) -> Result<Recipients, ApiError> {
     let missing =
         |field: &str| ApiError::new(422, "missing_required_field", format!("The `{field}` field is missing."));
     let obj =
@@ -141,7 +141,7 @@ pub fn email(email: &Value, batch: bool, faults: &Faults) -> Result<Recipients, 
 }
 
 /// `Name <a@b>` → `a@b`.
-pub fn bare_address(s: &str) -> &str {
+pub(crate) fn bare_address(s: &str) -> &str {
     match (s.rfind('<'), s.rfind('>')) {
         (Some(open), Some(close)) if open < close => s[open + 1..close].trim(),
         _ => s.trim(),

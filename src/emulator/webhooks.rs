@@ -31,14 +31,14 @@ const RETRIES: [Duration; 3] = [Duration::from_millis(200), Duration::from_secs(
 
 /// Counters of the webhooks sent.
 #[derive(Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     pub delivered: AtomicU64,
     pub retried: AtomicU64,
     pub failed: AtomicU64,
 }
 
 /// Events waiting to be posted, and the task that posts them.
-pub struct Outbox {
+pub(crate) struct Outbox {
     target: WebhookTarget,
     queue: OnceLock<mpsc::UnboundedSender<(String, String)>>,
     pub counters: std::sync::Arc<Counters>,
@@ -109,7 +109,7 @@ async fn post(
 }
 
 /// The event bodies an accepted email leads to, by its recipient.
-pub fn events_for(id: &str, email: &Value) -> Vec<String> {
+fn events_for(id: &str, email: &Value) -> Vec<String> {
     let to: Vec<String> = match email.get("to") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),

@@ -115,7 +115,7 @@ mod progress {
     /// Kicks over fewer subscribers than this show nothing.
     const SHOW_FROM: u64 = 5000;
 
-    pub struct Shown(Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>);
+    pub(crate) struct Shown(Option<(tokio::task::JoinHandle<()>, tokio::sync::oneshot::Sender<()>)>);
 
     impl Shown {
         pub async fn finish(self) {

@@ -65,7 +65,7 @@ pub async fn fan_out(
 
 /// Each delivery's release time for a campaign sent at its recipients' local hour.
 #[derive(Debug, Clone, Copy)]
-pub struct LocalHour {
+pub(crate) struct LocalHour {
     pub at: NaiveTime,
     /// For subscribers without a (valid) zone of their own.
     pub default_tz: Tz,
@@ -92,7 +92,7 @@ impl LocalHour {
     }
 
     /// When a subscriber in `zone` (an IANA name, or none) gets theirs, in ms.
-    pub fn release_ms(&self, zone: Option<&str>) -> u64 {
+    pub(crate) fn release_ms(&self, zone: Option<&str>) -> u64 {
         let tz = zone.and_then(|z| z.parse::<Tz>().ok()).unwrap_or(self.default_tz);
         crate::period::release_at(self.at, tz, self.from, self.until).timestamp_millis().max(0) as u64
     }

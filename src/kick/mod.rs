@@ -22,7 +22,8 @@ use serde::Serialize;
 pub use self::command::{Args, command};
 use self::dry_run::read_subscribers;
 pub use self::dry_run::{DryRun, Verdict, dry_run};
-pub use self::fanout::{LocalHour, fan_out};
+pub(crate) use self::fanout::LocalHour;
+pub use self::fanout::fan_out;
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
 use crate::db::scripts::{self, Fanout, FanoutOf};
@@ -79,7 +80,7 @@ pub enum PeriodRule {
 /// side of a period boundary agree): `explicit` if given and allowed, else the current
 /// one. A period that started longer than `retention` ago is refused outright: its
 /// deliveries' records may have expired, so kicking it again could send twice.
-pub fn choose_period(
+fn choose_period(
     campaign: &CampaignConfig,
     explicit: Option<&str>,
     rule: PeriodRule,
@@ -142,7 +143,7 @@ pub async fn kick_registry(store: &Store, config: &Config, campaign: &str, perio
 }
 
 /// [`kick_registry`] with options (progress, a stop for tests).
-pub async fn kick_registry_with(
+async fn kick_registry_with(
     store: &Store,
     config: &Config,
     campaign: &str,
@@ -178,7 +179,12 @@ pub async fn kick_with(
 }
 
 /// Takes the period's fan-out record for `owner` (see [`kick_with`]).
-pub async fn acquire(store: &Store, config: &Config, run: FanoutOf<'_>, restart: bool) -> anyhow::Result<Fanout> {
+pub(crate) async fn acquire(
+    store: &Store,
+    config: &Config,
+    run: FanoutOf<'_>,
+    restart: bool,
+) -> anyhow::Result<Fanout> {
     let mut conn = store.conn().await?;
     let retention = config.retention().as_secs();
     scripts::fanout_acquire(&mut conn, &store.keys, run, FANOUT_LEASE_MS, restart, retention)

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::db::{Counts, Store, streams};
 
 /// The gauges filled at scrape time.
-pub struct Gauges {
+pub(crate) struct Gauges {
     period_deliveries: IntGaugeVec,
     period_duplicates: IntGaugeVec,
     variant_exposures: IntGaugeVec,

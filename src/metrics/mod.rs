@@ -21,7 +21,7 @@ use crate::resend::{ErrorName, ProviderError};
 
 /// An error's text for a log line, without the values redis-rs quotes when a reply
 /// does not parse ("… (value was …)"): such a value may be a subscriber's data.
-pub fn redacted(error: &anyhow::Error) -> String {
+fn redacted(error: &anyhow::Error) -> String {
     let text = format!("{error:#}");
     match text.find("value was") {
         Some(at) => format!("{}value withheld)", &text[..at]),
@@ -279,7 +279,7 @@ impl Metrics {
     }
 
     /// Facts from the config: the objectives, the ceiling, the version.
-    pub fn configure(&self, config: &Config) {
+    pub(crate) fn configure(&self, config: &Config) {
         self.objective.set(config.slo.failure_rate);
         self.stuck_after.set(config.stuck_after().as_secs_f64());
         self.ceiling.set(f64::from(config.resend.requests_per_second) * config.resend.batch_size as f64);
@@ -288,7 +288,7 @@ impl Metrics {
 
     /// One request to Resend's `endpoint` (`emails_batch`) ended after `took`,
     /// accepted or refused.
-    pub fn provider_request(
+    pub(crate) fn provider_request(
         &self,
         endpoint: &'static str,
         result: Result<(), &ProviderError>,
@@ -310,17 +310,17 @@ impl Metrics {
         self.batch_emails.observe(emails as f64);
     }
 
-    pub fn limiter_waited(&self, waited: Duration) {
+    pub(crate) fn limiter_waited(&self, waited: Duration) {
         self.limiter_wait.observe(waited.as_secs_f64());
     }
 
-    pub fn retry_scheduled(&self, error: &ErrorName, attempts: u32, delay: Duration) {
+    pub(crate) fn retry_scheduled(&self, error: &ErrorName, attempts: u32, delay: Duration) {
         tracing::info!(error = error.as_str(), attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
         self.retries.with_label_values(&[error.label()]).inc();
     }
 
     /// Sending is paused (a provider quota is used up) or resumed, on every instance.
-    pub fn set_paused(&self, paused: bool) {
+    pub(crate) fn set_paused(&self, paused: bool) {
         let was = self.paused_logged.swap(paused, std::sync::atomic::Ordering::Relaxed);
         if paused && !was {
             tracing::error!("sending paused: the provider's quota is used up; nothing is dropped");
@@ -332,7 +332,7 @@ impl Metrics {
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or
     /// invalid; `why` says why a rejection was (a bounded name).
-    pub fn webhook_request(&self, result: &'static str, why: Option<&'static str>) {
+    pub(crate) fn webhook_request(&self, result: &'static str, why: Option<&'static str>) {
         if result == "rejected" {
             tracing::warn!(why = why.unwrap_or(""), "webhook request rejected");
         }
@@ -340,7 +340,7 @@ impl Metrics {
     }
 
     /// A verified webhook event of `kind` (a bounded name).
-    pub fn webhook_event(&self, kind: &'static str) {
+    pub(crate) fn webhook_event(&self, kind: &'static str) {
         self.webhook_events.with_label_values(&[kind]).inc();
     }
 
@@ -377,7 +377,7 @@ impl Metrics {
     }
 
     /// Deliveries of `campaign` deferred for want of a hook answer.
-    pub fn render_hook_deferred(&self, campaign: &str, n: u64) {
+    pub(crate) fn render_hook_deferred(&self, campaign: &str, n: u64) {
         self.render_hook_deferred.with_label_values(&[campaign]).inc_by(n);
     }
 
@@ -386,12 +386,12 @@ impl Metrics {
         self.ingested.with_label_values(&[result]).inc_by(n);
     }
 
-    pub fn schedule_fire(&self, campaign: &str, result: &'static str) {
+    pub(crate) fn schedule_fire(&self, campaign: &str, result: &'static str) {
         self.schedule_fires.with_label_values(&[campaign, result]).inc();
     }
 
     /// A campaign's latest and next fire times.
-    pub fn schedule_times(
+    pub(crate) fn schedule_times(
         &self,
         campaign: &str,
         last: Option<chrono::DateTime<chrono::Utc>>,
@@ -406,7 +406,7 @@ impl Metrics {
 
     /// What the reclaimer's last look found stuck (replaces the previous look);
     /// every kind of each of `campaigns` is exported, 0 when none is stuck.
-    pub fn set_stuck<'a>(&self, tally: &'a crate::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
+    pub(crate) fn set_stuck<'a>(&self, tally: &'a crate::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
         let mut by: std::collections::BTreeMap<(&str, crate::stuck::Kind), u64> = Default::default();
         for campaign in campaigns {
             for kind in crate::stuck::Kind::ALL {
@@ -424,17 +424,17 @@ impl Metrics {
     }
 
     /// `n` deliveries were found without the record (or batch record) they should have.
-    pub fn lost_batch(&self, n: u64) {
+    pub(crate) fn lost_batch(&self, n: u64) {
         self.records_lost.inc_by(n);
     }
 
     /// Running on a Redis that may lose acknowledged writes, by the operator's choice.
-    pub fn set_durability_relaxed(&self, relaxed: bool) {
+    pub(crate) fn set_durability_relaxed(&self, relaxed: bool) {
         self.durability_relaxed.set(i64::from(relaxed));
     }
 
     /// A Redis call failed; `op` names the step (a fixed name, never data).
-    pub fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
+    pub(crate) fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
         tracing::warn!(op, error = %redacted(error), "redis call failed");
         self.redis_errors.with_label_values(&[op]).inc();
     }

@@ -6,7 +6,7 @@ use prometheus::core::{Collector as PromCollector, Desc};
 use prometheus::proto::{self, MetricFamily, MetricType};
 
 /// Reads `/proc/self` when gathered.
-pub struct Collector {
+pub(crate) struct Collector {
     descs: Vec<Desc>,
 }
 

@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 
 pub const PATH: &str = "/v1/deliveries";
 
-pub struct Ingest {
+pub(crate) struct Ingest {
     tokens: Vec<Secret>,
     store: Store,
     config: Config,

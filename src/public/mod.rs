@@ -20,7 +20,7 @@ use crate::tokens::Tokens;
 
 /// Serves the public routes on `listener` until `shutdown`, with the limits the
 /// config sets (body size, requests per second per client address, timeout).
-pub fn serve(
+pub(crate) fn serve(
     ctx: &Ctx,
     listener: tokio::net::TcpListener,
     shutdown: crate::shutdown::Shutdown,
@@ -41,7 +41,7 @@ pub fn serve(
 }
 
 /// What the public listener serves.
-pub struct Public {
+struct Public {
     webhooks: Webhooks,
     ingest: ingest::Ingest,
     tokens: Tokens,

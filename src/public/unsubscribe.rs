@@ -10,7 +10,7 @@ use crate::tokens::{PATH, TokenError, Tokens};
 
 /// What a request to an unsubscribe URL asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ask {
+pub(crate) enum Ask {
     /// Show the confirmation page (GET): changes nothing.
     Confirm { subscriber: String, campaign: String },
     /// Turn the campaign off (POST `List-Unsubscribe=One-Click`).
@@ -20,7 +20,7 @@ pub enum Ask {
 }
 
 /// Reads an unsubscribe request (a pure function: tested alone).
-pub fn ask(tokens: &Tokens, req: &HttpRequest) -> Ask {
+pub(crate) fn ask(tokens: &Tokens, req: &HttpRequest) -> Ask {
     let Some(token) = req.uri().path().strip_prefix(PATH) else { return Ask::Refuse(StatusCode::NOT_FOUND) };
     let (subscriber, campaign) = match tokens.read(token) {
         Ok(pair) => pair,
@@ -43,7 +43,7 @@ fn form_has_one_click(body: &[u8]) -> bool {
 }
 
 /// The confirmation page a GET shows: a button that POSTs the one-click form.
-pub fn confirm_page(campaign: &str) -> HttpResponse {
+pub(crate) fn confirm_page(campaign: &str) -> HttpResponse {
     http::html(
         StatusCode::OK,
         format!(
@@ -58,7 +58,7 @@ pub fn confirm_page(campaign: &str) -> HttpResponse {
 }
 
 /// The answer after unsubscribing (also for a repeated one).
-pub fn done_page() -> HttpResponse {
+pub(crate) fn done_page() -> HttpResponse {
     http::html(
         StatusCode::OK,
         "<!doctype html><html><head><meta charset=\"utf-8\"><title>Unsubscribed</title></head>\

@@ -44,7 +44,7 @@ names! {
 
 impl Kind {
     /// The kind of an event `type` (`email.bounced`); one it does not know is `Other`.
-    pub fn of_type(s: &str) -> Kind {
+    fn of_type(s: &str) -> Kind {
         let known = s.strip_prefix("email.").and_then(|name| name.parse().ok());
         known.filter(|&k| k != Kind::Other).unwrap_or(Kind::Other)
     }
@@ -52,7 +52,7 @@ impl Kind {
 
 /// What a verified event asks of mailstream (a pure reading of its JSON).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
+struct Event {
     pub kind: Kind,
     /// The delivery it is about, from the `delivery` tag mailstream sets.
     pub delivery: Option<DeliveryRef>,
@@ -64,7 +64,7 @@ pub struct Event {
 
 /// Reads an event envelope `{type, created_at, data}`; `None` when the body is not
 /// JSON. JSON of another shape is an event of an unknown type (acknowledged, ignored).
-pub fn parse_event(body: &[u8]) -> Option<Event> {
+fn parse_event(body: &[u8]) -> Option<Event> {
     let v: Value = serde_json::from_slice(body).ok()?;
     let kind = Kind::of_type(v.get("type").and_then(Value::as_str).unwrap_or(""));
     let data = v.get("data").cloned().unwrap_or(Value::Null);

@@ -13,7 +13,7 @@ use super::error::{ErrorName, ProviderError};
 use crate::config::Secret;
 
 /// The User-Agent every request carries (Resend answers 403 without one).
-pub const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));
+const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));
 
 /// One email of an accepted batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,7 +146,7 @@ struct IndexError {
 /// Maps a batch answer to per-email results. Resend lists ids in request order and
 /// reports refused emails by index; `data` may either skip refused emails or hold
 /// a placeholder for them, so both readings are accepted. `None` if it cannot match.
-pub fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
+fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
     let body: BatchBody = serde_json::from_slice(bytes).ok()?;
     let mut refused = vec![false; count];
     for e in &body.errors {

@@ -142,7 +142,7 @@ impl ErrorName {
     }
 
     /// The name of an error answer: its body's name if it is short and plain, else `http_<status>`.
-    pub fn from_answer(name: Option<&str>, status: u16) -> ErrorName {
+    fn from_answer(name: Option<&str>, status: u16) -> ErrorName {
         match name {
             Some(n) if !n.is_empty() && n.len() <= 64 && n.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') => {
                 ErrorName::parse(n)
@@ -164,7 +164,7 @@ static HTTP_NAMES: std::sync::LazyLock<Vec<String>> =
 
 /// Decides the action for an error `name` and `status` (the message only tells
 /// whether a `validation_error` is about the sender).
-pub fn classify(name: &ErrorName, status: Option<u16>, message: &str) -> Action {
+fn classify(name: &ErrorName, status: Option<u16>, message: &str) -> Action {
     use ErrorName as N;
     match name {
         N::RateLimitExceeded
@@ -223,7 +223,7 @@ pub struct ProviderError {
 
 impl ProviderError {
     /// An error answered by Resend with a JSON body (or without one).
-    pub fn from_response(status: u16, name: Option<&str>, message: &str, retry_after: Option<Duration>) -> Self {
+    pub(crate) fn from_response(status: u16, name: Option<&str>, message: &str, retry_after: Option<Duration>) -> Self {
         let name = ErrorName::from_answer(name, status);
         ProviderError {
             action: classify(&name, Some(status), message),

@@ -55,7 +55,7 @@ pub(super) fn read_seal(sealed: Vec<usize>) -> RedisResult<Vec<usize>> {
 
 /// The hashes of `addresses` as seal.lua keeps them for the last gate: comma-separated,
 /// `-` for none.
-pub fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
+pub(crate) fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
     if addresses.is_empty() {
         return "-".to_string();
     }
@@ -213,7 +213,7 @@ pub enum Take {
 }
 
 /// A sealed batch's members, as recorded in it (space-separated delivery ids).
-pub fn parse_members(ids: &str) -> Vec<DeliveryRef> {
+fn parse_members(ids: &str) -> Vec<DeliveryRef> {
     ids.split(' ').filter_map(DeliveryRef::parse).collect()
 }
 

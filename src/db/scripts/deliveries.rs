@@ -23,7 +23,7 @@ pub async fn enqueue(
 
 /// [`enqueue`] with a release time (Redis-clock ms) per delivery: one in the future
 /// waits in the partition's due set, 0 (or a past time) goes to the stream now.
-pub async fn enqueue_at(
+async fn enqueue_at(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
@@ -46,7 +46,7 @@ pub async fn enqueue_at(
 
 /// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id (what a fan-out
 /// builds, without a [`DeliveryRef`] each).
-pub async fn enqueue_ids(
+pub(crate) async fn enqueue_ids(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
@@ -147,7 +147,7 @@ pub(super) fn read_ingested(rows: Vec<(String, String)>) -> RedisResult<Vec<Inge
 
 /// How [`defer`] backs off.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     pub base_ms: u64,
     pub max_ms: u64,
     /// Deferred no more once this long has passed since the first wait.
@@ -158,7 +158,7 @@ pub struct Backoff {
 
 /// What [`defer`] did with one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deferred {
+pub(crate) enum Deferred {
     /// Due again after this long.
     For(u64),
     /// Not this owner's any more.
@@ -169,7 +169,7 @@ pub enum Deferred {
 
 /// Defers claimed digest deliveries of partition `p` (entry, delivery) whose render
 /// hook gave no answer (see lua/defer.lua).
-pub async fn defer(
+pub(crate) async fn defer(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,

@@ -8,7 +8,7 @@ use crate::db::keys::Keys;
 
 /// What acquiring a fan-out record found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fanout {
+pub(crate) enum Fanout {
     /// Ours now; `resumed` when it continues a fan-out that stopped halfway; one SSCAN
     /// cursor per partition (`None`: that partition is finished).
     Acquired { resumed: bool, cursors: Vec<Option<u64>> },
@@ -28,7 +28,7 @@ pub struct FanoutOf<'a> {
 
 /// Takes the fan-out record of a campaign period for its owner (`restart`: start again
 /// if it is done, as an operator's kick does; a scheduler never does).
-pub async fn fanout_acquire(
+pub(crate) async fn fanout_acquire(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     run: FanoutOf<'_>,
@@ -70,7 +70,7 @@ pub(super) fn read_acquire(row: Vec<String>) -> RedisResult<Fanout> {
 
 /// What one page of a fan-out did, recorded with the cursor it ended at.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct FanoutPage {
+pub(crate) struct FanoutPage {
     pub new: u64,
     pub duplicates: u64,
     pub not_eligible: u64,
@@ -79,7 +79,7 @@ pub struct FanoutPage {
 
 /// Records a page of partition `p` (`cursor` None: the partition is finished) and
 /// renews the lease; `false` if the record is no longer the run's owner's.
-pub async fn fanout_progress(
+pub(crate) async fn fanout_progress(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     run: FanoutOf<'_>,
@@ -107,13 +107,13 @@ pub async fn fanout_progress(
 
 /// Starts a fan-out still running (record `key`, found by a scan) again from the
 /// beginning of every partition; whether it was running.
-pub async fn fanout_rewind(conn: &mut impl ConnectionLike, key: &str, partitions: u16) -> RedisResult<bool> {
+pub(crate) async fn fanout_rewind(conn: &mut impl ConnectionLike, key: &str, partitions: u16) -> RedisResult<bool> {
     let rewound: i64 = SCRIPTS.fanout.key(key).arg("rewind").arg("").arg(0).arg(partitions).invoke_async(conn).await?;
     flag("fanout.lua rewind", rewound)
 }
 
 /// Marks the fan-out done; `false` if the record is no longer the run's owner's.
-pub async fn fanout_finish(conn: &mut impl ConnectionLike, keys: &Keys, run: FanoutOf<'_>) -> RedisResult<bool> {
+pub(crate) async fn fanout_finish(conn: &mut impl ConnectionLike, keys: &Keys, run: FanoutOf<'_>) -> RedisResult<bool> {
     let key = keys.fanout(run.campaign, run.period);
     let held: i64 = SCRIPTS.fanout.key(key).arg("finish").arg(run.owner).arg(0).invoke_async(conn).await?;
     flag("fanout.lua finish", held)

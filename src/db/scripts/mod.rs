@@ -60,7 +60,7 @@ pub const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 /// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
 /// one that does not compile stops the start, and the first calls need no NOSCRIPT
 /// round trip. `more` are scripts kept elsewhere (the limiter's). Returns how many.
-pub async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> RedisResult<usize> {
+pub(crate) async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> RedisResult<usize> {
     let ours = every();
     for script in ours.iter().chain(more) {
         script.load_async(conn).await?;

@@ -93,7 +93,7 @@ pub(super) fn read_suppress(row: Vec<String>) -> RedisResult<(Suppressed, Vec<St
 /// Adds (or lifts) `address` in partition `p`'s suppressed addresses and marks (or
 /// unmarks) the subscribers `ids` of `p` as suppressed; `None` when this event's
 /// cascade was already done in this partition.
-pub async fn cascade(
+pub(crate) async fn cascade(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     p: u16,
@@ -122,14 +122,14 @@ pub(super) fn read_cascade(changed: i64) -> RedisResult<Option<u64>> {
 
 /// What `event` did to a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventWrite {
+pub(crate) enum EventWrite {
     Written,
     Repeat,
     NoDelivery,
 }
 
 /// Writes a provider event (`kind`, e.g. `delivered`) on a delivery once per event id.
-pub async fn event(
+pub(crate) async fn event(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     delivery: &DeliveryRef,
@@ -161,7 +161,7 @@ pub(super) fn read_event(written: i64) -> RedisResult<EventWrite> {
 
 /// Turns `campaign` off for `subscriber`: `Some(true)` if it was on, `Some(false)` if
 /// already off, `None` if there is no such subscriber.
-pub async fn opt_out(
+pub(crate) async fn opt_out(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     subscriber: &str,
