@@ -4,7 +4,7 @@
 //! records (a subscriber's live in one partition); statuses and `since` are checked
 //! on each record. No index is kept: one would cost every delivery another entry in
 //! Redis for a page an operator opens in an incident, while SCAN reads at most
-//! [`SCAN_COUNT`] keys per step and never blocks Redis. Pages follow SCAN's cursor,
+//! `SCAN_COUNT` keys per step and never blocks Redis. Pages follow SCAN's cursor,
 //! so their order is Redis's, not time's. Addresses are shown masked.
 
 use std::collections::BTreeMap;
@@ -44,7 +44,7 @@ pub struct Row {
     pub period: String,
     pub subscriber: String,
     pub target: String,
-    /// One of [`STATUSES`]; `unknown` for a state this version does not know.
+    /// One of `STATUSES`; `unknown` for a state this version does not know.
     pub status: String,
     /// The error name (failed, outcome_unknown) or the reason (skipped).
     pub why: Option<String>,

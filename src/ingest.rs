@@ -242,7 +242,7 @@ pub struct Args {
     json: bool,
 }
 
-/// Enqueues the items `args` name, in chunks of [`MAX_ITEMS`]; exit 1 if any was refused.
+/// Enqueues the items `args` name, in chunks of `MAX_ITEMS`; exit 1 if any was refused.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
     let Args { key, to, subscriber, template, subject, html, text, data, ndjson, json } = args;

@@ -1,4 +1,4 @@
-//! Enums stored or shown by name, each name written once: [`names!`] declares the
+//! Enums stored or shown by name, each name written once: `names!` declares the
 //! enum with its variants' names and derives `as_str`, `ALL`, `Display` and
 //! `FromStr` (a name it does not know is an error that says which).
 

@@ -2,7 +2,7 @@
 //! rate = failed / (sent + failed) (skipped and pending outside the denominator;
 //! outcome_unknown reported beside it), judged against `slo.failure_rate`; stuck
 //! deliveries are a separate signal. `mailstream slo` prints this for a nightly
-//! job and exits [`EXIT_WITHIN`], [`EXIT_BREACHED`] or [`EXIT_UNEVALUATED`].
+//! job and exits `EXIT_WITHIN` (0), `EXIT_BREACHED` (3) or `EXIT_UNEVALUATED` (4).
 
 use std::collections::BTreeMap;
 

@@ -3,7 +3,7 @@
 //! `slo.stuck_after_seconds` ago and still unread by the group; claims whose lease
 //! ran out a whole lease ago with nobody taking them over; members of sealed
 //! batches past their deadline and still unsettled. Each look reads at most
-//! [`LIMIT`] of each kind per partition, so the counts saturate there.
+//! `LIMIT` of each kind per partition, so the counts saturate there.
 //!
 //! The reclaimer looks on its tick (for `/metrics`); `mailstream slo` looks once.
 

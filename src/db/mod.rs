@@ -125,7 +125,7 @@ impl Store {
         self.backend.dedicated().await
     }
 
-    /// Moves a deployment of one of [`UPGRADABLE_LAYOUTS`] to this one: from layout 2,
+    /// Moves a deployment of one of `UPGRADABLE_LAYOUTS` to this one: from layout 2,
     /// `build_audience` (the registry's part, in `subscribers`) runs first; from layout
     /// 4, it refuses while a batch of a shared tail request is unsettled (this version
     /// would send its parts alone, and a part may have left in its shared request);

@@ -110,7 +110,7 @@ fn choose_period(
     Ok(p.to_string())
 }
 
-/// [`choose_period`] on Redis's clock.
+/// `choose_period` on Redis's clock.
 pub async fn period_for(
     store: &Store,
     config: &Config,
