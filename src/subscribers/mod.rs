@@ -3,12 +3,15 @@
 //! record's layout in one place, and [`resolve`], the one send-time reading of
 //! a record into "send to this address" or "skip, because".
 
+mod command;
+
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
 use redis::AsyncCommands;
 use serde::{Deserialize, Serialize};
 
+pub use self::command::{Args, command};
 use crate::config::is_name;
 use crate::db::Store;
 use crate::db::conn::Conn;
@@ -442,50 +445,6 @@ impl ClassifyName for serde_json::Error {
             serde_json::error::Category::Eof => "truncated JSON",
         }
     }
-}
-
-/// `mailstream subscribe`: one subscriber from flags, or NDJSON records.
-#[derive(clap::Args)]
-pub struct Args {
-    /// Subscriber id (an id, not an address).
-    #[arg(long, required_unless_present = "ndjson")]
-    id: Option<String>,
-    #[arg(long, required_unless_present = "ndjson")]
-    email: Option<String>,
-    /// Target ids (repeat); one delivery per target and period.
-    #[arg(long = "target")]
-    targets: Vec<String>,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    entitled: bool,
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    subscribed: bool,
-    /// The subscriber's IANA time zone (for campaigns delivered at a local hour).
-    #[arg(long)]
-    time_zone: Option<String>,
-    /// Read NDJSON subscriber records from this file, or `-` for stdin.
-    #[arg(long, conflicts_with_all = ["id", "email"])]
-    ndjson: Option<String>,
-}
-
-/// Adds or updates the subscribers `args` name.
-pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
-    let Args { id, email, targets, entitled, subscribed, time_zone, ndjson } = args;
-    let list = match ndjson {
-        Some(source) => parse_ndjson(&crate::cli::read_source(&source)?)?,
-        None => vec![Subscriber {
-            id: id.unwrap_or_default(),
-            email: email.unwrap_or_default(),
-            targets,
-            entitled,
-            subscribed,
-            data: None,
-            time_zone,
-        }],
-    };
-    let store = Store::open(config).await?;
-    upsert(&store, &list).await?;
-    println!("{} subscribers written", list.len());
-    Ok(std::process::ExitCode::SUCCESS)
 }
 
 #[cfg(test)]

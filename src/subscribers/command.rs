@@ -1,0 +1,119 @@
+//! `mailstream subscribe`: from flags, only the fields given change (the rest of a
+//! record is kept; `--replace` writes a whole one); NDJSON lines are whole records.
+
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+
+use super::{Subscriber, field, is_set, parse_ndjson, targets, upsert};
+use crate::config::Config;
+use crate::db::Store;
+
+/// Add or update subscribers in the registry.
+#[derive(clap::Args)]
+pub struct Args {
+    /// Subscriber id (an id, not an address).
+    #[arg(long, required_unless_present = "ndjson")]
+    id: Option<String>,
+    /// The subscriber's address (needed to add one; kept in the record only).
+    #[arg(long)]
+    email: Option<String>,
+    /// Target ids (repeat); one delivery per target and period.
+    #[arg(long = "target")]
+    targets: Vec<String>,
+    /// Whether their plan includes the mail (true or false).
+    #[arg(long, action = clap::ArgAction::Set)]
+    entitled: Option<bool>,
+    /// Whether they are subscribed (true or false).
+    #[arg(long, action = clap::ArgAction::Set)]
+    subscribed: Option<bool>,
+    /// The subscriber's IANA time zone (for campaigns delivered at a local hour).
+    #[arg(long)]
+    time_zone: Option<String>,
+    /// Write the whole record from these flags (others back to their defaults: entitled,
+    /// subscribed, the default target, no data, no zone) instead of changing only the
+    /// fields given.
+    #[arg(long, conflicts_with = "ndjson")]
+    replace: bool,
+    /// Read NDJSON subscriber records (whole records) from this file, or `-` for stdin.
+    #[arg(long, conflicts_with_all = ["id", "email"])]
+    ndjson: Option<String>,
+    /// One JSON object on stdout: `{"written": n}`.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Adds or updates the subscribers `args` name.
+pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
+    let store = Store::open(config).await?;
+    let list = match &args.ndjson {
+        Some(source) => parse_ndjson(&crate::cli::read_source(source)?)?,
+        None => vec![from_flags(&store, &args).await?],
+    };
+    upsert(&store, &list).await?;
+    if args.json {
+        println!("{}", serde_json::json!({ "written": list.len() }));
+    } else {
+        println!("{} subscribers written", list.len());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The record the flags describe: over the stored one, unless `--replace`.
+async fn from_flags(store: &Store, args: &Args) -> anyhow::Result<Subscriber> {
+    let id = args.id.clone().unwrap_or_default();
+    let stored = if args.replace { None } else { stored(store, &id).await? };
+    let Some(stored) = stored else {
+        let Some(email) = args.email.clone() else {
+            bail!("subscriber {id} is not in the registry: --email is needed to add it");
+        };
+        return Ok(Subscriber {
+            id,
+            email,
+            targets: args.targets.clone(),
+            entitled: args.entitled.unwrap_or(true),
+            subscribed: args.subscribed.unwrap_or(true),
+            data: None,
+            time_zone: args.time_zone.clone(),
+        });
+    };
+    Ok(Subscriber {
+        id,
+        email: args.email.clone().unwrap_or(stored.email),
+        targets: if args.targets.is_empty() { stored.targets } else { args.targets.clone() },
+        entitled: args.entitled.unwrap_or(stored.entitled),
+        subscribed: args.subscribed.unwrap_or(stored.subscribed),
+        data: stored.data,
+        time_zone: args.time_zone.clone().or(stored.time_zone),
+    })
+}
+
+/// Subscriber `id` as stored, if there is one.
+async fn stored(store: &Store, id: &str) -> anyhow::Result<Option<Subscriber>> {
+    let p = store.keys.partition_of(id);
+    let mut conn = store.conn().await?;
+    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+    let fields = [field::EMAIL, field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::DATA, field::TIME_ZONE];
+    let (email, stored_targets, entitled, subscribed, data, time_zone): Row = redis::cmd("HMGET")
+        .arg(store.keys.subscriber(p, id))
+        .arg(&fields)
+        .query_async(&mut conn)
+        .await
+        .context("reading the subscriber")?;
+    let Some(email) = email else { return Ok(None) };
+    let data = match data {
+        Some(text) => Some(serde_json::from_str(&text).with_context(|| {
+            format!("subscriber {id}: its stored data is not a JSON object; write the whole record with --replace")
+        })?),
+        None => None,
+    };
+    Ok(Some(Subscriber {
+        id: id.to_string(),
+        email,
+        targets: targets(stored_targets.as_deref()).map(str::to_string).collect(),
+        entitled: is_set(entitled.as_deref()),
+        subscribed: is_set(subscribed.as_deref()),
+        data,
+        time_zone,
+    }))
+}
