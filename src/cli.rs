@@ -16,3 +16,30 @@ pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
         std::fs::read_to_string(Path::new(source)).with_context(|| format!("reading {source}"))
     }
 }
+
+/// Where a command's report goes. With `--json`: the object (or one per line, where a
+/// command documents that) on stdout, and the lines for people on stderr, so stdout
+/// pipes into `jq`. Without: the lines on stdout and no JSON.
+#[derive(Clone, Copy)]
+pub(crate) struct Report {
+    pub json: bool,
+}
+
+impl Report {
+    /// A line for people.
+    pub fn line(&self, text: impl std::fmt::Display) {
+        if self.json {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    }
+
+    /// The machine's copy: printed with `--json` only, as one line.
+    pub fn object(&self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(value)?);
+        }
+        Ok(())
+    }
+}

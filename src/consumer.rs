@@ -485,8 +485,10 @@ impl Consumer {
 /// `mailstream preview`.
 #[derive(clap::Args)]
 pub struct PreviewArgs {
+    /// The campaign (as named in the config).
     #[arg(long)]
     campaign: String,
+    /// The subscriber's id.
     #[arg(long)]
     subscriber: String,
     /// The subscriber's target (default: their first).
@@ -495,12 +497,18 @@ pub struct PreviewArgs {
     /// Default: the current period.
     #[arg(long)]
     period: Option<String>,
+    /// What to print: the text part with the subject and headers, the HTML part, or the
+    /// email object as sealed.
     #[arg(long, value_enum, default_value = "text")]
     format: PreviewFormat,
+    /// One JSON object on stdout: the email object as it would be sealed, or
+    /// `{"delivery", "sent": false, "reason"}`; the same as `--format json`.
+    #[arg(long, conflicts_with = "format")]
+    json: bool,
 }
 
 /// What `mailstream preview` prints.
-#[derive(Clone, Copy, clap::ValueEnum)]
+#[derive(Clone, Copy, PartialEq, clap::ValueEnum)]
 enum PreviewFormat {
     /// Subject, headers and the text part.
     Text,
@@ -513,9 +521,10 @@ enum PreviewFormat {
 /// Prints the email a delivery would be sealed as now; exit 1 (and why) if it would not be sent.
 pub async fn preview_command(config: &Config, args: PreviewArgs) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
-    let PreviewArgs { campaign, subscriber, target, period, format } = args;
+    let PreviewArgs { campaign, subscriber, target, period, format, json } = args;
+    let format = if json { PreviewFormat::Json } else { format };
     let c = config.campaign(&campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
-    let store = Store::open(config).await?;
+    let store = Store::open_read(config).await?;
     let rule = crate::kick::PeriodRule::AnyWithinRetention;
     let period = crate::kick::period_for(&store, config, c, period.as_deref(), rule).await?;
     let target = match target {
@@ -523,10 +532,13 @@ pub async fn preview_command(config: &Config, args: PreviewArgs) -> anyhow::Resu
         None => subscribers::first_target(&store, &subscriber).await?,
     };
     let delivery = DeliveryRef::new(&campaign, &period, &subscriber, &target);
+    let out = crate::cli::Report { json: format == PreviewFormat::Json };
     let email = match preview(&store, config, &delivery).await? {
         Ok(json) => json,
         Err(reason) => {
-            println!("{} would not be sent: {}", delivery.id(), reason.as_str());
+            out.line(format_args!("{} would not be sent: {}", delivery.id(), reason.as_str()));
+            let id = delivery.id();
+            out.object(&serde_json::json!({ "delivery": id, "sent": false, "reason": reason.as_str() }))?;
             return Ok(std::process::ExitCode::FAILURE);
         }
     };

@@ -74,6 +74,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         scripts,
         "mailstream running"
     );
+    tracing::info!(features = %c.features(), "features");
     // Redis answered, the scripts are loaded, the listeners were bound before `run`.
     ctx.notify.ready(&format!(
         "running as {owner}: {} partitions, {} requests/s",
@@ -114,6 +115,9 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
 
 /// `mailstream run`: binds the listeners, runs until SIGTERM or SIGINT.
 pub async fn command(config: Config) -> anyhow::Result<std::process::ExitCode> {
+    for warning in config.check_sending()? {
+        tracing::warn!("{warning}");
+    }
     let listeners = Listeners::bind(&config).await?;
     let shutdown = shutdown::on_signals().context("installing the signal handlers")?;
     run(config, listeners, shutdown).await?;

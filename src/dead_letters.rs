@@ -101,6 +101,7 @@ pub enum Command {
         /// List deliveries whose outcome is unknown instead of failed ones.
         #[arg(long)]
         unknown: bool,
+        /// At most this many (the newest).
         #[arg(long, default_value_t = 100)]
         limit: usize,
         /// One JSON object per line.
@@ -109,19 +110,23 @@ pub enum Command {
     },
     /// Requeue deliveries by id: pending again, attempts reset, a new stream entry.
     Retry {
+        /// Delivery ids, as `list` prints them.
         #[arg(required = true)]
         ids: Vec<String>,
         /// Also requeue outcome_unknown deliveries (check in Resend first that they were not sent).
         #[arg(long)]
         allow_unknown: bool,
+        /// One JSON object on stdout: each id's result and how many were refused.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Lists or requeues dead letters; exit 1 if a requeue was refused.
 pub async fn command(config: &crate::config::Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
-    let store = Store::open(config).await?;
     match command {
         Command::List { unknown, limit, json } => {
+            let store = Store::open_read(config).await?;
             let kind = if unknown { Kind::OutcomeUnknown } else { Kind::Failed };
             let entries = list(&store, kind, limit).await?;
             for d in &entries {
@@ -143,13 +148,25 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
                 eprintln!("{} entries", entries.len());
             }
         }
-        Command::Retry { ids, allow_unknown } => {
+        Command::Retry { ids, allow_unknown, json } => {
+            let store = Store::open(config).await?;
             let results = retry(&store, &ids, allow_unknown).await?;
+            let out = crate::cli::Report { json };
             let mut refused = 0;
             for (id, result) in &results {
-                println!("{id}: {result}");
+                out.line(format_args!("{id}: {result}"));
                 refused += usize::from(*result != Requeue::Requeued);
             }
+            let results: Vec<_> = results
+                .iter()
+                .map(|(id, r)| match r {
+                    Requeue::Refused(state) => {
+                        serde_json::json!({ "id": id, "result": "refused", "state": state.as_str() })
+                    }
+                    other => serde_json::json!({ "id": id, "result": other.to_string() }),
+                })
+                .collect();
+            out.object(&serde_json::json!({ "results": results, "refused": refused }))?;
             if refused > 0 {
                 return Ok(std::process::ExitCode::FAILURE);
             }

@@ -332,10 +332,13 @@ pub(crate) fn parse_since(s: &str, now: DateTime<Utc>) -> anyhow::Result<DateTim
 /// `mailstream deliveries`: the delivery log, a page at a time.
 #[derive(clap::Args)]
 pub struct Args {
+    /// Only this campaign's deliveries (`transactional` for the transactional lane).
     #[arg(long)]
     campaign: Option<String>,
+    /// Only this period (such as 2026-W48).
     #[arg(long)]
     period: Option<String>,
+    /// Only this subscriber's deliveries.
     #[arg(long)]
     subscriber: Option<String>,
     /// pending, processing, sealed, sent, skipped, failed, outcome_unknown or unknown; repeat for several.
@@ -344,12 +347,13 @@ pub struct Args {
     /// Settled at or after: an RFC 3339 time or a span before now (90s, 30m, 2h, 7d).
     #[arg(long)]
     since: Option<String>,
+    /// At most this many rows on the page.
     #[arg(long, default_value_t = 100)]
     limit: usize,
     /// Continue where the previous page ended (printed after it).
     #[arg(long)]
     cursor: Option<String>,
-    /// One JSON object per line.
+    /// One JSON object per line on stdout (the cursor line goes to stderr).
     #[arg(long)]
     json: bool,
 }
@@ -357,7 +361,7 @@ pub struct Args {
 /// Prints one page of the log and, on stderr, the cursor of the next.
 pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
     let Args { campaign, period, subscriber, statuses, since, limit, cursor, json } = args;
-    let store = Store::open(config).await?;
+    let store = Store::open_read(config).await?;
     let since = since.map(|s| parse_since(&s, Utc::now())).transpose()?;
     let filter = Filter { campaign, period, subscriber, statuses, since, limit };
     let page = page(&store, &filter, cursor.as_deref()).await?;

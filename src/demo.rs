@@ -50,7 +50,7 @@ impl Default for DemoOptions {
     }
 }
 
-/// The demo's findings (`--json` prints this as its last line).
+/// The demo's findings (what `--json` prints).
 #[derive(Debug, Clone, Serialize)]
 struct DemoReport {
     pub subscribers: u64,
@@ -471,11 +471,13 @@ fn summary(out: &mut (dyn Write + Send), r: &DemoReport) -> std::io::Result<()> 
 /// `mailstream demo`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// How many subscribers the weekly run mails.
     #[arg(long, default_value_t = 5000)]
     subscribers: u64,
+    /// The emulated provider's rate limit, and the daemon's pace (requests per second).
     #[arg(long, default_value_t = 10)]
     rps: u32,
-    /// End with one JSON line of results.
+    /// One JSON object of results on stdout (the progress goes to stderr).
     #[arg(long)]
     json: bool,
     /// Use this Redis (under a fresh key prefix) instead of starting a private one.
@@ -490,9 +492,9 @@ pub struct Args {
 pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let Args { subscribers, rps, json, redis_url, scheduled } = args;
     let opts = DemoOptions { subscribers, rps, redis_url, scheduled, ..Default::default() };
-    let report = run(&opts, &mut std::io::stdout()).await?;
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    }
+    // With --json, stdout holds the one object and the progress goes to stderr.
+    let report =
+        if json { run(&opts, &mut std::io::stderr()).await? } else { run(&opts, &mut std::io::stdout()).await? };
+    crate::cli::Report { json }.object(&report)?;
     Ok(if report.problems().is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE })
 }

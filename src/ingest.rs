@@ -227,8 +227,10 @@ pub struct Args {
     /// ...or ready content: a subject and html and/or text.
     #[arg(long)]
     subject: Option<String>,
+    /// The HTML part of ready content.
     #[arg(long)]
     html: Option<String>,
+    /// The plain-text part of ready content.
     #[arg(long)]
     text: Option<String>,
     /// Template data, a JSON object.

@@ -13,76 +13,181 @@ use mailstream::{
     suppression,
 };
 
+/// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
+const AFTER_HELP: &str = "Exit codes: 0 done; 1 failed (or refused in part: see the message); \
+64 usage (an unknown command or flag, a bad value); 69 Redis unreachable or not answering; \
+78 configuration (unreadable or invalid config, a secret file that cannot be read). \
+`mailstream slo` exits 3 when an objective is breached and 4 when it cannot be evaluated.";
+
 #[derive(Parser)]
 #[command(
     name = "mailstream",
     version,
-    about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams."
+    about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams.",
+    after_help = AFTER_HELP
 )]
 struct Cli {
-    /// Config file (see the shipped config.toml); accepted before or after the command.
-    #[arg(long, short, global = true, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
-    config: PathBuf,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The config file, for every command that reads one.
+#[derive(clap::Args)]
+struct At {
+    /// Config file (see the shipped config.toml).
+    #[arg(long, short, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
+}
+
+/// The config file of a command with subcommands, accepted after either.
+#[derive(clap::Args)]
+struct AtAny {
+    /// Config file (see the shipped config.toml).
+    #[arg(long, short, global = true, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
 }
 
 #[derive(Subcommand)]
 enum Command {
     /// Run the daemon: read, batch, send, settle, recover; stop on SIGTERM or SIGINT.
-    Run,
-    /// Validate a config file and exit.
-    CheckConfig,
-    /// Add or update subscribers in the registry.
-    Subscribe(subscribers::Args),
+    Run(At),
+    /// Validate a config file, say which features it turns on, and exit.
+    CheckConfig {
+        #[command(flatten)]
+        at: At,
+        /// One JSON object on stdout: `ok`, the counts, and `features`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add subscribers to the registry, or change the fields given of one.
+    Subscribe {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: subscribers::Args,
+    },
     /// Enqueue a transactional send (a receipt, a reset) in the lane that overtakes
     /// campaigns; at most once per idempotency key. One from flags, or NDJSON items.
-    Enqueue(ingest::Args),
+    Enqueue {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: ingest::Args,
+    },
     /// Enqueue a campaign period for every eligible subscriber (at most once each).
-    Kick(kick::Args),
+    Kick {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: kick::Args,
+    },
     /// The next fires of every scheduled campaign, in its zone and in UTC, with the period each kicks.
-    Schedule(schedule::Args),
+    Schedule {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: schedule::Args,
+    },
     /// Render the exact email a delivery would be sealed as now, without enqueuing anything.
-    Preview(consumer::PreviewArgs),
+    Preview {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: consumer::PreviewArgs,
+    },
     /// Look at and requeue deliveries that failed (or whose outcome is unknown).
     DeadLetters {
+        #[command(flatten)]
+        at: AtAny,
         #[command(subcommand)]
         action: dead_letters::Command,
     },
     /// The delivery log: who got what, and why not (addresses masked).
-    Deliveries(deliveries::Args),
+    Deliveries {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: deliveries::Args,
+    },
     /// End a quota pause now, on every instance (it also ends when the quota renews).
-    Resume,
+    Resume {
+        #[command(flatten)]
+        at: At,
+        /// One JSON object on stdout: `{"resumed": bool}`.
+        #[arg(long)]
+        json: bool,
+    },
     /// Moves a deployment of an earlier key layout (2 or 3) to this version's: from 2 it
     /// builds the kick's audience index from the subscriber records. Stop every instance
     /// first.
-    Upgrade,
+    Upgrade(At),
     /// Look at, add and lift address suppressions (bounces, complaints, by hand).
     Suppressions {
+        #[command(flatten)]
+        at: AtAny,
         #[command(subcommand)]
         action: suppression::Command,
     },
     /// Report the delivery SLO per campaign period (failure rate against slo.failure_rate,
     /// outcome unknown, stuck). Exit 0: within; 3: objective breached (a warning; stuck
-    /// alone counts); 4: could not evaluate (Redis unreachable, no such campaign).
-    Slo(slo::Args),
+    /// alone counts); 4: could not evaluate (Redis unreachable, no such campaign, no campaign
+    /// period under this prefix: a mistyped prefix or Redis).
+    Slo {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: slo::Args,
+    },
     /// Run the Resend emulator.
     Emulator(emulator::Args),
     /// A full weekly run on the embedded default: private Redis, emulator, N subscribers.
     Demo(demo::Args),
 }
 
+/// Exit codes after sysexits.h.
+mod exit {
+    pub const USAGE: u8 = 64;
+    pub const UNAVAILABLE: u8 = 69;
+    pub const CONFIG: u8 = 78;
+}
+
+impl Command {
+    /// The config file the command reads; `None` for those that read none.
+    fn config_path(&self) -> Option<&PathBuf> {
+        use Command::*;
+        match self {
+            Run(at) | Upgrade(at) => Some(&at.config),
+            CheckConfig { at, .. } | Resume { at, .. } => Some(&at.config),
+            Subscribe { at, .. }
+            | Enqueue { at, .. }
+            | Kick { at, .. }
+            | Schedule { at, .. }
+            | Preview { at, .. }
+            | Deliveries { at, .. }
+            | Slo { at, .. } => Some(&at.config),
+            DeadLetters { at, .. } | Suppressions { at, .. } => Some(&at.config),
+            Emulator(_) | Demo(_) => None,
+        }
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
     // The daemon logs as its config says; the other commands print for people and
     // log only warnings.
     // `run` reads its config once, here, and keeps it.
-    let (log, preloaded) = match cli.command {
-        Command::Run => match Config::load(&cli.config) {
+    let (log, preloaded) = match &cli.command {
+        Command::Run(at) => match Config::load(&at.config) {
             Ok(config) => (config.log.clone(), Some(config)),
             Err(e) => {
                 eprintln!("error: {e:#}");
-                return ExitCode::from(2);
+                return ExitCode::from(exit::CONFIG);
             }
         },
         Command::Emulator { .. } => (LogConfig::default(), None),
@@ -99,12 +204,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(execute(cli.config, cli.command, preloaded)) {
+    match runtime.block_on(execute(cli.command, preloaded)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<mailstream::config::ConfigError>().is_some() {
-                ExitCode::from(2)
+                ExitCode::from(exit::CONFIG)
+            } else if mailstream::db::unavailable(&e) {
+                ExitCode::from(exit::UNAVAILABLE)
             } else {
                 ExitCode::FAILURE
             }
@@ -113,28 +220,70 @@ fn main() -> ExitCode {
 }
 
 /// Loads the config (but for the emulator and the demo) and runs the command in its room.
-async fn execute(path: PathBuf, command: Command, preloaded: Option<Config>) -> anyhow::Result<ExitCode> {
-    let config = match (&command, preloaded) {
-        (Command::Emulator(_) | Command::Demo(_), _) => None,
-        (_, Some(config)) => Some(config),
-        (_, None) => Some(Config::load(&path)?),
+async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<ExitCode> {
+    let config = match (command.config_path(), preloaded) {
+        (None, _) => None,
+        (Some(_), Some(config)) => Some(config),
+        (Some(path), None) => Some(Config::load(path)?),
     };
     let config = || config.expect("loaded for every command that reads it");
     match command {
-        Command::Run => daemon::command(config()).await,
-        Command::CheckConfig => Ok(mailstream::config::check(&path, &config())),
-        Command::Subscribe(args) => subscribers::command(&config(), args).await,
-        Command::Enqueue(args) => ingest::command(&config(), args).await,
-        Command::Kick(args) => kick::command(&config(), args).await,
-        Command::Schedule(args) => schedule::command(&config(), args),
-        Command::Preview(args) => consumer::preview_command(&config(), args).await,
-        Command::DeadLetters { action } => dead_letters::command(&config(), action).await,
-        Command::Deliveries(args) => deliveries::command(&config(), args).await,
-        Command::Resume => pause::command(&config()).await,
-        Command::Upgrade => daemon::upgrade(&config()).await,
-        Command::Suppressions { action } => suppression::command(&config(), action).await,
-        Command::Slo(args) => slo::command(&config(), args).await,
+        Command::Run(_) => daemon::command(config()).await,
+        Command::CheckConfig { at, json } => Ok(mailstream::config::check(&at.config, &config(), json)?),
+        Command::Subscribe { args, .. } => subscribers::command(&config(), args).await,
+        Command::Enqueue { args, .. } => ingest::command(&config(), args).await,
+        Command::Kick { args, .. } => kick::command(&config(), args).await,
+        Command::Schedule { args, .. } => schedule::command(&config(), args),
+        Command::Preview { args, .. } => consumer::preview_command(&config(), args).await,
+        Command::DeadLetters { action, .. } => dead_letters::command(&config(), action).await,
+        Command::Deliveries { args, .. } => deliveries::command(&config(), args).await,
+        Command::Resume { json, .. } => pause::command(&config(), json).await,
+        Command::Upgrade(_) => daemon::upgrade(&config()).await,
+        Command::Suppressions { action, .. } => suppression::command(&config(), action).await,
+        Command::Slo { args, .. } => slo::command(&config(), args).await,
         Command::Emulator(args) => emulator::command(args).await,
         Command::Demo(args) => demo::command(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every argument of every command says what it is for in `--help`.
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = ["help", "version"].contains(&arg.get_id().as_str());
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "mailstream", &mut missing);
+        assert!(missing.is_empty(), "arguments without help text:\n{}", missing.join("\n"));
+    }
+
+    /// The emulator and the demo read no config file, so they do not offer `--config`.
+    #[test]
+    fn only_commands_that_read_a_config_offer_it() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            let offers = sub.get_arguments().any(|a| a.get_id() == "config");
+            let reads = !["emulator", "demo"].contains(&sub.get_name());
+            assert_eq!(offers, reads, "{}", sub.get_name());
+        }
+    }
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
     }
 }

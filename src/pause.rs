@@ -91,10 +91,12 @@ pub(crate) fn quota_renews(error: &ErrorName, now: DateTime<Utc>) -> SystemTime 
 }
 
 /// `mailstream resume`: ends a quota pause now, on every instance.
-pub async fn command(config: &crate::config::Config) -> anyhow::Result<std::process::ExitCode> {
+pub async fn command(config: &crate::config::Config, json: bool) -> anyhow::Result<std::process::ExitCode> {
     let store = Store::open(config).await?;
     let was = Pause::resume(&store).await?;
-    println!("{}", if was { "sending resumed" } else { "sending was not paused" });
+    let out = crate::cli::Report { json };
+    out.line(if was { "sending resumed" } else { "sending was not paused" });
+    out.object(&serde_json::json!({ "resumed": was }))?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 

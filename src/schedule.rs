@@ -234,9 +234,10 @@ impl Scheduler {
 /// `mailstream schedule`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// How many fires to show per campaign.
     #[arg(long, default_value_t = 5)]
     next: usize,
-    /// One JSON object on the last line.
+    /// One JSON object on stdout (the lines for people go to stderr).
     #[arg(long)]
     json: bool,
 }
@@ -244,22 +245,27 @@ pub struct Args {
 /// Prints the next fires of every scheduled campaign, in its zone and in UTC.
 pub fn command(config: &crate::config::Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
     let now = Utc::now();
+    let out = crate::cli::Report { json: args.json };
     let mut campaigns = Vec::new();
     for c in &config.campaigns {
         let Some(schedule) = Schedule::of(c)? else { continue };
         let fires = schedule.fires(c, now, args.next);
-        println!("{} ({}, {}): {}", c.name, c.time_zone, c.schedule.as_deref().unwrap_or(""), c.period.name());
+        out.line(format_args!(
+            "{} ({}, {}): {}",
+            c.name,
+            c.time_zone,
+            c.schedule.as_deref().unwrap_or(""),
+            c.period.name()
+        ));
         for f in &fires {
-            println!("  {}  {}  period {}", f.local, f.utc, f.period);
+            out.line(format_args!("  {}  {}  period {}", f.local, f.utc, f.period));
         }
         campaigns.push(serde_json::json!({"name": c.name, "time_zone": c.time_zone, "fires": fires}));
     }
     if campaigns.is_empty() {
-        println!("no campaign has a schedule");
+        out.line("no campaign has a schedule");
     }
-    if args.json {
-        println!("{}", serde_json::json!({ "campaigns": campaigns }));
-    }
+    out.object(&serde_json::json!({ "campaigns": campaigns }))?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 

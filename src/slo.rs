@@ -157,31 +157,44 @@ pub fn render(report: &Report) -> String {
 /// `mailstream slo`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// Only this campaign's periods.
     #[arg(long)]
     campaign: Option<String>,
+    /// Only this period (such as 2026-W48); with --campaign, reported even if nothing was enqueued.
     #[arg(long)]
     period: Option<String>,
-    /// End with one JSON object on the last line.
+    /// One JSON object on stdout, also when the SLO cannot be evaluated (`status`
+    /// "unevaluated" and `error`); the lines for people go to stderr.
     #[arg(long)]
     json: bool,
 }
 
-/// Prints the report; the exit code says within (0), breached (3) or not evaluated (4).
+/// Prints the report; the exit code says within (0), breached (3) or not evaluated (4):
+/// Redis unreachable, no such campaign, or nothing to evaluate (no deployment under
+/// this prefix, or no campaign period in it), so a check pointed at the wrong Redis or
+/// prefix does not stay green.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
+    let out = crate::cli::Report { json: args.json };
     let report = async {
-        let store = Store::open(config).await?;
-        evaluate(&store, config, args.campaign.as_deref(), args.period.as_deref()).await
+        let store = Store::open_read(config).await?;
+        anyhow::ensure!(
+            store.deployed().await?,
+            "no mailstream deployment under prefix {:?} at this Redis (is redis.prefix or redis.url mistyped?)",
+            config.redis.prefix
+        );
+        let report = evaluate(&store, config, args.campaign.as_deref(), args.period.as_deref()).await?;
+        anyhow::ensure!(!report.periods.is_empty(), "nothing to evaluate: no campaign period within the retention");
+        Ok(report)
     };
     match report.await {
         Ok(report) => {
-            print!("{}", render(&report));
-            if args.json {
-                println!("{}", serde_json::to_string(&report)?);
-            }
+            out.line(render(&report).trim_end());
+            out.object(&report)?;
             Ok(std::process::ExitCode::from(report.exit_code()))
         }
         Err(e) => {
             eprintln!("error: the SLO could not be evaluated: {e:#}");
+            out.object(&serde_json::json!({ "status": "unevaluated", "error": format!("{e:#}") }))?;
             Ok(std::process::ExitCode::from(EXIT_UNEVALUATED))
         }
     }

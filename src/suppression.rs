@@ -158,21 +158,29 @@ pub enum Command {
     },
     /// Suppress an address by hand: its subscribers are marked suppressed and unsubscribed.
     Add {
+        /// The address (hashed before it is stored).
         #[arg(long)]
         email: String,
+        /// One JSON object on stdout: `{"suppressed": true, "already": bool}`.
+        #[arg(long)]
+        json: bool,
     },
     /// Lift an address's suppression (its subscribers stay unsubscribed until re-subscribed).
     Remove {
+        /// The address (hashed, as stored).
         #[arg(long)]
         email: String,
+        /// One JSON object on stdout: `{"lifted": true}`.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 /// Lists, adds or lifts suppressions.
 pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
-    let store = Store::open(config).await?;
     match command {
         Command::List { email, json } => {
+            let store = Store::open_read(config).await?;
             let entries = list(&store, email.as_deref()).await?;
             for e in &entries {
                 if json {
@@ -193,13 +201,20 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
                 eprintln!("{} suppressed", entries.len());
             }
         }
-        Command::Add { email } => {
+        Command::Add { email, json } => {
+            let store = Store::open(config).await?;
             let state = apply(&store, config, &email, Act::Suppress(Why::Manual), None).await?;
-            println!("{}", if state == Suppressed::Already { "already suppressed" } else { "suppressed" });
+            let out = crate::cli::Report { json };
+            let already = state == Suppressed::Already;
+            out.line(if already { "already suppressed" } else { "suppressed" });
+            out.object(&serde_json::json!({ "suppressed": true, "already": already }))?;
         }
-        Command::Remove { email } => {
+        Command::Remove { email, json } => {
+            let store = Store::open(config).await?;
             apply(&store, config, &email, Act::Lift, None).await?;
-            println!("suppression lifted");
+            let out = crate::cli::Report { json };
+            out.line("suppression lifted");
+            out.object(&serde_json::json!({ "lifted": true }))?;
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -89,6 +89,15 @@ pub struct CampaignConfig {
     pub render_hook: Option<RenderHookConfig>,
     #[serde(default)]
     pub variants: VariantsConfig,
+    /// Bulk mail needs a way out in one click (Gmail's and Yahoo's rules): `run` and
+    /// `check-config` refuse this campaign while the config sets no unsubscribe secret
+    /// and no `unsubscribe.settings_url`, unless this is false (mail that is not bulk).
+    #[serde(default = "yes")]
+    pub one_click_unsubscribe: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_catch_up_hours() -> u64 {

@@ -5,6 +5,7 @@
 
 mod campaign;
 mod delivery;
+mod features;
 mod http;
 mod log;
 mod redis;
@@ -20,6 +21,7 @@ use serde::Deserialize;
 
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
 pub use self::delivery::DeliveryConfig;
+pub use self::features::{Feature, Features, SecretSource};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::redis::{Durability, RedisConfig};
@@ -75,14 +77,17 @@ pub struct Config {
     pub templates_dir: Option<PathBuf>,
     #[serde(default)]
     pub render_hook: RenderHookSecret,
+    /// Where each secret that is set came from, by its credential name.
+    #[serde(skip)]
+    pub sources: BTreeMap<&'static str, SecretSource>,
 }
 
 /// A config problem, naming the key it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     // Not `source`: the message already says it, and a source would print it twice.
-    #[error("cannot read {path}: {cause}")]
-    Read { path: PathBuf, cause: std::io::Error },
+    #[error("{key}: cannot read {path}: {cause}")]
+    Read { key: String, path: PathBuf, cause: std::io::Error },
     #[error("{0}")]
     Parse(String),
     #[error("invalid config:\n  {}", .0.join("\n  "))]
@@ -92,7 +97,11 @@ pub enum ConfigError {
 impl Config {
     /// Reads, parses, applies environment overrides and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read { path: path.to_owned(), cause })?;
+        let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {
+            key: "the config file".into(),
+            path: path.to_owned(),
+            cause,
+        })?;
         let mut config = Config::parse(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
         if let Some(dir) = config.templates_dir.clone() {
             let dir = if dir.is_relative() { path.parent().unwrap_or(Path::new(".")).join(dir) } else { dir };
@@ -106,19 +115,20 @@ impl Config {
     /// Adds the templates of `dir` (`NAME.subject`, `NAME.html`, `NAME.text`, all three
     /// per name), each compiled here so an error names its file and line.
     fn load_templates(&mut self, dir: &Path) -> Result<(), ConfigError> {
-        let entries = std::fs::read_dir(dir).map_err(|cause| ConfigError::Read { path: dir.to_owned(), cause })?;
+        let unreadable =
+            |path: &Path, cause| ConfigError::Read { key: "templates_dir".into(), path: path.to_owned(), cause };
+        let entries = std::fs::read_dir(dir).map_err(|cause| unreadable(dir, cause))?;
         let mut parts: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         let mut errors = Vec::new();
         for entry in entries {
-            let path = entry.map_err(|cause| ConfigError::Read { path: dir.to_owned(), cause })?.path();
+            let path = entry.map_err(|cause| unreadable(dir, cause))?.path();
             let (Some(name), Some(suffix)) = (
                 path.file_stem().and_then(|s| s.to_str()),
                 path.extension().and_then(|s| s.to_str()).filter(|s| ["subject", "html", "text"].contains(s)),
             ) else {
                 continue;
             };
-            let source =
-                std::fs::read_to_string(&path).map_err(|cause| ConfigError::Read { path: path.clone(), cause })?;
+            let source = std::fs::read_to_string(&path).map_err(|cause| unreadable(&path, cause))?;
             let mut env = minijinja::Environment::new();
             if let Err(e) = env.add_template_owned(format!("{name}.{suffix}"), source.clone()) {
                 let line = e.line().map(|l| format!(":{l}")).unwrap_or_default();
@@ -163,31 +173,48 @@ impl Config {
             self.redis.url = Secret::new(url);
         }
         let credentials = env("CREDENTIALS_DIRECTORY").map(PathBuf::from);
-        let read = |var: &str, file: &Option<PathBuf>, credential: &str| -> Result<Option<String>, ConfigError> {
+        let mut sources = BTreeMap::new();
+        let mut read = |var: &str,
+                        (key, file): (&str, &Option<PathBuf>),
+                        credential: &'static str|
+         -> Result<Option<String>, ConfigError> {
             if let Some(value) = env(var).filter(|v| !v.trim().is_empty()) {
+                sources.insert(credential, SecretSource::Env);
                 return Ok(Some(value));
             }
-            let path = match (file, &credentials) {
-                (Some(file), _) => file.clone(),
-                (None, Some(dir)) if dir.join(credential).exists() => dir.join(credential),
+            let (path, source, key) = match (file, &credentials) {
+                (Some(file), _) => (file.clone(), SecretSource::File, key.to_string()),
+                (None, Some(dir)) if dir.join(credential).exists() => {
+                    (dir.join(credential), SecretSource::Credential, format!("the credential {credential}"))
+                }
                 _ => return Ok(None),
             };
-            let text = std::fs::read_to_string(&path).map_err(|cause| ConfigError::Read { path, cause })?;
+            let text = std::fs::read_to_string(&path).map_err(|cause| ConfigError::Read { key, path, cause })?;
+            // An empty file turns its feature off (systemd needs every listed credential to exist).
+            if text.trim().is_empty() {
+                return Ok(None);
+            }
+            sources.insert(credential, source);
             Ok(Some(text))
         };
-        if let Some(key) = read(ENV_API_KEY, &self.resend.api_key_file, "resend_api_key")? {
+        if let Some(key) = read(ENV_API_KEY, ("resend.api_key_file", &self.resend.api_key_file), "resend_api_key")? {
             self.resend.api_key = Some(Secret::new(key.trim()));
         }
         let list = |text: Option<String>| -> Vec<Secret> {
             text.map(|t| t.split_whitespace().map(Secret::new).collect()).unwrap_or_default()
         };
-        self.webhook.secrets = list(read(ENV_WEBHOOK_SECRET, &self.webhook.secret_file, "webhook_secret")?);
-        self.unsubscribe.secrets =
-            list(read(ENV_UNSUBSCRIBE_SECRET, &self.unsubscribe.secret_file, "unsubscribe_secret")?);
-        self.http.admin_tokens = list(read(ENV_ADMIN_TOKEN, &self.http.admin_token_file, "admin_token")?);
-        self.http.ingest_tokens = list(read(ENV_INGEST_TOKEN, &self.http.ingest_token_file, "ingest_token")?);
-        self.render_hook.secret = read(ENV_RENDER_HOOK_SECRET, &self.render_hook.secret_file, "render_hook_secret")?
-            .map(|s| Secret::new(s.trim()));
+        let webhook = ("webhook.secret_file", &self.webhook.secret_file);
+        self.webhook.secrets = list(read(ENV_WEBHOOK_SECRET, webhook, "webhook_secret")?);
+        let unsubscribe = ("unsubscribe.secret_file", &self.unsubscribe.secret_file);
+        self.unsubscribe.secrets = list(read(ENV_UNSUBSCRIBE_SECRET, unsubscribe, "unsubscribe_secret")?);
+        let admin = ("http.admin_token_file", &self.http.admin_token_file);
+        self.http.admin_tokens = list(read(ENV_ADMIN_TOKEN, admin, "admin_token")?);
+        let ingest = ("http.ingest_token_file", &self.http.ingest_token_file);
+        self.http.ingest_tokens = list(read(ENV_INGEST_TOKEN, ingest, "ingest_token")?);
+        let hook = ("render_hook.secret_file", &self.render_hook.secret_file);
+        self.render_hook.secret =
+            read(ENV_RENDER_HOOK_SECRET, hook, "render_hook_secret")?.map(|s| Secret::new(s.trim()));
+        self.sources = sources;
         Ok(())
     }
 
@@ -262,22 +289,73 @@ impl Config {
     }
 }
 
-/// `mailstream check-config`: `config` (read from `path`) is valid; says what it holds.
-pub fn check(path: &Path, config: &Config) -> std::process::ExitCode {
-    println!(
+/// `mailstream check-config`: `config` (read from `path`) is valid and fit to send
+/// campaigns; says what it holds and which features it turns on.
+pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::ExitCode, ConfigError> {
+    let warnings = config.check_sending()?;
+    for w in &warnings {
+        eprintln!("warning: {w}");
+    }
+    let out = crate::cli::Report { json };
+    let features = config.features();
+    out.line(format_args!(
         "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
         path.display(),
         config.campaigns.len(),
         config.redis.partitions,
         config.resend.requests_per_second,
         if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
-    );
-    std::process::ExitCode::SUCCESS
+    ));
+    out.line(format_args!("features: {features}"));
+    let report = serde_json::json!({
+        "ok": true,
+        "path": path,
+        "campaigns": config.campaigns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+        "partitions": config.redis.partitions,
+        "requests_per_second": config.resend.requests_per_second,
+        "features": features,
+        "warnings": warnings,
+    });
+    out.object(&report).map_err(|e| ConfigError::Parse(e.to_string()))?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
-/// Parses a cron expression (5 fields, or 6 with seconds first).
+/// Parses a cron expression (5 fields, or 6 with seconds first); an error says, in
+/// our words, which field is wrong and what it takes.
 pub(crate) fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
-    <croner::Cron as std::str::FromStr>::from_str(expr).map_err(|e| anyhow::anyhow!("{e}"))
+    let parse = |e: &str| <croner::Cron as std::str::FromStr>::from_str(e);
+    let whole = match parse(expr) {
+        Ok(cron) => return Ok(cron),
+        Err(e) => e,
+    };
+    let fields: Vec<&str> = expr.split_whitespace().collect();
+    const FIVE: [(&str, &str); 5] = [
+        ("minute", "0-59"),
+        ("hour", "0-23"),
+        ("day of month", "1-31"),
+        ("month", "1-12 or JAN-DEC"),
+        ("weekday", "0-7 or SUN-SAT"),
+    ];
+    let named: Vec<(&str, &str)> = match fields.len() {
+        5 => FIVE.to_vec(),
+        6 => std::iter::once(("second", "0-59")).chain(FIVE).collect(),
+        n => anyhow::bail!(
+            "a schedule has 5 fields (minute hour day-of-month month weekday), or 6 with seconds first; this has {n}"
+        ),
+    };
+    // The first field that is wrong on its own, the others kept at `*`.
+    for (i, (name, range)) in named.iter().enumerate() {
+        let mut alone = vec!["*"; fields.len()];
+        alone[i] = fields[i];
+        if parse(&alone.join(" ")).is_err() {
+            anyhow::bail!(
+                "the {name} field {:?} is not valid: it takes {range}, a range (a-b), a list (a,b), a step (*/n) or *",
+                fields[i]
+            );
+        }
+    }
+    tracing::debug!(%whole, "cron expression refused");
+    anyhow::bail!("the fields are valid one by one but not together (a day that never comes?)")
 }
 
 /// `HH:MM`, a wall-clock time.
@@ -407,13 +485,13 @@ mod tests {
     #[test]
     fn templates_load_from_a_folder_and_a_broken_one_names_its_file_and_line() {
         let dir = temp_dir("templates");
-        std::fs::write(dir.join("receipt.subject"), "Receipt {{ subscriber.data.order }}").unwrap();
-        std::fs::write(dir.join("receipt.html"), "<p>Thanks</p>").unwrap();
-        std::fs::write(dir.join("receipt.text"), "Thanks").unwrap();
+        std::fs::write(dir.join("invoice.subject"), "Receipt {{ subscriber.data.order }}").unwrap();
+        std::fs::write(dir.join("invoice.html"), "<p>Thanks</p>").unwrap();
+        std::fs::write(dir.join("invoice.text"), "Thanks").unwrap();
         std::fs::write(dir.join("README.md"), "not a template").unwrap();
         let mut config = Config::example();
         config.load_templates(&dir).unwrap();
-        assert!(config.templates.contains_key("receipt") && config.templates.contains_key("weekly_digest"));
+        assert!(config.templates.contains_key("invoice") && config.templates.contains_key("weekly_digest"));
         config.validate().unwrap();
 
         std::fs::write(dir.join("broken.subject"), "s").unwrap();
@@ -436,11 +514,13 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_template_files_compile() {
+    fn the_shipped_template_files_compile_beside_the_inline_ones() {
         let mut config = Config::example();
-        config.templates.clear();
         config.load_templates(&Path::new(env!("CARGO_MANIFEST_DIR")).join("templates")).unwrap();
-        assert!(config.templates.contains_key("weekly_digest"));
+        for name in ["weekly_digest", "receipt", "password_reset", "weekly_highlights", "order_shipped"] {
+            assert!(config.templates.contains_key(name), "{name}");
+        }
+        config.validate().unwrap();
         config.renderer().unwrap();
     }
 

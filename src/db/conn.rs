@@ -190,7 +190,8 @@ impl Backend {
     pub async fn conn(&self) -> anyhow::Result<Conn> {
         match self {
             Backend::Single(pool) => {
-                Ok(Conn::Single(pool.get().await.map_err(|e| anyhow::anyhow!("Redis connection: {e}"))?))
+                let conn = pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
+                Ok(Conn::Single(conn))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
         }

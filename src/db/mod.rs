@@ -20,6 +20,27 @@ pub use self::conn::Conn;
 use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
 
+/// Whether a command may write (claim a fresh prefix, make its salt) or only reads.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Access {
+    Read,
+    Write,
+}
+
+/// Redis could not be reached or did not answer: the dependency failed, not the request.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unreachable(pub String);
+
+/// Whether `e` says Redis (or the way to it) failed rather than the request: a
+/// command exits 69 (sysexits' EX_UNAVAILABLE) on it.
+pub fn unavailable(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Unreachable>().is_some()
+        || e.chain()
+            .filter_map(|c| c.downcast_ref::<redis::RedisError>())
+            .any(|r| r.is_io_error() || r.is_connection_refusal() || r.is_timeout() || r.is_connection_dropped())
+}
+
 /// Connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -32,22 +53,31 @@ pub struct Store {
 impl Store {
     /// Connects and checks that Redis answers, in one clear error if not.
     pub async fn connect(config: &Config) -> anyhow::Result<Store> {
+        Store::connect_for(config, Access::Write).await
+    }
+
+    /// [`Store::connect`]; a reader makes no salt where the deployment has none yet
+    /// (then no address of it was ever hashed, and any salt finds nothing).
+    async fn connect_for(config: &Config, access: Access) -> anyhow::Result<Store> {
         let r = &config.redis;
-        let unreachable = || format!("cannot reach Redis at {}", r.url.redacted_url());
+        let unreachable = || Unreachable(format!("cannot reach Redis at {}", r.url.redacted_url()));
         let backend = Backend::connect(r).await.with_context(unreachable)?;
         let keys = Keys::new(&r.prefix, r.partitions);
         let mut conn = backend.conn().await.with_context(unreachable)?;
         let _: () = redis::cmd("PING")
             .query_async(&mut conn)
             .await
-            .with_context(|| format!("Redis at {} does not answer PING", r.url.redacted_url()))?;
+            .with_context(|| Unreachable(format!("Redis at {} does not answer PING", r.url.redacted_url())))?;
         if !conn.cluster_ok().await? {
             bail!("Redis Cluster at {}: not every primary answers", r.url.redacted_url());
         }
         // The deployment's salt for address hashes: made once, kept in meta.
-        let fresh: String = (0..16).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
-        let _: bool = conn.hset_nx(keys.meta(), "salt", fresh).await?;
-        let salt: String = conn.hget(keys.meta(), "salt").await?;
+        if access == Access::Write {
+            let fresh: String = (0..16).map(|_| format!("{:02x}", rand::random::<u8>())).collect();
+            let _: bool = conn.hset_nx(keys.meta(), "salt", fresh).await?;
+        }
+        let salt: Option<String> = conn.hget(keys.meta(), "salt").await?;
+        let salt = salt.unwrap_or_default();
         Ok(Store { backend, keys: keys.with_salt(&salt), wait_replicas: r.wait_replicas })
     }
 
@@ -91,10 +121,26 @@ impl Store {
     /// Connects and checks what every command relies on: Redis 7.0 or later, and a
     /// deployment of this layout with this partition count.
     pub async fn open(config: &Config) -> anyhow::Result<Store> {
-        let store = Store::connect(config).await?;
+        Store::open_for(config, Access::Write).await
+    }
+
+    /// [`Store::open`] for a command that only reads: it writes nothing, so a fresh
+    /// or mistyped prefix stays empty ([`Store::deployed`] tells).
+    pub async fn open_read(config: &Config) -> anyhow::Result<Store> {
+        Store::open_for(config, Access::Read).await
+    }
+
+    async fn open_for(config: &Config, access: Access) -> anyhow::Result<Store> {
+        let store = Store::connect_for(config, access).await?;
         store.check_version().await?;
-        store.check_partitions().await?;
+        store.check_partitions(access).await?;
         Ok(store)
+    }
+
+    /// Whether this prefix holds a deployment (its `meta` exists).
+    pub async fn deployed(&self) -> anyhow::Result<bool> {
+        let mut conn = self.conn().await?;
+        Ok(conn.exists(self.keys.meta()).await?)
     }
 
     /// Redis's clock (`TIME`): the one clock for leases, pauses, periods and releases.
@@ -244,7 +290,7 @@ impl Store {
 
     /// Records the partition count on first use and refuses a different one later:
     /// subscribers would move partitions and their dedup keys would no longer be found.
-    async fn check_partitions(&self) -> anyhow::Result<()> {
+    async fn check_partitions(&self, access: Access) -> anyhow::Result<()> {
         let mut conn = self.conn().await?;
         let meta = self.keys.meta();
         let want = self.keys.partitions();
@@ -280,10 +326,12 @@ impl Store {
                 self.keys.prefix()
             ),
         }
-        let _: bool = conn.hset_nx(&meta, "layout", LAYOUT).await?;
-        let _: bool = conn.hset_nx(&meta, "partitions", want).await?;
-        let have: u16 = conn.hget(&meta, "partitions").await?;
-        if have != want {
+        if access == Access::Write {
+            let _: bool = conn.hset_nx(&meta, "layout", LAYOUT).await?;
+            let _: bool = conn.hset_nx(&meta, "partitions", want).await?;
+        }
+        let have: Option<u16> = conn.hget(&meta, "partitions").await?;
+        if let Some(have) = have.filter(|have| *have != want) {
             bail!(
                 "redis.partitions is {want} but this deployment ({meta}) was created with {have}; \
                  changing it would re-partition subscribers and break deduplication"

@@ -454,6 +454,7 @@ impl Inner {
 /// `mailstream emulator`.
 #[derive(clap::Args)]
 pub struct Args {
+    /// Where to listen (point resend.base_url at it).
     #[arg(long, default_value = "127.0.0.1:3030")]
     listen: std::net::SocketAddr,
     /// Team rate limit (requests per sliding second), 0 for none; overrides the

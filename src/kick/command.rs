@@ -15,6 +15,7 @@ use crate::subscribers;
 /// Enqueue a campaign period for every eligible subscriber (at most once each).
 #[derive(clap::Args)]
 pub struct Args {
+    /// The campaign (as named in the config).
     #[arg(long)]
     campaign: String,
     /// Period such as 2026-W48; default: the current one in the campaign's time zone.
@@ -33,7 +34,7 @@ pub struct Args {
     /// eligible (by reason), and per release hour for a local-hour campaign.
     #[arg(long, conflicts_with = "audience")]
     dry_run: bool,
-    /// One JSON object on the last line (and no progress display).
+    /// One JSON object on stdout (the lines for people go to stderr; no progress display).
     #[arg(long)]
     json: bool,
 }
@@ -55,24 +56,23 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let store = Store::open(config).await?;
+    let store = if dry_run { Store::open_read(config).await? } else { Store::open(config).await? };
+    let out = crate::cli::Report { json };
     let rule = if allow_any_period { PeriodRule::AnyWithinRetention } else { PeriodRule::NearNow };
     let period = super::period_for(&store, config, c, period.as_deref(), rule).await?;
     if dry_run {
         let d = super::dry_run(&store, config, &campaign, &period).await?;
-        println!(
+        out.line(format_args!(
             "dry run, nothing written: campaign {} period {}: {} subscribers; {} deliveries would be new, {} already enqueued",
             d.campaign, d.period, d.subscribers, d.new, d.already_enqueued
-        );
+        ));
         for (why, n) in &d.not_eligible {
-            println!("  not eligible, {why}: {n}");
+            out.line(format_args!("  not eligible, {why}: {n}"));
         }
         for (hour, n) in &d.by_release_hour {
-            println!("  released at {hour}: {n}");
+            out.line(format_args!("  released at {hour}: {n}"));
         }
-        if json {
-            println!("{}", serde_json::to_string(&d)?);
-        }
+        out.object(&d)?;
         return Ok(ExitCode::SUCCESS);
     }
     let report = match list {
@@ -89,17 +89,18 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         }
     };
     if let Some(holder) = &report.standby {
-        println!("campaign {} period {}: being kicked by {holder}; standing by", report.campaign, report.period);
+        out.line(format_args!(
+            "campaign {} period {}: being kicked by {holder}; standing by",
+            report.campaign, report.period
+        ));
     } else {
         let resumed = if report.resumed { " (resumed where a stopped kick left off)" } else { "" };
-        println!(
+        out.line(format_args!(
             "campaign {} period {}: {} new, {} duplicates, {} not eligible{resumed}",
             report.campaign, report.period, report.new, report.duplicates, report.not_eligible
-        );
+        ));
     }
-    if json {
-        println!("{}", serde_json::to_string(&report)?);
-    }
+    out.object(&report)?;
     Ok(ExitCode::SUCCESS)
 }
 

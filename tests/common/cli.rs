@@ -7,12 +7,23 @@ use std::process::{Command, Output, Stdio};
 
 use mailstream::config::EXAMPLE;
 
+/// The one-click unsubscribe secret the README has an operator set (the shipped
+/// config's campaign is refused without one).
+pub const UNSUBSCRIBE_SECRET: &str = "unsubscribe-secret-of-the-tests";
+
+/// The binary with none of the operator's environment but the unsubscribe secret.
 pub fn bin() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mailstream"));
     cmd.env_remove("RESEND_API_KEY")
         .env_remove("MAILSTREAM_REDIS_URL")
         .env_remove("MAILSTREAM_CONFIG")
-        .env_remove("MAILSTREAM_LOG");
+        .env_remove("MAILSTREAM_LOG")
+        .env_remove("MAILSTREAM_WEBHOOK_SECRET")
+        .env_remove("MAILSTREAM_ADMIN_TOKEN")
+        .env_remove("MAILSTREAM_INGEST_TOKEN")
+        .env_remove("MAILSTREAM_RENDER_HOOK_SECRET")
+        .env_remove("CREDENTIALS_DIRECTORY")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", UNSUBSCRIBE_SECRET);
     cmd
 }
 
