@@ -1,0 +1,190 @@
+//! The documentation's command lines run as written: every line of a code block in
+//! `README.md` and `deploy/README.md` that starts with `mailstream` or `curl`, in
+//! order, through `sh`, against the shipped `config.toml`, with the variables the
+//! README exports set, a private Redis (append-only, as production runs it) and the
+//! Resend emulator. `mailstream run` is started in the background where the README
+//! starts it and stopped at the end.
+//!
+//! What a reader fills in, and only that, is filled in here: the config's path
+//! (`/etc/mailstream/config.toml`), the public listener's address
+//! (`127.0.0.1:8080`, a free port here), and the README's example periods
+//! (`2026-W48`, "the previous period", and `2026-W40`, an older one within the
+//! retention), which are dates a reader reads as "last week" and "a few weeks ago".
+//! A line that needs systemd or the real provider says `needs systemd` or `needs
+//! the real provider` in its comment and is skipped by that mark.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use chrono::Datelike;
+use common::cli::{ANY_METRICS_PORT, UNSUBSCRIBE_SECRET, config_file};
+use common::{Logged, start_emulator};
+use mailstream::emulator::EmulatorConfig;
+use mailstream::redis_server::{RedisOptions, RedisServer};
+
+/// One command line of a document.
+#[derive(Debug)]
+struct Documented {
+    at: String,
+    line: String,
+}
+
+/// The command lines of `file`'s fenced code blocks. In a block that shows a
+/// session (lines starting with `$ `), only those lines are commands; a line whose
+/// single quotes are open continues on the next.
+fn documented(file: &str) -> Vec<Documented> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap();
+    let mut found = Vec::new();
+    let mut block: Vec<(usize, &str)> = Vec::new();
+    let mut inside = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            if inside {
+                let session = block.iter().any(|(_, l)| l.starts_with("$ "));
+                let mut lines = block.drain(..).filter_map(|(n, l)| match session {
+                    true => l.strip_prefix("$ ").map(|l| (n, l)),
+                    false => Some((n, l)),
+                });
+                while let Some((n, l)) = lines.next() {
+                    let mut command = l.to_string();
+                    while quote_open(&command) {
+                        let Some((_, more)) = lines.next() else { break };
+                        command = format!("{command}\n{more}");
+                    }
+                    if command.starts_with("mailstream ") || command.starts_with("curl ") {
+                        found.push(Documented { at: format!("{file}:{}", n + 1), line: command });
+                    }
+                }
+            }
+            inside = !inside;
+        } else if inside {
+            block.push((n, line));
+        }
+    }
+    found
+}
+
+/// Whether `command` ends inside single quotes (a `#` comment outside quotes, with
+/// its apostrophes, does not count).
+fn quote_open(command: &str) -> bool {
+    let (mut open, mut word_start) = (false, true);
+    for c in command.chars() {
+        match c {
+            '\'' => open = !open,
+            '#' if !open && word_start => return false,
+            _ => {}
+        }
+        word_start = c.is_whitespace();
+    }
+    open
+}
+
+/// The ISO week `weeks` from now in the shipped campaign's zone.
+fn week(weeks: i64) -> String {
+    let w = (chrono::Utc::now().with_timezone(&chrono_tz::Asia::Tokyo) + chrono::Duration::weeks(weeks)).iso_week();
+    format!("{}-W{:02}", w.year(), w.week())
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn said(out: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_documented_command_line_runs_as_written() {
+    let lines: Vec<Documented> = ["README.md", "deploy/README.md"].into_iter().flat_map(documented).collect();
+    assert!(lines.len() > 25, "the README's command lines were found: {lines:#?}");
+
+    let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await.unwrap();
+    let (_emulator, emulator_url, _stop) = start_emulator(EmulatorConfig::default()).await;
+    let public = format!("127.0.0.1:{}", free_port());
+    let resend = format!("base_url = \"{emulator_url}\"");
+    let listen = format!("public_listen = \"{public}\"");
+    let config = config_file(
+        "readme.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &resend),
+            ("# public_listen = \"127.0.0.1:8080\"", &listen),
+            ANY_METRICS_PORT,
+        ],
+    );
+    // The files the README's lines name, where a reader would have them.
+    let dir = config.parent().unwrap().join("readme-cwd");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("subscribers.ndjson"),
+        "{\"id\":\"u43\",\"email\":\"bo@acme.example\",\"targets\":[\"team-7\"],\"data\":{\"name\":\"Bo\"}}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("items.ndjson"),
+        "{\"idempotency_key\": \"order-1236\", \"to\": \"ann@acme.example\", \"template\": \"receipt\", \"data\": {\"order\": \"1236\"}}\n",
+    )
+    .unwrap();
+
+    let filled = |line: &str| {
+        line.replace("/etc/mailstream/config.toml", config.to_str().unwrap())
+            .replace("127.0.0.1:8080", &public)
+            .replace("2026-W48", &week(-1))
+            .replace("2026-W40", &week(-3))
+    };
+    let bin_dir = PathBuf::from(env!("CARGO_BIN_EXE_mailstream")).parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let shell = |line: &str| {
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(line)
+            .current_dir(&dir)
+            .env("PATH", &path)
+            .env("MAILSTREAM_CONFIG", &config)
+            .env("RESEND_API_KEY", "re_readme_test")
+            .env("MAILSTREAM_UNSUBSCRIBE_SECRET", UNSUBSCRIBE_SECRET)
+            .env("MAILSTREAM_INGEST_TOKEN", "ingest-token-of-the-readme-test")
+            .env("MAILSTREAM_REDIS_URL", redis.url())
+            .env_remove("MAILSTREAM_LOG")
+            .env_remove("CREDENTIALS_DIRECTORY");
+        cmd
+    };
+
+    let mut daemon: Option<Logged> = None;
+    for Documented { at, line } in &lines {
+        if line.contains("needs systemd") || line.contains("needs the real provider") {
+            continue;
+        }
+        let line = filled(line);
+        if line.starts_with("mailstream run") {
+            // `exec`: the daemon is the child the test signals, not a shell around it.
+            let started = Logged::spawn(shell(&format!("exec {line}")).stdout(std::process::Stdio::null()));
+            let up = started.line_with("mailstream running", Duration::from_secs(60)).await;
+            assert!(up.is_some(), "{at}: {line}: the daemon did not start: {:#?}", started.lines.lock().unwrap());
+            daemon = Some(started);
+            continue;
+        }
+        let out = tokio::task::spawn_blocking({
+            let mut cmd = shell(&line);
+            move || cmd.output().unwrap()
+        })
+        .await
+        .unwrap();
+        // A retry reports per id; an id that is not a dead letter is refused, exit 1.
+        let refused_by_id = line.contains("dead-letters retry")
+            && out.status.code() == Some(1)
+            && String::from_utf8_lossy(&out.stdout).contains("not requeued");
+        assert!(out.status.success() || refused_by_id, "{at}: {line}\n{}", said(&out));
+        if line.starts_with("curl ") {
+            let body: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            assert!(body["accepted"].as_u64() > Some(0) && body["refused"] == 0, "{at}: {line}\n{}", said(&out));
+        }
+    }
+    let daemon = daemon.expect("the README starts the daemon");
+    daemon.signal("TERM");
+    let (code, log) = daemon.wait().await;
+    assert_eq!(code, Some(0), "{log:#?}");
+    assert!(log.iter().any(|l| l.contains("unsubscribe=one_click(env)")), "the features line: {log:#?}");
+}
