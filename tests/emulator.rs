@@ -1,5 +1,6 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
-//! idempotency (replay and both 409s), the rate limit and its headers.
+//! idempotency (replay and both 409s), the rate limit and its headers, and
+//! reading sent emails back (one by id, lists).
 
 mod common;
 
@@ -42,6 +43,12 @@ impl Api {
             req = req.header("x-batch-validation", "permissive");
         }
         req.send().await.unwrap()
+    }
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> (u16, Value) {
+        json_of(self.http.get(format!("{}{path}", self.url)).bearer_auth("re_test").send().await.unwrap()).await
     }
 }
 
@@ -231,4 +238,97 @@ async fn a_restart_keeps_the_idempotency_store() {
     assert_eq!((status, &again), (200, &first));
     let stats = emulator.stats();
     assert_eq!((stats.emails_accepted, stats.replays), (2, 1));
+}
+
+#[tokio::test]
+async fn an_accepted_email_reads_back_by_id_as_resend_answers() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut sent = email(1);
+    sent["html"] = json!("<p>hello</p>");
+    sent["cc"] = json!("cc@acme.example");
+    sent["reply_to"] = json!(["help@acme.example"]);
+    sent["tags"] = json!([{"name": "campaign", "value": "weekly_digest"}]);
+    let (_, answer) = json_of(api.post("/emails", None, &sent, false).await).await;
+    let id = answer["id"].as_str().unwrap();
+
+    let (status, got) = api.get(&format!("/emails/{id}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["object"], "email");
+    assert_eq!(got["id"], id);
+    assert_eq!(got["from"], sent["from"]);
+    assert_eq!(got["to"], sent["to"]);
+    assert_eq!(got["subject"], sent["subject"]);
+    assert_eq!((&got["html"], &got["text"]), (&sent["html"], &sent["text"]));
+    assert_eq!(got["cc"], json!(["cc@acme.example"]), "one address reads back as an array");
+    assert_eq!(got["reply_to"], sent["reply_to"]);
+    assert!(got["bcc"].is_null() && got["scheduled_at"].is_null());
+    assert_eq!(got["tags"], sent["tags"]);
+    assert_eq!(got["last_event"], "delivered");
+    let created = got["created_at"].as_str().unwrap();
+    assert!(chrono::DateTime::parse_from_rfc3339(created).is_ok(), "{created}");
+
+    // Each email of a batch has its own id; a test address's fate shows in last_event.
+    let mut two = batch(2);
+    two[1]["to"] = json!(["bounced+u1@resend.dev"]);
+    let (_, answer) = json_of(api.post("/emails/batch", None, &two, false).await).await;
+    let bounced = answer["data"][1]["id"].as_str().unwrap();
+    let (status, got) = api.get(&format!("/emails/{bounced}")).await;
+    assert_eq!((status, got["last_event"].as_str()), (200, Some("bounced")));
+
+    let (status, body) = api.get("/emails/4ef9a417-02e9-4d39-ad75-9611e0fcc33c").await;
+    assert_eq!(status, 404);
+    assert_eq!(body, json!({"statusCode": 404, "name": "not_found", "message": "Email not found"}));
+    // Other methods on these paths are not allowed.
+    let delete = api.http.delete(format!("{url}/emails/{id}")).bearer_auth("re_test").send().await.unwrap();
+    let (status, body) = json_of(delete).await;
+    assert_eq!((status, body["name"].as_str()), (405, Some("method_not_allowed")));
+    let put = api.http.put(format!("{url}/emails")).bearer_auth("re_test").send().await.unwrap();
+    assert_eq!(put.status(), 405);
+    // Reading needs a key, as sending does.
+    let bare = api.http.get(format!("{url}/emails/{id}")).send().await.unwrap();
+    assert_eq!(
+        json_of(bare).await,
+        (
+            401,
+            json!({"statusCode": 401, "name": "missing_api_key",
+        "message": "Missing API key in the authorization header."})
+        )
+    );
+}
+
+#[tokio::test]
+async fn sent_emails_list_newest_first_in_pages() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (_, answer) = json_of(api.post("/emails", None, &email(i), false).await).await;
+        ids.push(answer["id"].as_str().unwrap().to_string());
+    }
+    ids.reverse();
+    let page_ids = |list: &Value| -> Vec<String> {
+        list["data"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect()
+    };
+
+    let (status, all) = api.get("/emails").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!((all["object"].as_str(), all["has_more"].as_bool()), (Some("list"), Some(false)));
+    assert_eq!(page_ids(&all), ids, "newest first");
+    let item = &all["data"][0];
+    assert_eq!((item["subject"].as_str(), item["last_event"].as_str()), (Some("Digest 4"), Some("delivered")));
+    assert!(item.get("html").is_none() && item.get("object").is_none(), "list items leave the body out");
+
+    let (_, first) = api.get("/emails?limit=2").await;
+    assert_eq!((page_ids(&first), first["has_more"].as_bool()), (ids[..2].to_vec(), Some(true)));
+    let (_, next) = api.get(&format!("/emails?limit=2&after={}", ids[1])).await;
+    assert_eq!((page_ids(&next), next["has_more"].as_bool()), (ids[2..4].to_vec(), Some(true)));
+    let (_, last) = api.get(&format!("/emails?limit=2&after={}", ids[3])).await;
+    assert_eq!((page_ids(&last), last["has_more"].as_bool()), (ids[4..].to_vec(), Some(false)));
+    let (_, back) = api.get(&format!("/emails?limit=2&before={}", ids[3])).await;
+    assert_eq!((page_ids(&back), back["has_more"].as_bool()), (ids[1..3].to_vec(), Some(true)));
+    for bad in ["limit=0", "limit=101", "after=unknown"] {
+        let (status, body) = api.get(&format!("/emails?{bad}")).await;
+        assert_eq!((status, body["name"].as_str()), (422, Some("validation_error")), "{bad}");
+    }
 }

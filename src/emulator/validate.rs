@@ -22,6 +22,15 @@ impl ApiError {
         ApiError { status: StatusCode::from_u16(status).expect("valid status"), name, message: message.into() }
     }
 
+    /// 429 `rate_limit_exceeded`: over the team's requests per second.
+    pub fn rate_limited() -> ApiError {
+        ApiError::new(
+            429,
+            "rate_limit_exceeded",
+            "Too many requests. You can only make a limited number of requests per second.",
+        )
+    }
+
     pub fn concurrent() -> ApiError {
         ApiError::new(
             409,
