@@ -332,3 +332,23 @@ async fn sent_emails_list_newest_first_in_pages() {
         assert_eq!((status, body["name"].as_str()), (422, Some("validation_error")), "{bad}");
     }
 }
+
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_case_insensitively() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let r = api
+            .http
+            .post(format!("{url}/emails"))
+            .header("Authorization", format!("{scheme} re_test"))
+            .json(&email(1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    let r = api.http.get(format!("{url}/emails")).header("Authorization", "bearer re_test").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(emulator.stats().emails_accepted, 3);
+}
