@@ -1,13 +1,13 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
 //! idempotency (replay and both 409s), the rate limit and its headers, and
-//! reading sent emails back (one by id, lists).
+//! reading sent emails back (one by id, lists), and quota refusals by name.
 
 mod common;
 
 use std::time::Duration;
 
 use common::start_emulator;
-use mailstream::emulator::{EmulatorConfig, Faults};
+use mailstream::emulator::{EmulatorConfig, Faults, QuotaRefusal};
 use serde_json::{Value, json};
 
 fn email(i: usize) -> Value {
@@ -351,4 +351,29 @@ async fn the_bearer_scheme_is_matched_case_insensitively() {
     let r = api.http.get(format!("{url}/emails")).header("Authorization", "bearer re_test").send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(emulator.stats().emails_accepted, 3);
+}
+
+#[tokio::test]
+async fn each_quota_refusal_is_injected_by_name() {
+    let cases = [
+        (QuotaRefusal::Daily, "daily_quota_exceeded", "daily", "x-resend-daily-quota"),
+        (QuotaRefusal::Monthly, "monthly_quota_exceeded", "monthly", "x-resend-monthly-quota"),
+    ];
+    for (refusal, name, period, header) in cases {
+        let faults = Faults { quota_after_emails: Some(2), quota_refusal: refusal, ..Default::default() };
+        let (emulator, url, _stop) = start_emulator(EmulatorConfig { faults, ..unlimited() }).await;
+        let api = Api::new(&url);
+        for used in ["1", "2"] {
+            let r = api.post("/emails", None, &email(1), false).await;
+            assert_eq!((r.status().as_u16(), r.headers()[header].to_str().unwrap()), (200, used), "{name}");
+        }
+        let r = api.post("/emails", None, &email(1), false).await;
+        assert_eq!(r.headers()[header], "2", "{name}: nothing taken by a refusal");
+        let message = format!("You have reached your {period} email sending quota.");
+        assert_eq!(json_of(r).await, (429, json!({"statusCode": 429, "name": name, "message": message})));
+        let stats = emulator.stats();
+        assert_eq!((stats.emails_accepted, stats.quota_refusals), (2, 1), "{name}");
+        emulator.renew_quota();
+        assert_eq!(api.post("/emails", None, &email(1), false).await.status(), 200, "{name}: renewed");
+    }
 }

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use self::emails::Emails;
 use self::faults::FaultState;
-pub use self::faults::{Faults, Storm};
+pub use self::faults::{Faults, QuotaRefusal, Storm};
 use self::idempotency::{IdempotencyStore, Lookup};
 use self::rate::{RateInfo, SlidingWindow};
 use self::validate::ApiError;
@@ -95,7 +95,16 @@ pub struct Stats {
 }
 
 /// What one request came to: the answer, the rate facts, a hang, the emails accepted.
-type Processed = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
+type Decided = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
+
+/// A sending request's outcome, and the quota's usage after it (header name, emails).
+struct Processed {
+    result: Result<Value, ApiError>,
+    rate: RateInfo,
+    hang: Option<Duration>,
+    accepted: Vec<(String, Value)>,
+    quota: Option<(&'static str, u64)>,
+}
 
 /// One request as the emulator saw it (kept for tests and benchmarks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -274,7 +283,7 @@ impl Emulator {
     }
 
     async fn send(&self, req: HttpRequest, batch: bool) -> HttpResponse {
-        let (result, rate, hang, accepted) = self.process(&req, batch);
+        let Processed { result, rate, hang, accepted, quota } = self.process(&req, batch);
         self.remember(&req, &result);
         if let Some(outbox) = &self.outbox {
             for (id, email) in &accepted {
@@ -286,6 +295,9 @@ impl Emulator {
             Err(e) => e.response(rate.retry_after),
         };
         rate.write(response.headers_mut());
+        if let Some((header, used)) = quota {
+            response.headers_mut().insert(header, used.into());
+        }
         if let Some(hang) = hang {
             // The email left; the answer arrives after the client gave up.
             tokio::time::sleep(hang).await;
@@ -293,12 +305,18 @@ impl Emulator {
         response
     }
 
-    /// Everything but the (async) hang and the webhooks, under the lock; returns the
-    /// answer, the rate facts, the hang, and the emails accepted (id, email).
+    /// Everything but the (async) hang and the webhooks, under the lock.
     fn process(&self, req: &HttpRequest, batch: bool) -> Processed {
         let now = arrival(req);
         let mut inner = self.lock();
-        let inner = &mut *inner;
+        let (result, rate, hang, accepted) = self.decide(&mut inner, req, batch, now);
+        let quota = inner.faults.quota_used(now, &self.config.faults);
+        let quota = quota.map(|used| (self.config.faults.quota_refusal.header(), used));
+        Processed { result, rate, hang, accepted, quota }
+    }
+
+    /// The answer, the rate facts, the hang, and the emails accepted (id, email).
+    fn decide(&self, inner: &mut Inner, req: &HttpRequest, batch: bool, now: Instant) -> Decided {
         inner.stats.requests += 1;
         let mut rate = inner.window.arrive(now, self.config.requests_per_second);
 
@@ -439,8 +457,7 @@ impl Inner {
         let valid = checked.iter().filter(|c| c.is_ok()).count() as u64;
         if !self.faults.take_quota(valid, now, faults) {
             self.stats.quota_refusals += 1;
-            let message = "You have reached your daily email sending quota.";
-            return Err(ApiError::new(429, "daily_quota_exceeded", message));
+            return Err(faults.quota_refusal.error());
         }
         let created_at = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6f+00:00").to_string();
 
