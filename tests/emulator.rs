@@ -377,3 +377,22 @@ async fn each_quota_refusal_is_injected_by_name() {
         assert_eq!(api.post("/emails", None, &email(1), false).await.status(), 200, "{name}: renewed");
     }
 }
+
+#[tokio::test]
+async fn the_emulator_command_logs_its_rate_limit_as_a_number() {
+    for (rps, want) in [("7", Some(7)), ("0", None)] {
+        let emulator = common::Logged::spawn(
+            common::cli::bin()
+                .args(["emulator", "--listen", "127.0.0.1:0", "--rps", rps])
+                .env("MAILSTREAM_LOG", "info"),
+        );
+        let line = emulator.line_with("Resend emulator listening", Duration::from_secs(20)).await.expect("it listens");
+        let logged: Value = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(logged.get("rps").map(|v| v.as_u64().expect("a number")), want, "{line}");
+        // It serves where it says it listens.
+        let url = format!("http://{}", logged["listen"].as_str().unwrap());
+        assert_eq!(Api::new(&url).get("/emails").await.0, 200);
+        emulator.signal("TERM");
+        assert_eq!(emulator.wait().await.0, Some(0));
+    }
+}

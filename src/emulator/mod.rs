@@ -539,7 +539,9 @@ pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
         config.requests_per_second = (rps > 0).then_some(rps);
     }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    tracing::info!(%listen, rps = ?config.requests_per_second, "Resend emulator listening");
+    let listen = listener.local_addr().context("the bound address")?;
+    // A number, or no field when there is no limit.
+    tracing::info!(%listen, rps = config.requests_per_second, "Resend emulator listening");
     let shutdown = crate::shutdown::on_signals().context("installing the signal handlers")?;
     Emulator::new(config).serve(listener, shutdown).await;
     Ok(std::process::ExitCode::SUCCESS)
