@@ -1,6 +1,7 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
-//! idempotency (replay and both 409s), the rate limit and its headers, and
-//! reading sent emails back (one by id, lists), and quota refusals by name.
+//! idempotency (replay and both 409s), the rate limit and its headers, reading
+//! sent emails back (one by id, lists), quota refusals by name, and the official
+//! Python SDK against it.
 
 mod common;
 
@@ -395,4 +396,67 @@ async fn the_emulator_command_logs_its_rate_limit_as_a_number() {
         emulator.signal("TERM");
         assert_eq!(emulator.wait().await.0, Some(0));
     }
+}
+
+/// The official Python SDK (PyPI `resend`; `.ci/run` installs it) against the emulator:
+/// a send, then a get and a list that read the same email back.
+#[tokio::test]
+async fn the_official_python_sdk_sends_and_reads_back() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let script = format!(
+        r#"import json, resend, resend.exceptions
+resend.api_key = "re_python_sdk"
+resend.api_url = "{url}"
+params = {{
+    "from": "Acme <digest@acme.example>",
+    "to": ["delivered+py@resend.dev"],
+    "cc": ["cc@acme.example"],
+    "reply_to": "help@acme.example",
+    "subject": "Digest from Python",
+    "html": "<p>hello</p>",
+    "text": "hello",
+    "tags": [{{"name": "campaign", "value": "weekly_digest"}}],
+}}
+sent = resend.Emails.send(params)
+got = resend.Emails.get(sent["id"])
+listed = resend.Emails.list({{"limit": 1}})
+try:
+    resend.Emails.get("4ef9a417-02e9-4d39-ad75-9611e0fcc33c")
+    missing = None
+except resend.exceptions.ResendError as e:
+    missing = {{"code": e.code, "type": e.error_type, "message": e.message}}
+drop = lambda d: {{k: v for k, v in d.items() if k != "http_headers"}}
+print(json.dumps({{"sent": drop(sent), "got": drop(got), "listed": drop(listed), "missing": missing}}))
+"#
+    );
+    // Blocking, off the runtime that serves the emulator.
+    let python =
+        tokio::task::spawn_blocking(move || std::process::Command::new("python3").args(["-c", &script]).output());
+    let out = python
+        .await
+        .unwrap()
+        .expect("python3 is needed for this test, with the resend package (python3 -m pip install resend)");
+    assert!(
+        out.status.success(),
+        "the SDK script failed; it needs the resend Python package (python3 -m pip install resend): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    let id = result["sent"]["id"].as_str().expect("an id");
+    let got = &result["got"];
+    assert_eq!(got["object"], "email");
+    assert_eq!(got["id"], id);
+    assert_eq!(got["from"], "Acme <digest@acme.example>");
+    assert_eq!(got["to"], json!(["delivered+py@resend.dev"]));
+    assert_eq!(got["cc"], json!(["cc@acme.example"]));
+    assert_eq!(got["reply_to"], json!(["help@acme.example"]));
+    assert_eq!((got["subject"].as_str(), got["html"].as_str()), (Some("Digest from Python"), Some("<p>hello</p>")));
+    assert_eq!((got["text"].as_str(), got["last_event"].as_str()), (Some("hello"), Some("delivered")));
+    assert_eq!(got["tags"], json!([{"name": "campaign", "value": "weekly_digest"}]));
+    assert_eq!(result["listed"]["data"][0]["id"], id);
+    assert_eq!(result["listed"]["object"], "list");
+    assert_eq!(result["missing"], json!({"code": 404, "type": "not_found", "message": "Email not found"}));
+    assert_eq!(emulator.stats().emails_accepted, 1);
+    let seen = emulator.seen();
+    assert_eq!(seen.len(), 1, "the reads are not sending requests");
 }
