@@ -1,12 +1,14 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
-//! idempotency (replay and both 409s), the rate limit and its headers.
+//! idempotency (replay and both 409s), the rate limit and its headers, reading
+//! sent emails back (one by id, lists), quota refusals by name, and the official
+//! Python SDK against it.
 
 mod common;
 
 use std::time::Duration;
 
 use common::start_emulator;
-use mailstream::emulator::{EmulatorConfig, Faults};
+use mailstream::emulator::{EmulatorConfig, Faults, QuotaRefusal};
 use serde_json::{Value, json};
 
 fn email(i: usize) -> Value {
@@ -42,6 +44,12 @@ impl Api {
             req = req.header("x-batch-validation", "permissive");
         }
         req.send().await.unwrap()
+    }
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> (u16, Value) {
+        json_of(self.http.get(format!("{}{path}", self.url)).bearer_auth("re_test").send().await.unwrap()).await
     }
 }
 
@@ -231,4 +239,224 @@ async fn a_restart_keeps_the_idempotency_store() {
     assert_eq!((status, &again), (200, &first));
     let stats = emulator.stats();
     assert_eq!((stats.emails_accepted, stats.replays), (2, 1));
+}
+
+#[tokio::test]
+async fn an_accepted_email_reads_back_by_id_as_resend_answers() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut sent = email(1);
+    sent["html"] = json!("<p>hello</p>");
+    sent["cc"] = json!("cc@acme.example");
+    sent["reply_to"] = json!(["help@acme.example"]);
+    sent["tags"] = json!([{"name": "campaign", "value": "weekly_digest"}]);
+    let (_, answer) = json_of(api.post("/emails", None, &sent, false).await).await;
+    let id = answer["id"].as_str().unwrap();
+
+    let (status, got) = api.get(&format!("/emails/{id}")).await;
+    assert_eq!(status, 200, "{got}");
+    assert_eq!(got["object"], "email");
+    assert_eq!(got["id"], id);
+    assert_eq!(got["from"], sent["from"]);
+    assert_eq!(got["to"], sent["to"]);
+    assert_eq!(got["subject"], sent["subject"]);
+    assert_eq!((&got["html"], &got["text"]), (&sent["html"], &sent["text"]));
+    assert_eq!(got["cc"], json!(["cc@acme.example"]), "one address reads back as an array");
+    assert_eq!(got["reply_to"], sent["reply_to"]);
+    assert!(got["bcc"].is_null() && got["scheduled_at"].is_null());
+    assert_eq!(got["tags"], sent["tags"]);
+    assert_eq!(got["last_event"], "delivered");
+    let created = got["created_at"].as_str().unwrap();
+    assert!(chrono::DateTime::parse_from_rfc3339(created).is_ok(), "{created}");
+
+    // Each email of a batch has its own id; a test address's fate shows in last_event.
+    let mut two = batch(2);
+    two[1]["to"] = json!(["bounced+u1@resend.dev"]);
+    let (_, answer) = json_of(api.post("/emails/batch", None, &two, false).await).await;
+    let bounced = answer["data"][1]["id"].as_str().unwrap();
+    let (status, got) = api.get(&format!("/emails/{bounced}")).await;
+    assert_eq!((status, got["last_event"].as_str()), (200, Some("bounced")));
+
+    let (status, body) = api.get("/emails/4ef9a417-02e9-4d39-ad75-9611e0fcc33c").await;
+    assert_eq!(status, 404);
+    assert_eq!(body, json!({"statusCode": 404, "name": "not_found", "message": "Email not found"}));
+    // Other methods on these paths are not allowed.
+    let delete = api.http.delete(format!("{url}/emails/{id}")).bearer_auth("re_test").send().await.unwrap();
+    let (status, body) = json_of(delete).await;
+    assert_eq!((status, body["name"].as_str()), (405, Some("method_not_allowed")));
+    let put = api.http.put(format!("{url}/emails")).bearer_auth("re_test").send().await.unwrap();
+    assert_eq!(put.status(), 405);
+    // Reading needs a key, as sending does.
+    let bare = api.http.get(format!("{url}/emails/{id}")).send().await.unwrap();
+    assert_eq!(
+        json_of(bare).await,
+        (
+            401,
+            json!({"statusCode": 401, "name": "missing_api_key",
+        "message": "Missing API key in the authorization header."})
+        )
+    );
+}
+
+#[tokio::test]
+async fn sent_emails_list_newest_first_in_pages() {
+    let (_emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        let (_, answer) = json_of(api.post("/emails", None, &email(i), false).await).await;
+        ids.push(answer["id"].as_str().unwrap().to_string());
+    }
+    ids.reverse();
+    let page_ids = |list: &Value| -> Vec<String> {
+        list["data"].as_array().unwrap().iter().map(|e| e["id"].as_str().unwrap().to_string()).collect()
+    };
+
+    let (status, all) = api.get("/emails").await;
+    assert_eq!(status, 200, "{all}");
+    assert_eq!((all["object"].as_str(), all["has_more"].as_bool()), (Some("list"), Some(false)));
+    assert_eq!(page_ids(&all), ids, "newest first");
+    let item = &all["data"][0];
+    assert_eq!((item["subject"].as_str(), item["last_event"].as_str()), (Some("Digest 4"), Some("delivered")));
+    assert!(item.get("html").is_none() && item.get("object").is_none(), "list items leave the body out");
+
+    let (_, first) = api.get("/emails?limit=2").await;
+    assert_eq!((page_ids(&first), first["has_more"].as_bool()), (ids[..2].to_vec(), Some(true)));
+    let (_, next) = api.get(&format!("/emails?limit=2&after={}", ids[1])).await;
+    assert_eq!((page_ids(&next), next["has_more"].as_bool()), (ids[2..4].to_vec(), Some(true)));
+    let (_, last) = api.get(&format!("/emails?limit=2&after={}", ids[3])).await;
+    assert_eq!((page_ids(&last), last["has_more"].as_bool()), (ids[4..].to_vec(), Some(false)));
+    let (_, back) = api.get(&format!("/emails?limit=2&before={}", ids[3])).await;
+    assert_eq!((page_ids(&back), back["has_more"].as_bool()), (ids[1..3].to_vec(), Some(true)));
+    for bad in ["limit=0", "limit=101", "after=unknown"] {
+        let (status, body) = api.get(&format!("/emails?{bad}")).await;
+        assert_eq!((status, body["name"].as_str()), (422, Some("validation_error")), "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_case_insensitively() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    for scheme in ["bearer", "BEARER", "Bearer"] {
+        let r = api
+            .http
+            .post(format!("{url}/emails"))
+            .header("Authorization", format!("{scheme} re_test"))
+            .json(&email(1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{scheme}");
+    }
+    let r = api.http.get(format!("{url}/emails")).header("Authorization", "bearer re_test").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(emulator.stats().emails_accepted, 3);
+}
+
+#[tokio::test]
+async fn each_quota_refusal_is_injected_by_name() {
+    let cases = [
+        (QuotaRefusal::Daily, "daily_quota_exceeded", "daily", "x-resend-daily-quota"),
+        (QuotaRefusal::Monthly, "monthly_quota_exceeded", "monthly", "x-resend-monthly-quota"),
+    ];
+    for (refusal, name, period, header) in cases {
+        let faults = Faults { quota_after_emails: Some(2), quota_refusal: refusal, ..Default::default() };
+        let (emulator, url, _stop) = start_emulator(EmulatorConfig { faults, ..unlimited() }).await;
+        let api = Api::new(&url);
+        for used in ["1", "2"] {
+            let r = api.post("/emails", None, &email(1), false).await;
+            assert_eq!((r.status().as_u16(), r.headers()[header].to_str().unwrap()), (200, used), "{name}");
+        }
+        let r = api.post("/emails", None, &email(1), false).await;
+        assert_eq!(r.headers()[header], "2", "{name}: nothing taken by a refusal");
+        let message = format!("You have reached your {period} email sending quota.");
+        assert_eq!(json_of(r).await, (429, json!({"statusCode": 429, "name": name, "message": message})));
+        let stats = emulator.stats();
+        assert_eq!((stats.emails_accepted, stats.quota_refusals), (2, 1), "{name}");
+        emulator.renew_quota();
+        assert_eq!(api.post("/emails", None, &email(1), false).await.status(), 200, "{name}: renewed");
+    }
+}
+
+#[tokio::test]
+async fn the_emulator_command_logs_its_rate_limit_as_a_number() {
+    for (rps, want) in [("7", Some(7)), ("0", None)] {
+        let emulator = common::Logged::spawn(
+            common::cli::bin()
+                .args(["emulator", "--listen", "127.0.0.1:0", "--rps", rps])
+                .env("MAILSTREAM_LOG", "info"),
+        );
+        let line = emulator.line_with("Resend emulator listening", Duration::from_secs(20)).await.expect("it listens");
+        let logged: Value = serde_json::from_str(&line).expect("a JSON line");
+        assert_eq!(logged.get("rps").map(|v| v.as_u64().expect("a number")), want, "{line}");
+        // It serves where it says it listens.
+        let url = format!("http://{}", logged["listen"].as_str().unwrap());
+        assert_eq!(Api::new(&url).get("/emails").await.0, 200);
+        emulator.signal("TERM");
+        assert_eq!(emulator.wait().await.0, Some(0));
+    }
+}
+
+/// The official Python SDK (PyPI `resend`; `.ci/run` installs it) against the emulator:
+/// a send, then a get and a list that read the same email back.
+#[tokio::test]
+async fn the_official_python_sdk_sends_and_reads_back() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let script = format!(
+        r#"import json, resend, resend.exceptions
+resend.api_key = "re_python_sdk"
+resend.api_url = "{url}"
+params = {{
+    "from": "Acme <digest@acme.example>",
+    "to": ["delivered+py@resend.dev"],
+    "cc": ["cc@acme.example"],
+    "reply_to": "help@acme.example",
+    "subject": "Digest from Python",
+    "html": "<p>hello</p>",
+    "text": "hello",
+    "tags": [{{"name": "campaign", "value": "weekly_digest"}}],
+}}
+sent = resend.Emails.send(params)
+got = resend.Emails.get(sent["id"])
+listed = resend.Emails.list({{"limit": 1}})
+try:
+    resend.Emails.get("4ef9a417-02e9-4d39-ad75-9611e0fcc33c")
+    missing = None
+except resend.exceptions.ResendError as e:
+    missing = {{"code": e.code, "type": e.error_type, "message": e.message}}
+drop = lambda d: {{k: v for k, v in d.items() if k != "http_headers"}}
+print(json.dumps({{"sent": drop(sent), "got": drop(got), "listed": drop(listed), "missing": missing}}))
+"#
+    );
+    // Blocking, off the runtime that serves the emulator.
+    let python =
+        tokio::task::spawn_blocking(move || std::process::Command::new("python3").args(["-c", &script]).output());
+    let out = python
+        .await
+        .unwrap()
+        .expect("python3 is needed for this test, with the resend package (python3 -m pip install resend)");
+    assert!(
+        out.status.success(),
+        "the SDK script failed; it needs the resend Python package (python3 -m pip install resend): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    let id = result["sent"]["id"].as_str().expect("an id");
+    let got = &result["got"];
+    assert_eq!(got["object"], "email");
+    assert_eq!(got["id"], id);
+    assert_eq!(got["from"], "Acme <digest@acme.example>");
+    assert_eq!(got["to"], json!(["delivered+py@resend.dev"]));
+    assert_eq!(got["cc"], json!(["cc@acme.example"]));
+    assert_eq!(got["reply_to"], json!(["help@acme.example"]));
+    assert_eq!((got["subject"].as_str(), got["html"].as_str()), (Some("Digest from Python"), Some("<p>hello</p>")));
+    assert_eq!((got["text"].as_str(), got["last_event"].as_str()), (Some("hello"), Some("delivered")));
+    assert_eq!(got["tags"], json!([{"name": "campaign", "value": "weekly_digest"}]));
+    assert_eq!(result["listed"]["data"][0]["id"], id);
+    assert_eq!(result["listed"]["object"], "list");
+    assert_eq!(result["missing"], json!({"code": 404, "type": "not_found", "message": "Email not found"}));
+    assert_eq!(emulator.stats().emails_accepted, 1);
+    let seen = emulator.seen();
+    assert_eq!(seen.len(), 1, "the reads are not sending requests");
 }

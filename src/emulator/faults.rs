@@ -1,10 +1,13 @@
 //! Faults the emulator can inject, from its settings: 5xx answers, hangs that
 //! process a request and answer too late, 409s, 429 storms, a quota that runs
-//! out, senders whose domain is not verified. Seeded, so a faulty run replays.
+//! out (refused as `daily_quota_exceeded` or `monthly_quota_exceeded`), senders
+//! whose domain is not verified. Seeded, so a faulty run replays.
 
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+
+use super::validate::ApiError;
 
 /// Injected faults. Fractions are per request, in 0..=1.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -20,11 +23,49 @@ pub struct Faults {
     pub concurrent: f64,
     /// 429 storms: after `after_requests` requests, every request for `duration_ms` is refused.
     pub storms: Vec<Storm>,
-    /// Accept this many emails, then answer 429 `daily_quota_exceeded` until `quota_reset_ms` passes.
+    /// Accept this many emails, then answer 429 `quota_refusal` until `quota_reset_ms` passes.
     pub quota_after_emails: Option<u64>,
     pub quota_reset_ms: Option<u64>,
+    /// Which quota that is, by the name of its refusal: `daily_quota_exceeded` (the default)
+    /// or `monthly_quota_exceeded`.
+    pub quota_refusal: QuotaRefusal,
     /// Senders (`from` domains) refused with 403 `validation_error` (an unverified domain).
     pub rejected_sender_domains: Vec<String>,
+}
+
+/// A quota's refusal, by the name Resend gives it. Every answer to a sending request
+/// carries the emails used so far in the quota's header, as Resend's does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum QuotaRefusal {
+    /// 429 `daily_quota_exceeded`; usage in `x-resend-daily-quota`.
+    #[default]
+    #[serde(rename = "daily_quota_exceeded")]
+    Daily,
+    /// 429 `monthly_quota_exceeded`; usage in `x-resend-monthly-quota`.
+    #[serde(rename = "monthly_quota_exceeded")]
+    Monthly,
+}
+
+impl QuotaRefusal {
+    /// The 429 answer, with the message Resend writes.
+    pub(crate) fn error(self) -> ApiError {
+        match self {
+            QuotaRefusal::Daily => {
+                ApiError::new(429, "daily_quota_exceeded", "You have reached your daily email sending quota.")
+            }
+            QuotaRefusal::Monthly => {
+                ApiError::new(429, "monthly_quota_exceeded", "You have reached your monthly email sending quota.")
+            }
+        }
+    }
+
+    /// The response header that carries the quota's usage.
+    pub(crate) fn header(self) -> &'static str {
+        match self {
+            QuotaRefusal::Daily => "x-resend-daily-quota",
+            QuotaRefusal::Monthly => "x-resend-monthly-quota",
+        }
+    }
 }
 
 /// One 429 storm.
@@ -88,6 +129,14 @@ impl FaultState {
         true
     }
 
+    /// Emails taken from the quota in its current window; `None` when there is no quota.
+    pub(crate) fn quota_used(&self, now: Instant, faults: &Faults) -> Option<u64> {
+        faults.quota_after_emails.filter(|_| !self.quota_lifted)?;
+        let renewed =
+            faults.quota_reset_ms.is_some_and(|ms| now.duration_since(self.quota_since) >= Duration::from_millis(ms));
+        Some(if renewed { 0 } else { self.quota_used })
+    }
+
     /// A new quota window starts now.
     pub fn renew(&mut self, now: Instant) {
         self.quota_used = 0;
@@ -97,5 +146,34 @@ impl FaultState {
     /// No quota from now on.
     pub fn lift(&mut self) {
         self.quota_lifted = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_quota_refusal_is_named_in_the_settings() {
+        let faults: Faults =
+            toml::from_str("quota_after_emails = 3\nquota_refusal = \"monthly_quota_exceeded\"").unwrap();
+        assert_eq!(faults.quota_refusal, QuotaRefusal::Monthly);
+        assert_eq!(faults.quota_refusal.error().name, "monthly_quota_exceeded");
+        assert_eq!(toml::from_str::<Faults>("").unwrap().quota_refusal, QuotaRefusal::Daily);
+        assert!(toml::from_str::<Faults>("quota_refusal = \"hourly\"").is_err());
+    }
+
+    #[test]
+    fn quota_usage_counts_what_fits_and_restarts_with_the_window() {
+        let faults = Faults { quota_after_emails: Some(3), quota_reset_ms: Some(1000), ..Default::default() };
+        let t0 = Instant::now();
+        let mut state = FaultState::new(t0);
+        assert!(state.take_quota(2, t0, &faults));
+        assert!(!state.take_quota(2, t0, &faults), "two more do not fit");
+        assert_eq!(state.quota_used(t0, &faults), Some(2));
+        assert_eq!(state.quota_used(t0 + Duration::from_secs(1), &faults), Some(0), "a new window");
+        state.lift();
+        assert_eq!(state.quota_used(t0, &faults), None);
+        assert_eq!(FaultState::new(t0).quota_used(t0, &Faults::default()), None);
     }
 }

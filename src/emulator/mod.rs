@@ -1,8 +1,10 @@
 //! A local Resend: `POST /emails` and `POST /emails/batch` with Resend's shapes
-//! and rules, injectable faults, and counters that tests and benchmarks read
-//! from `GET /_emulator/stats`. Nothing here reaches the network. Each concern
-//! has a room: the rate window, the idempotency store, faults, validation.
+//! and rules, `GET /emails/{id}` and `GET /emails` over the emails it accepted,
+//! injectable faults, and counters that tests and benchmarks read from
+//! `GET /_emulator/stats`. Nothing here reaches the network. Each concern has a
+//! room: the rate window, the idempotency store, the sent emails, faults, validation.
 
+pub mod emails;
 pub mod faults;
 pub mod idempotency;
 pub mod rate;
@@ -20,8 +22,9 @@ use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use self::emails::Emails;
 use self::faults::FaultState;
-pub use self::faults::{Faults, Storm};
+pub use self::faults::{Faults, QuotaRefusal, Storm};
 use self::idempotency::{IdempotencyStore, Lookup};
 use self::rate::{RateInfo, SlidingWindow};
 use self::validate::ApiError;
@@ -92,7 +95,16 @@ pub struct Stats {
 }
 
 /// What one request came to: the answer, the rate facts, a hang, the emails accepted.
-type Processed = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
+type Decided = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
+
+/// A sending request's outcome, and the quota's usage after it (header name, emails).
+struct Processed {
+    result: Result<Value, ApiError>,
+    rate: RateInfo,
+    hang: Option<Duration>,
+    accepted: Vec<(String, Value)>,
+    quota: Option<(&'static str, u64)>,
+}
 
 /// One request as the emulator saw it (kept for tests and benchmarks).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,6 +126,7 @@ struct Inner {
     window: SlidingWindow,
     idempotency: IdempotencyStore,
     faults: FaultState,
+    emails: Emails,
     /// When each real send of (recipient, subject) happened.
     sends: HashMap<(String, String), Vec<Instant>>,
     rng: StdRng,
@@ -136,6 +149,7 @@ impl Emulator {
                 window: SlidingWindow::default(),
                 idempotency: IdempotencyStore::default(),
                 faults: FaultState::new(Instant::now()),
+                emails: Emails::default(),
                 sends: HashMap::new(),
                 rng: StdRng::seed_from_u64(config.seed),
             })),
@@ -231,15 +245,45 @@ impl Emulator {
             }
             (&Method::POST, "/emails") => self.send(req, false).await,
             (&Method::POST, "/emails/batch") => self.send(req, true).await,
+            (&Method::GET, "/emails") => self.read(&req, None),
             (_, "/emails" | "/emails/batch") => {
                 ApiError::new(405, "method_not_allowed", "Method not allowed").response(None)
             }
-            _ => ApiError::new(404, "not_found", "The requested endpoint does not exist.").response(None),
+            (method, path) => match path.strip_prefix("/emails/").filter(|id| !id.is_empty() && !id.contains('/')) {
+                Some(id) if method == Method::GET => self.read(&req, Some(id)),
+                Some(_) => ApiError::new(405, "method_not_allowed", "Method not allowed").response(None),
+                None => ApiError::new(404, "not_found", "The requested endpoint does not exist.").response(None),
+            },
         }
     }
 
+    /// `GET /emails/{id}` (`id`) or `GET /emails`: the same key and team rate limit
+    /// as sending (Resend counts every request), then the emails kept.
+    fn read(&self, req: &HttpRequest, id: Option<&str>) -> HttpResponse {
+        let mut inner = self.lock();
+        let rate = inner.window.arrive(arrival(req), self.config.requests_per_second);
+        let result = match validate::check_headers(req, self.config.api_key.as_deref()) {
+            Err(e) => Err(e),
+            Ok(()) if rate.limited => {
+                inner.stats.rate_limited += 1;
+                Err(ApiError::rate_limited())
+            }
+            Ok(()) => match id {
+                Some(id) => inner.emails.get(id),
+                None => inner.emails.list(req.uri().query()),
+            },
+        };
+        drop(inner);
+        let mut response = match result {
+            Ok(body) => http::json(StatusCode::OK, &body),
+            Err(e) => e.response(rate.retry_after),
+        };
+        rate.write(response.headers_mut());
+        response
+    }
+
     async fn send(&self, req: HttpRequest, batch: bool) -> HttpResponse {
-        let (result, rate, hang, accepted) = self.process(&req, batch);
+        let Processed { result, rate, hang, accepted, quota } = self.process(&req, batch);
         self.remember(&req, &result);
         if let Some(outbox) = &self.outbox {
             for (id, email) in &accepted {
@@ -251,6 +295,9 @@ impl Emulator {
             Err(e) => e.response(rate.retry_after),
         };
         rate.write(response.headers_mut());
+        if let Some((header, used)) = quota {
+            response.headers_mut().insert(header, used.into());
+        }
         if let Some(hang) = hang {
             // The email left; the answer arrives after the client gave up.
             tokio::time::sleep(hang).await;
@@ -258,13 +305,18 @@ impl Emulator {
         response
     }
 
-    /// Everything but the (async) hang and the webhooks, under the lock; returns the
-    /// answer, the rate facts, the hang, and the emails accepted (id, email).
+    /// Everything but the (async) hang and the webhooks, under the lock.
     fn process(&self, req: &HttpRequest, batch: bool) -> Processed {
-        // The rate limit counts requests when their head arrives, as a provider's edge would.
-        let now = req.extensions().get::<http::Arrived>().map_or_else(Instant::now, |a| a.0);
+        let now = arrival(req);
         let mut inner = self.lock();
-        let inner = &mut *inner;
+        let (result, rate, hang, accepted) = self.decide(&mut inner, req, batch, now);
+        let quota = inner.faults.quota_used(now, &self.config.faults);
+        let quota = quota.map(|used| (self.config.faults.quota_refusal.header(), used));
+        Processed { result, rate, hang, accepted, quota }
+    }
+
+    /// The answer, the rate facts, the hang, and the emails accepted (id, email).
+    fn decide(&self, inner: &mut Inner, req: &HttpRequest, batch: bool, now: Instant) -> Decided {
         inner.stats.requests += 1;
         let mut rate = inner.window.arrive(now, self.config.requests_per_second);
 
@@ -278,8 +330,7 @@ impl Emulator {
             if let Some(after) = storm {
                 rate.retry_after = Some(after);
             }
-            let message = "Too many requests. You can only make a limited number of requests per second.";
-            return (Err(ApiError::new(429, "rate_limit_exceeded", message)), rate, None, Vec::new());
+            return (Err(ApiError::rate_limited()), rate, None, Vec::new());
         }
         let key = match req.headers().get("idempotency-key").map(|v| v.to_str().map(str::to_string)) {
             None => None,
@@ -406,9 +457,9 @@ impl Inner {
         let valid = checked.iter().filter(|c| c.is_ok()).count() as u64;
         if !self.faults.take_quota(valid, now, faults) {
             self.stats.quota_refusals += 1;
-            let message = "You have reached your daily email sending quota.";
-            return Err(ApiError::new(429, "daily_quota_exceeded", message));
+            return Err(faults.quota_refusal.error());
         }
+        let created_at = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6f+00:00").to_string();
 
         let mut data = Vec::new();
         let mut errors = Vec::new();
@@ -422,6 +473,8 @@ impl Inner {
                     self.stats.emails_accepted += 1;
                     let id = new_uuid();
                     data.push(json!({ "id": id }));
+                    let last_event = webhooks::fate(&email).last().map_or("sent", |e| e.trim_start_matches("email."));
+                    self.emails.insert(&id, &email, created_at.clone(), last_event);
                     accepted.push((id, email));
                 }
                 Err(e) => {
@@ -449,6 +502,12 @@ impl Inner {
             self.stats.duplicate_sends += 1;
         }
     }
+}
+
+/// When the request's head arrived: the rate limit counts requests then, as a
+/// provider's edge would.
+fn arrival(req: &HttpRequest) -> Instant {
+    req.extensions().get::<http::Arrived>().map_or_else(Instant::now, |a| a.0)
 }
 
 /// `mailstream emulator`.
@@ -481,7 +540,9 @@ pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
         config.requests_per_second = (rps > 0).then_some(rps);
     }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
-    tracing::info!(%listen, rps = ?config.requests_per_second, "Resend emulator listening");
+    let listen = listener.local_addr().context("the bound address")?;
+    // A number, or no field when there is no limit.
+    tracing::info!(%listen, rps = config.requests_per_second, "Resend emulator listening");
     let shutdown = crate::shutdown::on_signals().context("installing the signal handlers")?;
     Emulator::new(config).serve(listener, shutdown).await;
     Ok(std::process::ExitCode::SUCCESS)

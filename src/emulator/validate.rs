@@ -22,6 +22,15 @@ impl ApiError {
         ApiError { status: StatusCode::from_u16(status).expect("valid status"), name, message: message.into() }
     }
 
+    /// 429 `rate_limit_exceeded`: over the team's requests per second.
+    pub fn rate_limited() -> ApiError {
+        ApiError::new(
+            429,
+            "rate_limit_exceeded",
+            "Too many requests. You can only make a limited number of requests per second.",
+        )
+    }
+
     pub fn concurrent() -> ApiError {
         ApiError::new(
             409,
@@ -49,6 +58,14 @@ fn looks_like_a_key(key: &str) -> bool {
         && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The token of an `Authorization: Bearer <token>` value. The scheme is matched
+/// case-insensitively (RFC 9110 §11.1: `bearer re_…` is the same credential).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The User-Agent and the API key: `allowed`, when given, is the one key
 /// accepted; otherwise any key that looks like a Resend key (`re_…`) is.
 pub(crate) fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<(), ApiError> {
@@ -56,12 +73,7 @@ pub(crate) fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<
     if h.get(hyper::header::USER_AGENT).is_none_or(|v| v.is_empty()) {
         return Err(ApiError::new(403, "missing_user_agent", "A User-Agent header is required."));
     }
-    let token = h
-        .get(hyper::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
-        .filter(|t| !t.is_empty());
+    let token = h.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(bearer_token);
     let Some(token) = token else {
         return Err(ApiError::new(401, "missing_api_key", "Missing API key in the authorization header."));
     };
@@ -171,6 +183,16 @@ mod tests {
         assert!(looks_like_a_key("re_123abc_XYZ"));
         for bad in ["None", "re_", "sk_live_1", "re_has space", ""] {
             assert!(!looks_like_a_key(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer re_1", "bearer re_1", "BEARER re_1", "bEaReR  re_1 "] {
+            assert_eq!(bearer_token(value), Some("re_1"), "{value:?}");
+        }
+        for value in ["Basic re_1", "Bearerre_1", "Bearer ", "Bearer", "re_1", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
         }
     }
 

@@ -108,22 +108,33 @@ async fn post(
     counters.failed.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The event bodies an accepted email leads to, by its recipient.
-fn events_for(id: &str, email: &Value) -> Vec<String> {
-    let to: Vec<String> = match email.get("to") {
+fn recipients(email: &Value) -> Vec<String> {
+    match email.get("to") {
         Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
         _ => Vec::new(),
-    };
+    }
+}
+
+/// The events an accepted email leads to, in order, by its first recipient (the
+/// last is what `GET /emails/{id}` reports as `last_event`).
+pub(crate) fn fate(email: &Value) -> &'static [&'static str] {
+    let to = recipients(email);
     let first = to.first().map(|a| super::validate::bare_address(a).to_ascii_lowercase()).unwrap_or_default();
     let (local, domain) = first.split_once('@').unwrap_or(("", ""));
     let local = local.split('+').next().unwrap_or("");
-    let kinds: &[&str] = match (local, domain) {
+    match (local, domain) {
         ("bounced", "resend.dev") => &["email.bounced"],
         ("complained", "resend.dev") => &["email.delivered", "email.complained"],
         ("suppressed", "resend.dev") => &["email.suppressed"],
         _ => &["email.delivered"],
-    };
+    }
+}
+
+/// The event bodies an accepted email leads to, by its recipient.
+fn events_for(id: &str, email: &Value) -> Vec<String> {
+    let to = recipients(email);
+    let kinds = fate(email);
     // Resend writes tags as an object in its webhooks.
     let tags: serde_json::Map<String, Value> = email
         .get("tags")
