@@ -137,6 +137,7 @@ fn spawn_daemon(binary: &Path, config: &Path, log: &Path) -> anyhow::Result<Chil
         .arg("--config")
         .arg(config)
         .env("RESEND_API_KEY", "re_chaos")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
         .env("MAILSTREAM_LOG", "info")
         .stdout(Stdio::null())
         .stderr(log)

@@ -270,6 +270,7 @@ fn spawn_daemon(binary: &Path, config: &Path, log: &Path, instance: u32) -> anyh
         .arg("--config")
         .arg(config)
         .env("RESEND_API_KEY", "re_multi")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
         .env("MAILSTREAM_INSTANCE", instance.to_string())
         .env("MAILSTREAM_LOG", "info")
         .stdout(Stdio::null())

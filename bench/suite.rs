@@ -281,6 +281,7 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
         .arg("--config")
         .arg(&config_path)
         .env("RESEND_API_KEY", "re_bench")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
         .env("MAILSTREAM_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(log)

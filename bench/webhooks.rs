@@ -114,6 +114,7 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
         .arg(&config_path)
         .env("RESEND_API_KEY", "re_bench")
         .env("MAILSTREAM_WEBHOOK_SECRET", SECRET)
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
         .env("MAILSTREAM_LOG", "info")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?)

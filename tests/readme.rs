@@ -6,7 +6,7 @@
 //! starts it and stopped at the end.
 //!
 //! What a reader fills in, and only that, is filled in here: the config's path
-//! (`/etc/mailstream/config.toml`), the public listener's address
+//! (`/etc/mailstream/config.toml`) and the credentials' folder, the public listener's address
 //! (`127.0.0.1:8080`, a free port here), and the README's example periods
 //! (`2026-W48`, "the previous period", and `2026-W40`, an older one within the
 //! retention), which are dates a reader reads as "last week" and "a few weeks ago".
@@ -54,7 +54,9 @@ fn documented(file: &str) -> Vec<Documented> {
                         let Some((_, more)) = lines.next() else { break };
                         command = format!("{command}\n{more}");
                     }
-                    if command.starts_with("mailstream ") || command.starts_with("curl ") {
+                    // After any `NAME=value` assignments, as in `CREDENTIALS_DIRECTORY=… mailstream …`.
+                    let program = command.split_whitespace().find(|w| !w.contains('=')).unwrap_or("");
+                    if program == "mailstream" || program == "curl" {
                         found.push(Documented { at: format!("{file}:{}", n + 1), line: command });
                     }
                 }
@@ -128,8 +130,14 @@ async fn every_documented_command_line_runs_as_written() {
     )
     .unwrap();
 
+    // The credentials deploy/README.md stores (the tests' own values).
+    let credentials = dir.join("credentials");
+    std::fs::create_dir_all(&credentials).unwrap();
+    std::fs::write(credentials.join("unsubscribe_secret"), UNSUBSCRIBE_SECRET).unwrap();
+    std::fs::write(credentials.join("resend_api_key"), "re_readme_test").unwrap();
     let filled = |line: &str| {
         line.replace("/etc/mailstream/config.toml", config.to_str().unwrap())
+            .replace("/etc/mailstream/credentials", credentials.to_str().unwrap())
             .replace("127.0.0.1:8080", &public)
             .replace("2026-W48", &week(-1))
             .replace("2026-W40", &week(-3))
@@ -158,7 +166,7 @@ async fn every_documented_command_line_runs_as_written() {
             continue;
         }
         let line = filled(line);
-        if line.starts_with("mailstream run") {
+        if line.starts_with("mailstream run ") {
             // `exec`: the daemon is the child the test signals, not a shell around it.
             let started = Logged::spawn(shell(&format!("exec {line}")).stdout(std::process::Stdio::null()));
             let up = started.line_with("mailstream running", Duration::from_secs(60)).await;

@@ -81,6 +81,7 @@ async fn the_daemon_notifies_ready_status_watchdog_and_stopping_in_order_and_log
         .arg(&config)
         .env("MAILSTREAM_REDIS_URL", world.redis.url())
         .env("RESEND_API_KEY", "re_systemd_test")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-systemd-test")
         .env("NOTIFY_SOCKET", &notify.path)
         .env("WATCHDOG_USEC", "3000000")
         .env_remove("WATCHDOG_PID")
