@@ -215,8 +215,8 @@ async fn read_rows(
         if fields.is_empty() {
             continue; // expired between SCAN and now
         }
-        let email: Option<String> = redis::from_redis_value_ref(&pair[1]).ok().flatten();
-        let r = row(d, &fields, email.as_deref());
+        let registered: Option<String> = redis::from_redis_value_ref(&pair[1]).ok().flatten();
+        let r = row(d, &fields, inline_to(&fields).or(registered).as_deref());
         if wanted(filter, &fields, &r) {
             sealed_into.push(sealed_batch(&r, &fields));
             out.push(r);
@@ -262,6 +262,12 @@ pub struct Detail {
     pub row: Row,
     pub fields: BTreeMap<String, String>,
     pub history: Vec<(String, String)>,
+}
+
+/// The inline address of a transactional request (`to`), if the record holds one.
+fn inline_to(fields: &BTreeMap<String, String>) -> Option<String> {
+    let request: crate::ingest::Request = serde_json::from_str(fields.get("request")?).ok()?;
+    request.to
 }
 
 /// The delivery `id`, or `None` if there is no such record (never enqueued, or expired).

@@ -1,7 +1,8 @@
 //! The delivery log: filters over a seeded Redis (several statuses at once, paging
 //! to the end, a subscriber, `since`, a state this version does not know), the
-//! command line, the admin endpoint's token, and the HTML page driven in headless
-//! Chromium (sign in, filter by two statuses, page 2, one delivery, a screenshot).
+//! command line, the admin endpoint's token, the overview against `slo --json` and
+//! `/metrics`, and the pages driven in headless Chromium (sign in to the overview,
+//! filter by two statuses and a span, page 2, one delivery, screenshots of each).
 
 mod common;
 
@@ -189,6 +190,58 @@ async fn the_admin_endpoint_refuses_a_missing_or_wrong_token() {
     daemon.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_says_what_slo_and_the_metrics_say() {
+    let world = seeded().await;
+    // A receipt to an inline address: its row shows the address masked, its key as "Key".
+    let receipt =
+        json!({"idempotency_key": "order-1", "to": "ann@acme.example", "subject": "Receipt", "text": "Thanks"});
+    let r = mailstream::ingest::enqueue(&world.store, &world.config, vec![receipt]).await.unwrap();
+    let (daemon, url) = daemon_with_metrics(&world).await;
+    mailstream::resend::client::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let get = |path: &str| http.get(format!("{url}{path}")).header("authorization", format!("Bearer {TOKEN}")).send();
+    let overview: Value = get("/admin/api/overview").await.unwrap().json().await.unwrap();
+
+    let out = Command::new(env!("CARGO_BIN_EXE_mailstream"))
+        .args(["slo", "--json", "--config"])
+        .arg(config_for(&world))
+        .env("MAILSTREAM_REDIS_URL", world.redis.url())
+        .env_remove("MAILSTREAM_LOG")
+        .output()
+        .unwrap();
+    let slo: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let figures = |v: &Value| -> Vec<Value> {
+        let keep = ["campaign", "period", "enqueued", "sent", "failed", "skipped", "outcome_unknown", "failure_rate"];
+        let periods = v["periods"].as_array().unwrap();
+        periods.iter().map(|p| keep.iter().map(|k| (k.to_string(), p[k].clone())).collect()).collect()
+    };
+    assert_eq!(figures(&overview["slo"]), figures(&slo), "{overview}\n{slo}");
+    assert_eq!(overview["slo"]["status"], slo["status"]);
+
+    let metrics = get("/metrics").await.unwrap().text().await.unwrap();
+    let gauge = |name: &str| -> u64 {
+        let line = metrics.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("{name}:\n{metrics}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(overview["dead_letters"], gauge("mailstream_dead_letters{kind=\"failed\"}"));
+    let counts = world.counts().await;
+    assert_eq!(overview["dead_letters"], counts.failed, "{overview}");
+    assert_eq!(overview["paused"], false);
+    assert_eq!(overview["partitions"].as_array().unwrap().len(), world.config.redis.partitions as usize);
+    let page = get("/admin/overview").await.unwrap().text().await.unwrap();
+    assert!(page.contains("id=\"periods\"") && page.contains("2026-W49"), "{page}");
+
+    let mailstream::ingest::ItemResult::Accepted { delivery: id, .. } = &r[0] else { panic!("{r:?}") };
+    let rows: Value = get("/admin/api/deliveries?campaign=transactional").await.unwrap().json().await.unwrap();
+    assert_eq!(rows["rows"][0]["address"], "a***@acme.example", "{rows}");
+    let href = form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>();
+    assert!(id.ends_with(":order-1"), "{id}");
+    let detail = get(&format!("/admin/deliveries/{href}")).await.unwrap().text().await.unwrap();
+    assert!(detail.contains("<th>Key</th><td>order-1</td>") && !detail.contains("ann@"), "{detail}");
+    daemon.stop().await;
+}
+
 /// A minimal W3C WebDriver client over chromedriver's HTTP API.
 struct Browser {
     http: reqwest::Client,
@@ -333,12 +386,19 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     browser.go(&format!("{url}/admin/login")).await;
     browser.type_into("#token", TOKEN).await;
     browser.click_to_navigate("#sign-in").await;
-    assert!(browser.find_all("#filters").await.len() == 1, "signed in: the filters show");
-    // Pages of 5; filter by two statuses.
+    // The overview first: each campaign period against the SLO.
+    assert_eq!(browser.find_all("tr.period").await.len(), 2, "signed in: the overview shows both periods");
+    assert!(browser.text("#paused").await.contains("not paused"));
+    browser.screenshot("admin-overview.png").await;
+    // Pages of 5; filter by two statuses and a span, which the form keeps.
     browser.go(&format!("{url}/admin/deliveries?limit=5")).await;
     browser.click("#status-failed").await;
     browser.click("#status-skipped").await;
+    browser.type_into("#since", "30d").await;
     browser.click_to_navigate("#apply").await;
+    let since = browser.find("#since").await;
+    let kept = browser.call(reqwest::Method::GET, &format!("/element/{since}/property/value"), json!({})).await;
+    assert_eq!(kept, "30d", "the filter keeps its value after Apply");
     let first: Vec<String> = row_texts(&browser).await;
     assert_eq!(first.len(), 5);
     assert!(first.iter().all(|r| r.contains("failed") || r.contains("skipped")), "{first:?}");
@@ -357,7 +417,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     assert!(summary.contains("***@"), "the address, masked: {summary}");
     assert!(!summary.contains("someone"), "{summary}");
     let shot = browser.screenshot("delivery-log-detail.png").await;
-    println!("screenshots saved: {} (and delivery-log-page-1.png)", shot.display());
+    println!("screenshots saved: {} (and admin-overview.png, delivery-log-page-1.png)", shot.display());
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a real screenshot");
     browser.quit().await;
     daemon.stop().await;

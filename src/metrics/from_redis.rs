@@ -71,19 +71,19 @@ impl Gauges {
 }
 
 /// One partition's figures.
-#[derive(Debug, Default)]
-struct Partition {
-    stream_length: u64,
-    unread: u64,
-    unacked: u64,
-    tx_unread: u64,
-    tx_unacked: u64,
-    sealed_batches: u64,
-    due_batches: u64,
-    scheduled: u64,
-    dead: u64,
-    unknown: u64,
-    paused: bool,
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct Partition {
+    pub stream_length: u64,
+    pub unread: u64,
+    pub unacked: u64,
+    pub tx_unread: u64,
+    pub tx_unacked: u64,
+    pub sealed_batches: u64,
+    pub due_batches: u64,
+    pub scheduled: u64,
+    pub dead: u64,
+    pub unknown: u64,
+    pub paused: bool,
 }
 
 /// Reads Redis and fills the gauges (all at once, after every read succeeded).
@@ -162,7 +162,14 @@ fn states(c: &Counts) -> [(&'static str, u64); 6] {
     ]
 }
 
-async fn partition(conn: &mut impl ConnectionLike, store: &Store, group: &str, p: u16) -> anyhow::Result<Partition> {
+/// One partition's backlog, dead letters and pause, as the gauges and the admin
+/// overview show them.
+pub(crate) async fn partition(
+    conn: &mut impl ConnectionLike,
+    store: &Store,
+    group: &str,
+    p: u16,
+) -> anyhow::Result<Partition> {
     let keys = &store.keys;
     let stream = keys.stream(p);
     let (unread, unacked) = match streams::group_info(conn, &stream, group).await? {

@@ -15,6 +15,7 @@ use prometheus::{
 };
 
 pub use self::from_redis::refresh;
+pub(crate) use self::from_redis::{Partition, partition};
 use crate::config::Config;
 use crate::outcome::{Outcome, Reason};
 use crate::resend::{ErrorName, ProviderError};

@@ -1,0 +1,52 @@
+//! The admin landing page's figures: what an operator asks first in an incident.
+//! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
+//! sending is paused, each partition's backlog and dead letters (the same reads as
+//! the `/metrics` gauges), and the suppressions of the last 24 hours.
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::db::Store;
+use crate::metrics::{self, Partition};
+use crate::{slo, suppression};
+
+/// The overview (also `/admin/api/overview`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Overview {
+    /// Redis's clock when it was read (RFC 3339).
+    pub at: String,
+    pub slo: slo::Report,
+    /// A quota pause holds sending (on every instance).
+    pub paused: bool,
+    pub partitions: Vec<Partition>,
+    pub dead_letters: u64,
+    pub outcome_unknown_letters: u64,
+    /// Suppressions made in the last 24 hours, by reason.
+    pub suppressed_last_24h: std::collections::BTreeMap<String, u64>,
+}
+
+/// Reads the overview from Redis.
+pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overview> {
+    let now = store.time().await?;
+    let slo = slo::evaluate(store, config, None, None).await?;
+    let mut conn = store.conn().await?;
+    let mut partitions = Vec::new();
+    for p in 0..store.keys.partitions() {
+        partitions.push(metrics::partition(&mut conn, store, &config.redis.group, p).await?);
+    }
+    // A scan of the suppression records: an operator's page, not a hot path.
+    let since = (now.timestamp_millis().max(0) as u64).saturating_sub(24 * 3600 * 1000);
+    let mut suppressed_last_24h = std::collections::BTreeMap::new();
+    for e in suppression::list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {
+        *suppressed_last_24h.entry(e.reason).or_insert(0) += 1;
+    }
+    Ok(Overview {
+        at: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        slo,
+        paused: partitions.iter().any(|p| p.paused),
+        dead_letters: partitions.iter().map(|p| p.dead).sum(),
+        outcome_unknown_letters: partitions.iter().map(|p| p.unknown).sum(),
+        partitions,
+        suppressed_last_24h,
+    })
+}
