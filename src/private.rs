@@ -30,7 +30,7 @@ pub(crate) fn serve(
 
 async fn route(ctx: &Ctx, admin: &Admin, req: HttpRequest) -> HttpResponse {
     match req.uri().path() {
-        p if p == "/admin" || p.starts_with("/admin/") => admin.route(&ctx.store, &ctx.config, req).await,
+        p if p == "/admin" || p.starts_with("/admin/") => admin.route(ctx, req).await,
         "/metrics" => {
             if let Err(e) = metrics::refresh(&ctx.metrics, &ctx.store, &ctx.config, REDIS_READ_LIMIT).await {
                 ctx.metrics.redis_error("scrape", &e);

@@ -52,8 +52,18 @@ pub async fn apply(
     act: Act,
     event: Option<&str>,
 ) -> anyhow::Result<Suppressed> {
+    apply_to(store, config, store.keys.address(email), act, event).await
+}
+
+/// [`apply`] to an address named by its hash (an operator sees only hashes).
+pub(crate) async fn apply_to(
+    store: &Store,
+    config: &Config,
+    address: crate::db::keys::Address,
+    act: Act,
+    event: Option<&str>,
+) -> anyhow::Result<Suppressed> {
     let keys = &store.keys;
-    let address = keys.address(email);
     let w = &config.webhook;
     let (mode, reason) = match act {
         Act::Suppress(why) => (SuppressMode::Suppress, why),

@@ -15,6 +15,7 @@ use mailstream::config::Secret;
 use mailstream::deliveries::{self, Filter};
 use mailstream::emulator::EmulatorConfig;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::suppression::{self, Why};
 use mailstream::{Listeners, RunOptions};
 use serde_json::{Value, json};
 
@@ -377,7 +378,13 @@ impl Browser {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_delivery_log_page_works_in_headless_chromium() {
-    let world = seeded().await;
+    let mut world = seeded().await;
+    // A provider again, for the retried delivery; an address suppressed by hand, to lift.
+    let (_emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    let config = world.config.clone();
+    suppression::apply(&world.store, &config, "gone@acme.example", suppression::Act::Suppress(Why::Manual), None)
+        .await
+        .unwrap();
     let (daemon, url) = daemon_with_metrics(&world).await;
     let counts = world.counts().await;
     let browser = Browser::start().await;
@@ -419,6 +426,53 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     let shot = browser.screenshot("delivery-log-detail.png").await;
     println!("screenshots saved: {} (and admin-overview.png, delivery-log-page-1.png)", shot.display());
     assert!(std::fs::metadata(&shot).unwrap().len() > 10_000, "a real screenshot");
+
+    // Retry a failed delivery, once its address is fixed: confirmed, then sent.
+    browser.go(&format!("{url}/admin/deliveries?status=failed&limit=1")).await;
+    browser.click_to_navigate("tr.delivery a.open").await;
+    let id = browser.text("#delivery").await;
+    let sub = mailstream::work::DeliveryRef::parse(&id).unwrap().subscriber;
+    let i: u64 = sub.trim_start_matches("user-").parse().unwrap();
+    subscribers::upsert(&world.store, &[Subscriber::synthetic(i)]).await.unwrap();
+    browser.click_to_navigate("#retry").await;
+    assert!(browser.text("#what").await.contains(&id), "the confirmation names the delivery");
+    browser.click_to_navigate("#do").await;
+    assert!(browser.text("#result").await.starts_with("1 done"), "{}", browser.text("#result").await);
+    let sent = eventually(SETTLE, || {
+        let store = world.store.clone();
+        let id = id.clone();
+        async move { deliveries::get(&store, &id).await.unwrap().filter(|d| d.row.status == "sent") }
+    })
+    .await;
+    let sent = sent.expect("the retried delivery was sent");
+    assert!(sent.row.provider_id.is_some() && sent.row.address.unwrap().ends_with("@resend.dev"));
+
+    // Lift the suppression.
+    browser.go(&format!("{url}/admin/suppressions")).await;
+    assert_eq!(browser.find_all("tr.suppression").await.len(), 1);
+    browser.click_to_navigate("tr.suppression a.lift").await;
+    browser.click_to_navigate("#do").await;
+    assert!(browser.text("#result").await.starts_with("1 done"));
+    assert!(suppression::list(&world.store, Some("gone@acme.example")).await.unwrap().is_empty(), "lifted");
+
+    // A form posted with the session's cookie but without the page's token is refused.
+    let cookie = browser.call(reqwest::Method::GET, "/cookie/mailstream_admin", json!({})).await;
+    let forged = reqwest::Client::new()
+        .post(format!("{url}/admin/act"))
+        .header("cookie", format!("mailstream_admin={}", cookie["value"].as_str().unwrap()))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("op=retry&id={}", form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    let metrics = reqwest::get(format!("{url}/metrics")).await.unwrap().text().await.unwrap();
+    for line in [
+        "mailstream_admin_actions_total{operation=\"retry\",result=\"done\"} 1",
+        "mailstream_admin_actions_total{operation=\"lift\",result=\"done\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} in\n{metrics}");
+    }
     browser.quit().await;
     daemon.stop().await;
 }

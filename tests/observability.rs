@@ -28,6 +28,7 @@ const INGEST_TOKEN: &str = "an-ingest-token-of-16+";
 
 /// Every family a daemon exports and its label names (histograms without `le`).
 const FAMILIES: &[(&str, &[&str])] = &[
+    ("mailstream_admin_actions_total", &["operation", "result"]),
     ("mailstream_backlog", &["kind", "partition"]),
     ("mailstream_batch_emails", &[]),
     ("mailstream_batch_retries_total", &["error"]),
@@ -94,6 +95,7 @@ const CLOSED_LABELS: &[(&str, &[&str])] = &[
     ),
     ("campaign", &["weekly_digest", "transactional"]),
     ("variant", &["a", "b"]),
+    ("operation", &["retry", "retry_period", "lift"]),
 ];
 
 /// Families only a campaign with a render hook exports; `tests/render_hook.rs`

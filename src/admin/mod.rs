@@ -9,6 +9,7 @@
 //! that signing in at `/admin/login` sets (an HMAC of the token, never the token).
 //! Without a token configured the log is off (404).
 
+mod actions;
 mod overview;
 mod pages;
 
@@ -18,42 +19,67 @@ use minijinja::context;
 use sha2::Sha256;
 
 use self::pages::{page, value};
-use crate::config::{Config, Secret};
+use crate::config::Secret;
+use crate::ctx::Ctx;
 use crate::db::Store;
 use crate::deliveries::{self, Filter, STATUSES};
 use crate::http::{self, HttpRequest, HttpResponse};
 
 const COOKIE: &str = "mailstream_admin";
+
+/// How a request proved itself: a form sent with a cookie must also carry the page's token.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Bearer,
+    Cookie,
+}
 const PAGE_SIZE: usize = 50;
 
-/// The tokens that open the log.
+/// One admin token and the name the log of admin actions gives it.
+pub(crate) struct Credential {
+    name: String,
+    token: Secret,
+}
+
+/// The tokens that open the admin pages.
 pub(crate) struct Admin {
-    tokens: Vec<Secret>,
+    credentials: Vec<Credential>,
 }
 
 impl Admin {
+    /// `NAME:TOKEN` names a token; a bare token is named by its position (`#1`, …).
     pub fn new(tokens: &[Secret]) -> Admin {
-        Admin { tokens: tokens.to_vec() }
+        let credentials = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| match t.expose().split_once(':') {
+                Some((name, token)) => Credential { name: name.to_string(), token: Secret::new(token) },
+                None => Credential { name: format!("#{}", i + 1), token: t.clone() },
+            })
+            .collect();
+        Admin { credentials }
     }
 
-    fn mac(token: &[u8], purpose: &[u8]) -> Hmac<Sha256> {
+    fn mac(token: &[u8], purpose: &[u8]) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(token).expect("HMAC takes any key length");
         mac.update(purpose);
-        mac
+        mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
     }
 
     /// The session cookie's value for a token.
-    fn session(token: &Secret) -> String {
-        Self::mac(token.expose().as_bytes(), b"mailstream admin session")
-            .finalize()
-            .into_bytes()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+    fn session(c: &Credential) -> String {
+        Self::mac(c.token.expose().as_bytes(), b"mailstream admin session")
     }
 
-    /// Whether the request carries a valid token or session (compared in constant time).
-    fn allowed(&self, req: &HttpRequest) -> bool {
+    /// The token a signed-in page's forms carry, bound to the session: another site can
+    /// make the browser send the cookie, not read this.
+    fn csrf(c: &Credential) -> String {
+        Self::mac(c.token.expose().as_bytes(), b"mailstream admin form")
+    }
+
+    /// Who the request comes from: a valid token (`Bearer`, no cookie involved) or a
+    /// session cookie, compared in constant time.
+    fn who(&self, req: &HttpRequest) -> Option<(&Credential, Via)> {
         let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
         let bearer = http::bearer(req);
         let cookie = header(hyper::header::COOKIE)
@@ -61,14 +87,19 @@ impl Admin {
             .filter_map(|c| c.trim().strip_prefix(COOKIE).and_then(|c| c.strip_prefix('=')))
             .next()
             .unwrap_or("");
-        self.tokens
-            .iter()
-            .any(|t| http::same_secret(bearer, t.expose()) || http::same_secret(cookie, &Self::session(t)))
+        self.credentials.iter().find_map(|c| {
+            if http::same_secret(bearer, c.token.expose()) {
+                Some((c, Via::Bearer))
+            } else {
+                http::same_secret(cookie, &Self::session(c)).then_some((c, Via::Cookie))
+            }
+        })
     }
 
     /// Answers a request under `/admin`.
-    pub(crate) async fn route(&self, store: &Store, config: &Config, req: HttpRequest) -> HttpResponse {
-        if self.tokens.is_empty() {
+    pub(crate) async fn route(&self, ctx: &Ctx, req: HttpRequest) -> HttpResponse {
+        let (store, config) = (&ctx.store, &ctx.config);
+        if self.credentials.is_empty() {
             return http::text(
                 StatusCode::NOT_FOUND,
                 "the delivery log is off: set MAILSTREAM_ADMIN_TOKEN, http.admin_token_file or the admin_token credential\n",
@@ -78,13 +109,14 @@ impl Admin {
         if path == "/admin/login" {
             return self.login(&req);
         }
-        if !self.allowed(&req) {
+        let Some((who, via)) = self.who(&req) else {
             return if path.starts_with("/admin/api/") {
                 http::json(StatusCode::UNAUTHORIZED, &serde_json::json!({"error": "a valid admin token is needed"}))
             } else {
                 login_page(StatusCode::UNAUTHORIZED, "Sign in with an admin token.")
             };
-        }
+        };
+        let csrf = Self::csrf(who);
         let query = req.uri().query().unwrap_or("").to_string();
         let result = match path.as_str() {
             "/admin" | "/admin/" => return redirect("/admin/overview"),
@@ -96,6 +128,23 @@ impl Admin {
                     context! { title => "Overview", signed_in => true, o => value(&o) },
                 )
             }),
+            "/admin/suppressions" => actions::suppressions_page(store).await,
+            "/admin/confirm" => actions::confirm_page(&query, &csrf),
+            "/admin/act" if req.method() == Method::POST => {
+                let form: Vec<(String, String)> = form_urlencoded::parse(req.body()).into_owned().collect();
+                let sent = form.iter().find(|(k, _)| k == "csrf").map(|(_, v)| v.as_str()).unwrap_or("");
+                if via == Via::Cookie && !http::same_secret(sent, &csrf) {
+                    tracing::warn!(admin = %who.name, "an admin form without its token was refused (forged, or from an old page)");
+                    let message =
+                        "This form is not from a page of this session (forged, or an old page): nothing was done.";
+                    return page(
+                        StatusCode::FORBIDDEN,
+                        "error.html",
+                        context! { title => "Refused", signed_in => true, message },
+                    );
+                }
+                actions::act(ctx, &who.name, &form).await
+            }
             "/admin/api/deliveries" => list(store, &query).await.map(|(page, _)| json(&page)),
             "/admin/deliveries" => list(store, &query).await.map(|(page, form)| list_page(&page, &form, &query)),
             p => match (p.strip_prefix("/admin/api/deliveries/"), p.strip_prefix("/admin/deliveries/")) {
@@ -119,11 +168,11 @@ impl Admin {
             return login_page(StatusCode::OK, "Sign in with an admin token.");
         }
         let token = form_urlencoded::parse(req.body()).find(|(k, _)| k == "token").map(|(_, v)| v.to_string());
-        let known = token.and_then(|p| self.tokens.iter().find(|t| http::same_secret(&p, t.expose())));
+        let known = token.and_then(|p| self.credentials.iter().find(|c| http::same_secret(&p, c.token.expose())));
         match known {
-            Some(t) => {
+            Some(c) => {
                 let mut response = redirect("/admin/overview");
-                let cookie = format!("{COOKIE}={}; Path=/admin; HttpOnly; SameSite=Strict", Self::session(t));
+                let cookie = format!("{COOKIE}={}; Path=/admin; HttpOnly; SameSite=Strict", Self::session(c));
                 response.headers_mut().insert(hyper::header::SET_COOKIE, cookie.parse().expect("a cookie header"));
                 response
             }
@@ -219,4 +268,19 @@ fn detail_page(d: &deliveries::Detail) -> HttpResponse {
     let (title, r) = (d.row.id.clone(), value(&d.row));
     let context = context! { title, signed_in => true, d => value(d), r, transactional };
     page(StatusCode::OK, "delivery.html", context)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_named_in_the_log_by_its_prefix_or_its_position() {
+        let admin = Admin::new(&[Secret::new("0123456789abcdef0123"), Secret::new("ops-ann:fedcba9876543210fedc")]);
+        let names: Vec<&str> = admin.credentials.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["#1", "ops-ann"]);
+        assert_eq!(admin.credentials[1].token.expose(), "fedcba9876543210fedc", "the name is not part of the token");
+        assert_ne!(Admin::csrf(&admin.credentials[0]), Admin::csrf(&admin.credentials[1]));
+        assert_ne!(Admin::csrf(&admin.credentials[0]), Admin::session(&admin.credentials[0]));
+    }
 }

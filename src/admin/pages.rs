@@ -17,6 +17,9 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("overview.html", include_str!("pages/overview.html")),
         ("deliveries.html", include_str!("pages/deliveries.html")),
         ("delivery.html", include_str!("pages/delivery.html")),
+        ("suppressions.html", include_str!("pages/suppressions.html")),
+        ("confirm.html", include_str!("pages/confirm.html")),
+        ("done.html", include_str!("pages/done.html")),
     ] {
         env.add_template(name, source).expect("the admin pages compile (a unit test renders each)");
     }

@@ -24,9 +24,10 @@ pub struct HttpConfig {
     pub public_requests_per_second_per_source: u32,
     /// How long a public request may take, head to answer.
     pub public_timeout_ms: u64,
-    /// A file holding the token(s) for the delivery log on the private listener
+    /// A file holding the token(s) for the admin pages on the private listener
     /// (`/admin`); `MAILSTREAM_ADMIN_TOKEN` or the systemd credential `admin_token`
-    /// work too. Without one the delivery log is not served.
+    /// work too. `NAME:TOKEN` names a token in the log of admin actions (else it is
+    /// `#1`, `#2`, … by position). Without one the admin pages are not served.
     pub admin_token_file: Option<PathBuf>,
     #[serde(skip)]
     pub admin_tokens: Vec<Secret>,
@@ -137,9 +138,11 @@ impl HttpConfig {
         );
     }
 
-    /// Adds a message if an admin token is too short to resist guessing.
+    /// Adds a message if an admin token is too short to resist guessing (`NAME:TOKEN`
+    /// names the token in the log of admin actions; the token is what follows the colon).
     pub(super) fn validate_admin_tokens(&self, errors: &mut Vec<String>) {
-        if !self.admin_tokens.iter().all(|t| t.expose().len() >= 16) {
+        let token = |t: &Secret| t.expose().split_once(':').map_or(t.expose().len(), |(_, token)| token.len());
+        if !self.admin_tokens.iter().all(|t| token(t) >= 16) {
             errors.push("http.admin_token_file: each admin token must be at least 16 characters".into());
         }
     }

@@ -71,6 +71,14 @@ impl Keys {
         Address { hash, partition }
     }
 
+    /// The address `hash` names (as [`Keys::address`] made it), if it is such a hash:
+    /// what an operator who sees only hashes acts on.
+    pub fn address_of_hash(&self, hash: &str) -> Option<Address> {
+        let hex = hash.len() == 32 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let partition = u16::from_str_radix(hash.get(..4)?, 16).ok()? % self.partitions;
+        hex.then(|| Address { hash: hash.to_string(), partition })
+    }
+
     /// Set: the ids of the subscribers whose address hashes to `hash` (in its home partition).
     pub(crate) fn address_index(&self, a: &Address) -> String {
         self.tagged(a.partition, &format!("addr:{}", a.hash))
@@ -293,6 +301,10 @@ mod tests {
             assert_eq!(keys.address(written), plain, "{written}");
         }
         assert_ne!(keys.address("bob@acme.example"), plain);
+        assert_eq!(keys.address_of_hash(&plain.hash), Some(plain.clone()), "a hash names its address");
+        for not_a_hash in ["", "xyz", &plain.hash.to_uppercase(), &plain.hash[1..]] {
+            assert_eq!(keys.address_of_hash(not_a_hash), None, "{not_a_hash:?}");
+        }
     }
 
     #[test]

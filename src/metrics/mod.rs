@@ -58,6 +58,7 @@ pub struct Metrics {
     render_hook_requests: IntCounterVec,
     render_hook_deferred: IntCounterVec,
     ingested: IntCounterVec,
+    admin_actions: IntCounterVec,
     schedule_last: GaugeVec,
     schedule_next: GaugeVec,
     /// Held while gauges are replaced and while the registry is gathered, so a
@@ -234,6 +235,12 @@ impl Metrics {
                 "Transactional items taken by the ingest API, by result (accepted, duplicate, conflict, invalid)",
                 &["result"],
             ),
+            admin_actions: counter(
+                &r,
+                "mailstream_admin_actions_total",
+                "Deliveries or addresses acted on from the admin pages, by operation (retry, retry_period, lift) and result (done, refused)",
+                &["operation", "result"],
+            ),
             schedule_fires: counter(
                 &r,
                 "mailstream_schedule_fires_total",
@@ -285,6 +292,12 @@ impl Metrics {
         self.stuck_after.set(config.stuck_after().as_secs_f64());
         self.ceiling.set(f64::from(config.resend.requests_per_second) * config.resend.batch_size as f64);
         self.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // Every series from 0, so an increase shows from the first action.
+        for operation in Metrics::ADMIN_OPERATIONS {
+            for result in ["done", "refused"] {
+                self.admin_action(operation, result, 0);
+            }
+        }
     }
 
     /// One request to Resend's `endpoint` (`emails_batch`) ended after `took`,
@@ -385,6 +398,14 @@ impl Metrics {
     /// Items of an ingest request, by result.
     pub fn ingested(&self, result: &'static str, n: u64) {
         self.ingested.with_label_values(&[result]).inc_by(n);
+    }
+
+    /// The operations the admin pages offer (the `operation` label).
+    pub(crate) const ADMIN_OPERATIONS: [&'static str; 3] = ["retry", "retry_period", "lift"];
+
+    /// `n` deliveries or addresses an admin operation touched, by its result.
+    pub(crate) fn admin_action(&self, operation: &'static str, result: &'static str, n: u64) {
+        self.admin_actions.with_label_values(&[operation, result]).inc_by(n);
     }
 
     pub(crate) fn schedule_fire(&self, campaign: &str, result: &'static str) {
