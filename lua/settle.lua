@@ -18,7 +18,9 @@
 -- KEYS[5..4+c] counts hashes, KEYS[5+c..] delivery keys of the members
 -- ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention seconds,
 -- ARGV[4] owner, '' for a 2xx answer, '*lost*' for a lost batch;
---   then per member: delivery id, state, detail (provider id or error name), counts index (1-based)
+--   then per member: delivery id, state, detail (provider id or error name), counts index
+--   (1-based), and what the provider said of it ('' for nothing; kept as `error_message`
+--   on a member recorded failed or outcome_unknown now)
 -- Returns {status, per member the state recorded now ('' where nothing changed)} with status
 -- 'ok', 'not_held', 'settled' (no batch record, and every member was already final: another
 -- holder settled it first, a normal race) or 'missing' (no batch record while a member was not
@@ -41,8 +43,9 @@ local now = now_ms()
 local sends = b[3] or 0
 local all_final = true
 for i = 5 + c, #KEYS do
-  local base = 4 + 4 * (i - 5 - c)
+  local base = 4 + 5 * (i - 5 - c)
   local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
+  local said = ARGV[base + 5]
   if state == 'failed' and owner ~= '' and b[2] == '1' then
     state = 'outcome_unknown'
   end
@@ -57,6 +60,9 @@ for i = 5 + c, #KEYS do
     local field = 'error'
     if state == 'sent' then field = 'provider_id' end
     redis.call('HSET', KEYS[i], 'state', state, field, detail, 'settled_ms', now, 'sends', sends)
+    if state ~= 'sent' and said ~= '' then
+      redis.call('HSET', KEYS[i], 'error_message', said)
+    end
     redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
     redis.call('EXPIRE', KEYS[i], retention)
     redis.call('HINCRBY', KEYS[4 + ci], state, 1)

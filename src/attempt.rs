@@ -98,15 +98,17 @@ impl Sender {
             Ok(accepted) => {
                 self.health.reachable();
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
-                let verdicts: Vec<Verdict> = accepted
+                let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
                     .items
-                    .into_iter()
+                    .iter()
                     .map(|item| match item {
-                        ItemResult::Sent(id) => Verdict::Sent(id),
-                        ItemResult::Invalid => Verdict::Failed(Reason::Provider(ErrorName::ValidationError)),
+                        ItemResult::Sent(id) => (Verdict::Sent(id.clone()), None),
+                        ItemResult::Invalid(said) => {
+                            (Verdict::Failed(Reason::Provider(ErrorName::ValidationError)), said.as_deref())
+                        }
                     })
-                    .collect();
-                batch::settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts).await;
+                    .unzip();
+                batch::settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts, &said).await;
                 PacingNews { rate: accepted.rate, pause: None }
             }
             Err((e, rate)) => {
@@ -159,7 +161,7 @@ impl Sender {
             }
             Plan::Settle(outcome) => {
                 let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
-                batch::settle_all(ctx, &b, verdict).await;
+                batch::settle_all(ctx, &b, verdict, e.said.as_deref()).await;
             }
         }
     }

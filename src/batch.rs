@@ -75,7 +75,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
                  deliveries are outcome_unknown"
             );
             let verdicts = reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
-            settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
+            settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts, &[]).await;
             false
         }
         Gate::Paused => {
@@ -88,13 +88,13 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
                 "sealed batch outlived the provider's idempotency window without a known outcome; \
                  its deliveries are outcome_unknown and will not be resent"
             );
-            settle_all(ctx, b, Verdict::Unknown(Reason::IdempotencyWindowPassed)).await;
+            settle_all(ctx, b, Verdict::Unknown(Reason::IdempotencyWindowPassed), None).await;
             false
         }
         Gate::Deadline { maybe_sent } => {
             tracing::error!(deliveries = b.members.len(), maybe_sent, "batch passed its delivery deadline");
             let verdict = if maybe_sent { Verdict::Unknown(Reason::Expired) } else { Verdict::Failed(Reason::Expired) };
-            settle_all(ctx, b, verdict).await;
+            settle_all(ctx, b, verdict, None).await;
             false
         }
         Gate::NotHeld => {
@@ -108,7 +108,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         Gate::Lost => {
             tracing::error!(deliveries = b.members.len(), "a sealed batch's record is gone (a lost write)");
             let verdicts = vec![Verdict::Unknown(Reason::RecordLost); b.members.len()];
-            settle(ctx, b.partition, &b.id, &b.members, Settler::Lost, verdicts).await;
+            settle(ctx, b.partition, &b.id, &b.members, Settler::Lost, verdicts, &[]).await;
             false
         }
     };
@@ -256,9 +256,10 @@ pub(crate) async fn reschedule(ctx: &Ctx, partition: u16, batch: &str, r: &Resch
 }
 
 /// Settles every member of a batch this instance holds with one verdict.
-pub(crate) async fn settle_all(ctx: &Ctx, b: &Sealed, verdict: Verdict) {
+pub(crate) async fn settle_all(ctx: &Ctx, b: &Sealed, verdict: Verdict, said: Option<&str>) {
     let verdicts = vec![verdict; b.members.len()];
-    settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts).await;
+    let said = vec![said; b.members.len()];
+    settle(ctx, b.partition, &b.id, &b.members, Settler::Holder(&ctx.owner), verdicts, &said).await;
 }
 
 /// Records each member's verdict (same order as the batch) and counts what was recorded;
@@ -270,13 +271,15 @@ pub(crate) async fn settle(
     members: &[DeliveryRef],
     by: Settler<'_>,
     verdicts: Vec<Verdict>,
+    said: &[Option<&str>],
 ) -> bool {
     let settlements: Vec<Settlement<'_>> =
         members.iter().zip(verdicts).map(|(member, verdict)| Settlement { member, verdict }).collect();
     let result = async {
         let mut conn = ctx.store.conn().await?;
         let retention = ctx.config.retention().as_secs();
-        anyhow::Ok(scripts::settle(&mut conn, &ctx.store.keys, partition, batch, by, &settlements, retention).await?)
+        let keys = &ctx.store.keys;
+        anyhow::Ok(scripts::settle_saying(&mut conn, keys, partition, batch, by, &settlements, retention, said).await?)
     };
     match result.await {
         Ok(settled) => {

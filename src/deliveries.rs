@@ -48,6 +48,8 @@ pub struct Row {
     pub status: String,
     /// The error name (failed, outcome_unknown) or the reason (skipped).
     pub why: Option<String>,
+    /// What the provider said of the request that failed it (addresses masked).
+    pub said: Option<String>,
     pub provider_id: Option<String>,
     pub settled_at: Option<String>,
     /// Requests made for its batch, and times it was claimed.
@@ -100,6 +102,7 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
         target: d.target,
         status,
         why: get("error").or_else(|| get("reason")),
+        said: get("error_message"),
         provider_id: get("provider_id"),
         settled_at: fields.get("settled_ms").and_then(|ms| time(ms)),
         sends: number("sends"),

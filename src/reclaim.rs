@@ -138,7 +138,7 @@ impl Reclaimer {
                     );
                     let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
                     let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
-                    batch::settle_all(ctx, &taken, verdict).instrument(taken.span()).await;
+                    batch::settle_all(ctx, &taken, verdict, None).instrument(taken.span()).await;
                 }
                 Take::Lost => {
                     tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
@@ -220,7 +220,7 @@ impl Reclaimer {
         tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
         ctx.metrics.lost_batch(members.len() as u64);
         let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-        let settled = batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts);
+        let settled = batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
         settled.instrument(crate::work::batch_span(p, batch)).await;
         Ok(())
     }

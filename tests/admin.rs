@@ -61,6 +61,9 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     let failed = page(filter(&["failed"])).await;
     assert_eq!(failed.rows.len() as u64, counts.failed);
     assert!(failed.rows.iter().all(|r| r.status == "failed" && r.why.as_deref() == Some("validation_error")));
+    // What Resend said of each, not only its error's name.
+    let said = |r: &deliveries::Row| r.said.as_deref().is_some_and(|s| s.contains("example.com domain is not allowed"));
+    assert!(failed.rows.iter().all(said), "{:?}", failed.rows[0]);
     let skipped = page(filter(&["skipped"])).await;
     assert_eq!(skipped.rows.len() as u64, counts.skipped);
     assert!(counts.failed > 0 && counts.skipped > 0, "{counts:?}");
@@ -398,7 +401,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     assert!(browser.text("#paused").await.contains("not paused"));
     browser.screenshot("admin-overview.png").await;
     // Pages of 5; filter by two statuses and a span, which the form keeps.
-    browser.go(&format!("{url}/admin/deliveries?limit=5")).await;
+    browser.go(&format!("{url}/admin/deliveries?limit=5&period={PERIOD}")).await;
     browser.click("#status-failed").await;
     browser.click("#status-skipped").await;
     browser.type_into("#since", "30d").await;
@@ -431,6 +434,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     browser.go(&format!("{url}/admin/deliveries?status=failed&limit=1")).await;
     browser.click_to_navigate("tr.delivery a.open").await;
     let id = browser.text("#delivery").await;
+    assert!(browser.text("#said").await.contains("domain is not allowed"), "what Resend said is shown");
     let sub = mailstream::work::DeliveryRef::parse(&id).unwrap().subscriber;
     let i: u64 = sub.trim_start_matches("user-").parse().unwrap();
     subscribers::upsert(&world.store, &[Subscriber::synthetic(i)]).await.unwrap();

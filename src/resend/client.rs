@@ -20,8 +20,9 @@ const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));
 pub enum ItemResult {
     /// Accepted; Resend's email id.
     Sent(String),
-    /// Refused by permissive validation; always named `validation_error`.
-    Invalid,
+    /// Refused by permissive validation; always named `validation_error`; what Resend
+    /// said of it (addresses masked).
+    Invalid(Option<String>),
 }
 
 /// Rate-limit facts from a response's headers.
@@ -141,6 +142,8 @@ struct IdBody {
 #[derive(Debug, Deserialize)]
 struct IndexError {
     index: usize,
+    #[serde(default)]
+    message: Option<String>,
 }
 
 /// Maps a batch answer to per-email results. Resend lists ids in request order and
@@ -148,11 +151,11 @@ struct IndexError {
 /// a placeholder for them, so both readings are accepted. `None` if it cannot match.
 fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
     let body: BatchBody = serde_json::from_slice(bytes).ok()?;
-    let mut refused = vec![false; count];
+    let mut refused: Vec<Option<Option<String>>> = vec![None; count];
     for e in &body.errors {
-        *refused.get_mut(e.index)? = true;
+        *refused.get_mut(e.index)? = Some(e.message.as_deref().and_then(super::error::said));
     }
-    let refused_n = refused.iter().filter(|&&r| r).count();
+    let refused_n = refused.iter().filter(|r| r.is_some()).count();
     if body.data.len() == count {
         // Aligned by index.
         return body
@@ -160,9 +163,9 @@ fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
             .into_iter()
             .zip(refused)
             .map(|(item, refused)| match (item, refused) {
-                (_, true) => Some(ItemResult::Invalid),
-                (Some(IdBody { id }), false) => Some(ItemResult::Sent(id)),
-                (None, false) => None,
+                (_, Some(said)) => Some(ItemResult::Invalid(said)),
+                (Some(IdBody { id }), None) => Some(ItemResult::Sent(id)),
+                (None, None) => None,
             })
             .collect();
     }
@@ -172,7 +175,10 @@ fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
     let mut ids = body.data.into_iter();
     refused
         .into_iter()
-        .map(|r| if r { Some(ItemResult::Invalid) } else { ids.next().flatten().map(|b| ItemResult::Sent(b.id)) })
+        .map(|r| match r {
+            Some(said) => Some(ItemResult::Invalid(said)),
+            None => ids.next().flatten().map(|b| ItemResult::Sent(b.id)),
+        })
         .collect()
 }
 
@@ -198,9 +204,14 @@ mod tests {
             br#"{"data":[{"id":"a"},{"id":"c"}],"errors":[{"index":1,"message":"The `to` field is missing."}]}"#;
         assert_eq!(
             parse_batch_success(skipped, 3).unwrap(),
-            vec![ItemResult::Sent("a".into()), ItemResult::Invalid, ItemResult::Sent("c".into())]
+            vec![
+                ItemResult::Sent("a".into()),
+                ItemResult::Invalid(Some("The `to` field is missing.".into())),
+                ItemResult::Sent("c".into())
+            ]
         );
-        let aligned = br#"{"data":[{"id":"a"},null,{"id":"c"}],"errors":[{"index":1,"message":"x"}]}"#;
+        let aligned =
+            br#"{"data":[{"id":"a"},null,{"id":"c"}],"errors":[{"index":1,"message":"The `to` field is missing."}]}"#;
         assert_eq!(parse_batch_success(aligned, 3), parse_batch_success(skipped, 3));
         assert_eq!(parse_batch_success(br#"{"data":[{"id":"a"}]}"#, 1).unwrap(), vec![ItemResult::Sent("a".into())]);
     }

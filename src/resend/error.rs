@@ -219,6 +219,46 @@ pub struct ProviderError {
     /// Whether the provider may have processed the request (so a resend must reuse the key):
     /// a 5xx may come after the email left; any other answer is about this request.
     pub maybe_sent: bool,
+    /// What Resend said (its `message`), addresses masked, at most `SAID_MAX` characters:
+    /// `validation_error` alone does not say that the sender's domain was refused.
+    pub said: Option<String>,
+}
+
+/// The longest message kept of an answer.
+const SAID_MAX: usize = 300;
+
+/// What is kept of a provider's message: addresses masked, at most `SAID_MAX`
+/// characters, `None` when it says nothing.
+pub(crate) fn said(message: &str) -> Option<String> {
+    Some(mask_addresses(message.trim()).chars().take(SAID_MAX).collect::<String>()).filter(|s| !s.is_empty())
+}
+
+/// `text` with every address masked as the delivery log shows one (`a***@acme.example`).
+pub(crate) fn mask_addresses(text: &str) -> String {
+    let separator = |c: char| c.is_whitespace() || "<>\"'(),;[]`".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        match word.split_once('@') {
+            Some((local, domain)) if !domain.is_empty() => {
+                out.push(local.chars().next().unwrap_or('*'));
+                out.push_str("***@");
+                out.push_str(domain);
+            }
+            _ => out.push_str(word),
+        }
+        word.clear();
+    };
+    for c in text.chars() {
+        if separator(c) {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
 }
 
 impl ProviderError {
@@ -231,12 +271,20 @@ impl ProviderError {
             name,
             status: Some(status),
             retry_after,
+            said: said(message),
         }
     }
 
     /// A failure with no answer from Resend.
     pub fn local(name: ErrorName, maybe_sent: bool) -> Self {
-        ProviderError { action: classify(&name, None, ""), name, status: None, retry_after: None, maybe_sent }
+        ProviderError {
+            action: classify(&name, None, ""),
+            name,
+            status: None,
+            retry_after: None,
+            maybe_sent,
+            said: None,
+        }
     }
 }
 
@@ -248,6 +296,24 @@ mod tests {
     fn class(name: Option<&str>, status: Option<u16>, message: &str) -> Action {
         let name = name.map_or(ErrorName::Http(status.unwrap_or(0)), ErrorName::parse);
         classify(&name, status, message)
+    }
+
+    #[test]
+    fn what_resend_said_is_kept_with_every_address_masked() {
+        let e = ProviderError::from_response(
+            422,
+            Some("validation_error"),
+            "Invalid `to` field: ann.b@acme.example, <bo@x.example>. The acme.example domain is not verified.",
+            None,
+        );
+        let said = e.said.unwrap();
+        assert_eq!(
+            said,
+            "Invalid `to` field: a***@acme.example, <b***@x.example>. The acme.example domain is not verified."
+        );
+        let long = ProviderError::from_response(422, Some("validation_error"), &"x".repeat(1000), None);
+        assert_eq!(long.said.unwrap().len(), SAID_MAX);
+        assert_eq!(ProviderError::from_response(500, None, " ", None).said, None);
     }
 
     /// Every (status, name) of RESEND.md's table, and what it must become.

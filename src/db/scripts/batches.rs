@@ -391,6 +391,23 @@ pub async fn settle(
     settlements: &[Settlement<'_>],
     retention_secs: u64,
 ) -> RedisResult<Settled> {
+    settle_saying(conn, keys, partition, batch, by, settlements, retention_secs, &[]).await
+}
+
+/// [`settle`], keeping what the provider said of each member (`said`, aligned with
+/// `settlements`, or empty for nothing; its message with addresses masked) on each
+/// member recorded failed or outcome_unknown.
+#[allow(clippy::too_many_arguments)]
+pub async fn settle_saying(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    partition: u16,
+    batch: &str,
+    by: Settler<'_>,
+    settlements: &[Settlement<'_>],
+    retention_secs: u64,
+    said: &[Option<&str>],
+) -> RedisResult<Settled> {
     let (counts, index) = counts_index(
         keys,
         partition,
@@ -412,13 +429,14 @@ pub async fn settle(
     for c in &counts {
         call.key(c);
     }
-    for (s, ci) in settlements.iter().zip(index) {
+    for (i, (s, ci)) in settlements.iter().zip(index).enumerate() {
         let id = s.member.id();
         call.key(keys.delivery(partition, &id))
             .arg(id)
             .arg(s.verdict.outcome().as_str())
             .arg(s.verdict.detail())
-            .arg(ci);
+            .arg(ci)
+            .arg(said.get(i).copied().flatten().unwrap_or(""));
     }
     let (status, recorded): (String, Vec<String>) = call.invoke_async(conn).await?;
     read_settle(status, recorded)
