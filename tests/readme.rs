@@ -196,3 +196,41 @@ async fn every_documented_command_line_runs_as_written() {
     assert_eq!(code, Some(0), "{log:#?}");
     assert!(log.iter().any(|l| l.contains("unsubscribe=one_click(env)")), "the features line: {log:#?}");
 }
+
+/// Every program the tests start, and every Python package they import, is named in
+/// the README's set-up paragraph and installed by `.ci/run` where it is missing.
+#[test]
+fn the_readme_names_every_tool_the_tests_need() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let setup = &readme[..readme.find("```").unwrap()];
+    let ci = std::fs::read_to_string(root.join(".ci/run")).unwrap();
+    let mut needed = std::collections::BTreeSet::from(["redis-server", "systemd-analyze"]);
+    let sources: Vec<String> = std::fs::read_dir(root.join("tests"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.unwrap().path()).ok())
+        .collect();
+    let shell = ["sh", "kill", "python3", "env"];
+    // Python packages from PyPI the tests' scripts import (the standard library aside).
+    let from_pypi = ["svix", "resend"];
+    for source in &sources {
+        for opener in ["tool(\"", "which(\"", "Command::new(\""] {
+            for (at, _) in source.match_indices(opener) {
+                let rest = &source[at + opener.len()..];
+                let name = &rest[..rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '-')).unwrap_or(0)];
+                if !name.is_empty() && !shell.contains(&name) {
+                    needed.insert(name);
+                }
+            }
+        }
+        for line in source.lines().filter(|l| l.contains("import ")) {
+            let words: Vec<&str> = line.split(|c: char| !c.is_ascii_alphanumeric()).collect();
+            needed.extend(from_pypi.iter().filter(|p| words.contains(p)));
+        }
+    }
+    for tool in &needed {
+        assert!(setup.contains(&format!("`{tool}`")), "the README's set-up paragraph names `{tool}`");
+        assert!(ci.contains(tool), ".ci/run installs {tool} where it is missing");
+    }
+    assert!(needed.len() >= 9, "{needed:?}");
+}
