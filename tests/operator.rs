@@ -187,12 +187,16 @@ fn a_campaign_without_an_unsubscribe_link_is_refused_unless_it_says_so() {
         }
         cmd.args(args).arg("--config").arg(path).env("MAILSTREAM_REDIS_URL", "redis://127.0.0.1:1").output().unwrap()
     };
-    for args in [&["check-config"][..], &["run"]] {
+    for args in [&["check-config"][..], &["run"], &["check-config", "--json"]] {
         let out = check(&path, false, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let err = stderr(&out);
         assert!(err.contains("campaign[0] (weekly_digest)") && err.contains("one_click_unsubscribe = false"), "{err}");
     }
+    // With --json, the object still says what is on, and why it is refused.
+    let report = one_object(&[], &check(&path, false, &["check-config", "--json"]));
+    assert_eq!((report["ok"].as_bool(), report["features"]["unsubscribe"]["on"].as_bool()), (Some(false), Some(false)));
+    assert!(report["errors"][0].as_str().unwrap().contains("one_click_unsubscribe = false"), "{report}");
 
     // One-click on: the feature names where its secret came from; http is a warning.
     let out = check(&path, true, &["check-config", "--json"]);

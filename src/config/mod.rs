@@ -290,17 +290,24 @@ impl Config {
 }
 
 /// `mailstream check-config`: `config` (read from `path`) is valid and fit to send
-/// campaigns; says what it holds and which features it turns on.
+/// campaigns; says what it holds and which features it turns on. With `--json` the
+/// object is printed also when `run` would refuse the config (`ok` false, `errors`),
+/// and the error follows on stderr.
 pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::ExitCode, ConfigError> {
-    let warnings = config.check_sending()?;
+    let (warnings, errors) = match config.check_sending() {
+        Ok(warnings) => (warnings, Vec::new()),
+        Err(ConfigError::Invalid(errors)) if json => (Vec::new(), errors),
+        Err(e) => return Err(e),
+    };
     for w in &warnings {
         eprintln!("warning: {w}");
     }
     let out = crate::cli::Report { json };
     let features = config.features();
     out.line(format_args!(
-        "{}: ok ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
+        "{}: {} ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
         path.display(),
+        if errors.is_empty() { "ok" } else { "refused" },
         config.campaigns.len(),
         config.redis.partitions,
         config.resend.requests_per_second,
@@ -308,7 +315,8 @@ pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::E
     ));
     out.line(format_args!("features: {features}"));
     let report = serde_json::json!({
-        "ok": true,
+        "ok": errors.is_empty(),
+        "errors": errors,
         "path": path,
         "campaigns": config.campaigns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
         "partitions": config.redis.partitions,
@@ -317,7 +325,7 @@ pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::E
         "warnings": warnings,
     });
     out.object(&report).map_err(|e| ConfigError::Parse(e.to_string()))?;
-    Ok(std::process::ExitCode::SUCCESS)
+    if errors.is_empty() { Ok(std::process::ExitCode::SUCCESS) } else { Err(ConfigError::Invalid(errors)) }
 }
 
 /// Parses a cron expression (5 fields, or 6 with seconds first); an error says, in
