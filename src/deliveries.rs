@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::db::Store;
 use crate::outcome::DeliveryState;
+use crate::resend::error::mask;
 use crate::work::DeliveryRef;
 
 /// Keys SCAN looks at per step.
@@ -67,14 +68,6 @@ pub struct Page {
     pub rows: Vec<Row>,
     /// Pass back as `cursor` for the next page; none after the last.
     pub next: Option<String>,
-}
-
-/// `a***@acme.example`: the first character and the domain.
-fn mask(address: &str) -> String {
-    match address.split_once('@') {
-        Some((local, domain)) => format!("{}***@{domain}", local.chars().next().unwrap_or('*')),
-        None => "***".to_string(),
-    }
 }
 
 /// SCAN MATCH treats `*?[]\` specially; a filter value is matched literally.

@@ -206,5 +206,28 @@ pub fn same_secret(presented: &str, known: &str) -> bool {
 /// The token of an `Authorization: Bearer <token>` header, or "".
 pub(crate) fn bearer(req: &HttpRequest) -> &str {
     let header = req.headers().get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or("");
-    header.strip_prefix("Bearer ").unwrap_or("").trim()
+    bearer_token(header).unwrap_or("")
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is matched
+/// case-insensitively (RFC 9110 §11.1: `bearer re_…` is the same credential).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer re_1", "bearer re_1", "BEARER re_1", "bEaReR  re_1 "] {
+            assert_eq!(bearer_token(value), Some("re_1"), "{value:?}");
+        }
+        for value in ["Basic re_1", "Bearerre_1", "Bearer ", "Bearer", "re_1", ""] {
+            assert_eq!(bearer_token(value), None, "{value:?}");
+        }
+    }
 }

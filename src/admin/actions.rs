@@ -113,7 +113,8 @@ pub(super) fn confirm_page(query: &str, csrf: &str) -> anyhow::Result<HttpRespon
 pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> anyhow::Result<HttpResponse> {
     let op = Op::parse(form)?;
     let store = &ctx.store;
-    let results: Vec<(String, String)> = match &op {
+    // Each id or hash with what became of it, and how many were done.
+    let (results, done): (Vec<(String, String)>, u64) = match &op {
         Op::Retry { id } => requeue(store, std::slice::from_ref(id)).await?,
         Op::RetryPeriod { campaign, period } => {
             let mut ids = Vec::new();
@@ -138,11 +139,11 @@ pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> an
         Op::Lift { hash } => {
             let address = store.keys.address_of_hash(hash).ok_or_else(|| anyhow::anyhow!("not an address hash"))?;
             let state = suppression::apply_to(store, &ctx.config, address, Act::Lift, None).await?;
-            let said = if state == Suppressed::Removed { "removed" } else { "was not suppressed" };
-            vec![(hash.clone(), said.to_string())]
+            let removed = state == Suppressed::Removed;
+            let said = if removed { "removed" } else { "was not suppressed" };
+            (vec![(hash.clone(), said.to_string())], u64::from(removed))
         }
     };
-    let done = results.iter().filter(|(_, r)| r == "requeued" || r == "removed").count() as u64;
     let refused = results.len() as u64 - done;
     ctx.metrics.admin_action(op.name(), "done", done);
     ctx.metrics.admin_action(op.name(), "refused", refused);
@@ -153,17 +154,10 @@ pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> an
     Ok(page(StatusCode::OK, "done.html", context))
 }
 
-/// Requeues failed deliveries (never outcome-unknown ones): each id's result.
-async fn requeue(store: &Store, ids: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+/// Requeues failed deliveries (never outcome-unknown ones): each id's result, and
+/// how many were requeued.
+async fn requeue(store: &Store, ids: &[String]) -> anyhow::Result<(Vec<(String, String)>, u64)> {
     let results = crate::dead_letters::retry(store, ids, false).await?;
-    Ok(results
-        .into_iter()
-        .map(|(id, r)| {
-            let said = match r {
-                Requeue::Requeued => "requeued".to_string(),
-                other => other.to_string(),
-            };
-            (id, said)
-        })
-        .collect())
+    let done = results.iter().filter(|(_, r)| *r == Requeue::Requeued).count() as u64;
+    Ok((results.into_iter().map(|(id, r)| (id, r.to_string())).collect(), done))
 }

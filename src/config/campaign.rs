@@ -92,12 +92,8 @@ pub struct CampaignConfig {
     /// Bulk mail needs a way out in one click (Gmail's and Yahoo's rules): `run` and
     /// `check-config` refuse this campaign while the config sets no unsubscribe secret
     /// and no `unsubscribe.settings_url`, unless this is false (mail that is not bulk).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::yes")]
     pub one_click_unsubscribe: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 fn default_catch_up_hours() -> u64 {

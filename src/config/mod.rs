@@ -366,6 +366,11 @@ pub(crate) fn parse_cron(expr: &str) -> anyhow::Result<croner::Cron> {
     anyhow::bail!("the fields are valid one by one but not together (a day that never comes?)")
 }
 
+/// serde's default for a flag that is on unless a record or config says otherwise.
+pub(crate) fn yes() -> bool {
+    true
+}
+
 /// `HH:MM`, a wall-clock time.
 pub(crate) fn parse_local_time(s: &str) -> Option<chrono::NaiveTime> {
     chrono::NaiveTime::parse_from_str(s.trim(), "%H:%M").ok()

@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 
 use serde_json::{Value, json};
 
-use super::validate::ApiError;
+use super::validate::{ApiError, addresses};
 
 /// Emails kept; the oldest is forgotten when a new one would exceed it (a GET for
 /// it is then a 404, as after Resend's retention). A digest is about 2 KB of html
@@ -60,15 +60,6 @@ impl Sent {
             }
         }
         out
-    }
-}
-
-/// A field that takes one address or several, as an array (`null` when absent).
-fn addresses(field: Option<&Value>) -> Vec<String> {
-    match field {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
-        _ => Vec::new(),
     }
 }
 

@@ -233,18 +233,23 @@ pub(crate) fn said(message: &str) -> Option<String> {
     Some(mask_addresses(message.trim()).chars().take(SAID_MAX).collect::<String>()).filter(|s| !s.is_empty())
 }
 
-/// `text` with every address masked as the delivery log shows one (`a***@acme.example`).
+/// An address as logs and pages show one: its first character and its domain
+/// (`a***@acme.example`).
+pub(crate) fn mask(address: &str) -> String {
+    match address.split_once('@') {
+        Some((local, domain)) => format!("{}***@{domain}", local.chars().next().unwrap_or('*')),
+        None => "***".to_string(),
+    }
+}
+
+/// `text` with every address in it masked ([`mask`]).
 pub(crate) fn mask_addresses(text: &str) -> String {
     let separator = |c: char| c.is_whitespace() || "<>\"'(),;[]`".contains(c);
     let mut out = String::with_capacity(text.len());
     let mut word = String::new();
     let flush = |word: &mut String, out: &mut String| {
         match word.split_once('@') {
-            Some((local, domain)) if !domain.is_empty() => {
-                out.push(local.chars().next().unwrap_or('*'));
-                out.push_str("***@");
-                out.push_str(domain);
-            }
+            Some((_, domain)) if !domain.is_empty() => out.push_str(&mask(word)),
             _ => out.push_str(word),
         }
         word.clear();

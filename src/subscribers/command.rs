@@ -51,11 +51,9 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         None => vec![from_flags(&store, &args).await?],
     };
     upsert(&store, &list).await?;
-    if args.json {
-        println!("{}", serde_json::json!({ "written": list.len() }));
-    } else {
-        println!("{} subscribers written", list.len());
-    }
+    let out = crate::cli::Report { json: args.json };
+    out.line(format_args!("{} subscribers written", list.len()));
+    out.object(&serde_json::json!({ "written": list.len() }))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -31,10 +31,10 @@ pub struct Subscriber {
     #[serde(default)]
     pub targets: Vec<String>,
     /// Has the plan that includes this mail (checked again when sending).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::yes")]
     pub entitled: bool,
     /// Has not unsubscribed (checked again when sending).
-    #[serde(default = "yes")]
+    #[serde(default = "crate::config::yes")]
     pub subscribed: bool,
     /// Free-form values for the template (`subscriber.data`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -43,10 +43,6 @@ pub struct Subscriber {
     /// missing or unknown one means the campaign's zone.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
-}
-
-fn yes() -> bool {
-    true
 }
 
 /// Whether `s` is one plain address (`local@domain.tld`, no display name, no list).
