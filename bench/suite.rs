@@ -88,6 +88,10 @@ struct Results {
     // 4. memory
     redis_bytes_per_delivery: f64,
     redis_bytes_per_settled_delivery: f64,
+    /// The delivery log's newest-first index (`recent`): bytes per settlement it holds
+    /// (MEMORY USAGE over ZCARD, every partition), and its total.
+    recent_index_bytes_per_delivery: f64,
+    recent_index_bytes: u64,
     bullmq_bytes_per_job: f64,
     // 5. webhooks
     webhook_events_per_second: f64,
@@ -244,6 +248,20 @@ async fn used_memory(store: &Store) -> anyhow::Result<u64> {
         .context("INFO memory has no used_memory")
 }
 
+/// The newest-first index's bytes (MEMORY USAGE, every partition) and bytes per entry.
+async fn recent_index(store: &Store) -> anyhow::Result<(u64, f64)> {
+    let mut conn = store.conn().await?;
+    let (mut bytes, mut entries) = (0u64, 0u64);
+    for p in 0..store.keys.partitions() {
+        let key = store.keys.recent(p);
+        let used: Option<u64> =
+            redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut conn).await?;
+        let held: u64 = redis::cmd("ZCARD").arg(&key).query_async(&mut conn).await?;
+        (bytes, entries) = (bytes + used.unwrap_or(0), entries + held);
+    }
+    Ok((bytes, bytes as f64 / entries.max(1) as f64))
+}
+
 /// (peak RSS in KiB, CPU seconds) of a running process, from /proc.
 fn footprint(pid: u32) -> Option<(u64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -303,6 +321,7 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = daemon.wait();
     let after = used_memory(&store).await?;
+    (r.recent_index_bytes, r.recent_index_bytes_per_delivery) = recent_index(&store).await?;
     stop_emulator.trigger();
     let _ = emulator_task.await;
     let stats = emulator.stats();
@@ -563,6 +582,7 @@ keeps earlier runs.\n\n\
 | fan-out vs BullMQ `addBulk` with `jobId` | {kps:.0}/s | {bq:.0} jobs/s | {kb:.1}× | ≥ 4× ({kbm}) |\n\
 | Redis memory per pending delivery (used_memory delta after the kick) | {bpd:.0} B | BullMQ per job: {bbj:.0} B | {mr:.2} | ≤ 300 B ({bpm}) |\n\
 | Redis memory per settled delivery (after sending, before the retention expires) | {bps:.0} B | | | |\n\
+| of which the delivery log's newest-first index (`recent`, at most {keep} per partition: {rit:.1} MiB at most here) | {rib:.0} B per delivery it holds | | | |\n\
 | daemon peak RSS sending at the ceiling | {rss:.1} MiB | | | ≤ 64 MiB ({rssm}) |\n\
 | daemon CPU per 10,000 emails | {cpu:.2} s | | | ≤ 2 s ({cpum}) |\n\
 | webhook ingestion ({ws_s} s, 32 connections, fsync always) | {wh:.0} verified events/s, p99 {whp:.2} ms | | | |\n\n\
@@ -610,6 +630,10 @@ Memory after the retention expires is the baseline again: every record and key e
         mr = r.redis_bytes_per_delivery / r.bullmq_bytes_per_job.max(1e-9),
         bpm = target(r.redis_bytes_per_delivery <= 300.0),
         bps = r.redis_bytes_per_settled_delivery,
+        rib = r.recent_index_bytes_per_delivery,
+        keep = mailstream::db::keys::RECENT_KEEP,
+        rit = r.recent_index_bytes_per_delivery * (mailstream::db::keys::RECENT_KEEP * usize::from(PARTITIONS)) as f64
+            / 1_048_576.0,
         rss = r.daemon_peak_rss_mib,
         rssm = target(r.daemon_peak_rss_mib <= 64.0),
         cpu = r.cpu_seconds_per_10k_emails,

@@ -2,9 +2,11 @@
 -- send time; failed: cannot be rendered, claimed too often, or its record was lost) and
 -- acknowledge their stream entries. Only deliveries this owner still holds change, except a
 -- lost record, which is written back as failed so the operator sees it and can requeue it.
--- A settled record expires after the retention; failed ones go to the dead-letter stream.
+-- A settled record expires after the retention and joins the recent settlements; failed ones
+-- go to the dead-letter stream.
 --
--- KEYS[1] stream, KEYS[2] dead stream, KEYS[3..2+c] counts hashes, KEYS[3+c..] delivery keys
+-- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4..3+c] counts hashes,
+-- KEYS[4+c..] delivery keys
 -- ARGV[1] group, ARGV[2] owner, ARGV[3] c, ARGV[4] retention seconds;
 --   then per delivery: stream entry id, delivery id, state, reason, counts index (1-based),
 --   expect ('held': claimed by owner, 'lost': the record is missing)
@@ -12,8 +14,8 @@
 local group, owner, c, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
 local out = {}
-for i = 3 + c, #KEYS do
-  local base = 4 + 6 * (i - 3 - c)
+for i = 4 + c, #KEYS do
+  local base = 4 + 6 * (i - 4 - c)
   local entry, id, state, reason = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local ci, expect = tonumber(ARGV[base + 5]), ARGV[base + 6]
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
@@ -24,8 +26,9 @@ for i = 3 + c, #KEYS do
     redis.call('HSET', KEYS[i], 'state', state, field, reason, 'settled_ms', now)
     redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
     redis.call('EXPIRE', KEYS[i], retention)
-    redis.call('HINCRBY', KEYS[2 + ci], state, 1)
-    redis.call('EXPIRE', KEYS[2 + ci], retention)
+    redis.call('ZADD', KEYS[3], now, id)
+    redis.call('HINCRBY', KEYS[3 + ci], state, 1)
+    redis.call('EXPIRE', KEYS[3 + ci], retention)
     if state == 'failed' then
       redis.call('XADD', KEYS[2], 'MINID', '~', now - retention * 1000, '*',
         'delivery', id, 'error', reason, 'attempts', 0)
@@ -36,4 +39,5 @@ for i = 3 + c, #KEYS do
     out[#out + 1] = 0
   end
 end
+keep_recent(KEYS[3], now, retention)
 return out

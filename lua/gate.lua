@@ -9,12 +9,12 @@
 -- 'sending' (so a taker after a crash knows the request may have left) and counts the request
 -- (`sends`: once per request that may leave, not per look: a second look before the request
 -- left counts nothing, and reschedule.lua takes back the count of one put back unsent).
--- Members no longer wanted are settled 'skipped' here. A batch never sent is re-sealed
+-- Members no longer wanted are settled 'skipped' here (and join the recent settlements). A batch never sent is re-sealed
 -- without them under a new key (its body rebuilt byte-exactly from `sizes`); a batch that
 -- may have been sent is resent byte-identical or not at all ('withhold').
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
---   KEYS[5..4+c] counts hashes, then per member: delivery key, subscriber key
+--   KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, then per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c,
 --   ARGV[10] '1' if the holder knows an earlier request may have been processed (it took the
@@ -35,12 +35,12 @@ local bid, owner = ARGV[1], ARGV[2]
 local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
 local now = now_ms()
-local n = (#KEYS - 4 - c) / 2
+local n = (#KEYS - 5 - c) / 2
 local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
   'members', 'addresses', 'state', 'sends')
 if not b[1] then
   for m = 1, n do
-    if not FINAL[redis.call('HGET', KEYS[4 + c + 2 * m - 1], 'state') or ''] then
+    if not FINAL[redis.call('HGET', KEYS[5 + c + 2 * m - 1], 'state') or ''] then
       return {'lost'}
     end
   end
@@ -90,7 +90,7 @@ local function suppressed(m)
 end
 local reasons, any = {}, false
 for m = 1, n do
-  local dkey, skey = KEYS[4 + c + 2 * m - 1], KEYS[4 + c + 2 * m]
+  local dkey, skey = KEYS[5 + c + 2 * m - 1], KEYS[5 + c + 2 * m]
   local campaign, check = ARGV[10 + 3 * m - 2], ARGV[10 + 3 * m]
   local reason = ''
   local d = redis.call('HMGET', dkey, 'state', 'batch')
@@ -143,15 +143,17 @@ for m = 1, n do
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[4 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
+    local dkey, ci = KEYS[5 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
       redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
       redis.call('EXPIRE', dkey, retention)
-      redis.call('HINCRBY', KEYS[4 + ci], 'skipped', 1)
-      redis.call('EXPIRE', KEYS[4 + ci], retention)
+      redis.call('ZADD', KEYS[5], now, ids[m])
+      redis.call('HINCRBY', KEYS[5 + ci], 'skipped', 1)
+      redis.call('EXPIRE', KEYS[5 + ci], retention)
     end
   end
 end
+keep_recent(KEYS[5], now, retention)
 if #kept_items == 0 then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], bid)

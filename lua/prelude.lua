@@ -8,6 +8,17 @@ local function now_ms()
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
 
+-- A partition's recent settlements (`recent`): delivery ids scored by when they settled, read
+-- by the delivery log for its newest-first pages. Whoever settles adds the id; this keeps the
+-- newest RECENT_KEEP within the retention, and lets the key expire with the retention if
+-- nothing settles. Display only: nothing on the sending path reads it.
+local RECENT_KEEP = 10000
+local function keep_recent(key, now, retention)
+  redis.call('ZREMRANGEBYRANK', key, 0, -RECENT_KEEP - 1)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - retention * 1000))
+  redis.call('EXPIRE', key, retention)
+end
+
 -- The states a settled delivery record may be in.
 local FINAL = {sent = true, failed = true, skipped = true, outcome_unknown = true}
 

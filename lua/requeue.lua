@@ -1,9 +1,11 @@
 -- requeue.lua: an operator sends a failed delivery again (`dead-letters retry`): it becomes
--- pending with its claims reset, loses its expiry (nothing expires while unsettled) and gets
--- a new stream entry. Only a failed delivery is requeued, or an outcome_unknown one when the
--- operator has checked it was not delivered.
+-- pending with its claims reset, loses its expiry (nothing expires while unsettled), leaves
+-- the recent settlements until it settles again, and gets a new stream entry. Only a failed
+-- delivery is requeued, or an outcome_unknown one when the operator has checked it was not
+-- delivered.
 --
--- KEYS[1] stream, KEYS[2] delivery, KEYS[3] counts hash of its campaign period
+-- KEYS[1] stream, KEYS[2] delivery, KEYS[3] counts hash of its campaign period, KEYS[4] recent
+--   settlements
 -- ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown
 -- Returns 'requeued', 'missing', or the state that prevented it.
 local state = redis.call('HGET', KEYS[2], 'state')
@@ -16,6 +18,7 @@ if state == 'failed' or (state == 'outcome_unknown' and ARGV[2] == '1') then
     'lease_until')
   redis.call('PERSIST', KEYS[2])
   redis.call('HINCRBY', KEYS[3], state, -1)
+  redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('XADD', KEYS[1], '*', 'delivery', ARGV[1])
   return 'requeued'
 end

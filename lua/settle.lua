@@ -3,7 +3,8 @@
 -- only members still sealed into this batch change. A settled record expires after the
 -- retention (its TTL starts here); a sent member with an A/B variant counts as that
 -- variant's exposure (`exposed:<variant>` in the counts hash); failed members go to the dead-letter stream and
--- outcome_unknown ones to the unknown stream, with the number of requests made.
+-- outcome_unknown ones to the unknown stream, with the number of requests made. Every member
+-- settled now joins the partition's recent settlements (the delivery log's newest first).
 --
 -- Three kinds of callers. The provider's 2xx answer for the batch's key is authoritative, so
 -- anyone may record it (owner ''): a replay gives every holder the same answer, and if the
@@ -15,7 +16,7 @@
 -- into it as given.
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] dead stream, KEYS[4] unknown stream,
--- KEYS[5..4+c] counts hashes, KEYS[5+c..] delivery keys of the members
+-- KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, KEYS[6+c..] delivery keys of the members
 -- ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention seconds,
 -- ARGV[4] owner, '' for a 2xx answer, '*lost*' for a lost batch;
 --   then per member: delivery id, state, detail (provider id or error name), counts index
@@ -32,18 +33,18 @@ local status = 'ok'
 if not b[1] then
   status = 'missing'
   if owner ~= '' and owner ~= '*lost*' then
-    for i = 5 + c, #KEYS do out[#out + 1] = '' end
+    for i = 6 + c, #KEYS do out[#out + 1] = '' end
     return {status, out}
   end
 elseif owner ~= '' and owner ~= '*lost*' and b[1] ~= owner then
-  for i = 5 + c, #KEYS do out[#out + 1] = '' end
+  for i = 6 + c, #KEYS do out[#out + 1] = '' end
   return {'not_held', out}
 end
 local now = now_ms()
 local sends = b[3] or 0
 local all_final = true
-for i = 5 + c, #KEYS do
-  local base = 4 + 5 * (i - 5 - c)
+for i = 6 + c, #KEYS do
+  local base = 4 + 5 * (i - 6 - c)
   local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
   local said = ARGV[base + 5]
   if state == 'failed' and owner ~= '' and b[2] == '1' then
@@ -65,14 +66,15 @@ for i = 5 + c, #KEYS do
     end
     redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
     redis.call('EXPIRE', KEYS[i], retention)
-    redis.call('HINCRBY', KEYS[4 + ci], state, 1)
+    redis.call('ZADD', KEYS[5], now, id)
+    redis.call('HINCRBY', KEYS[5 + ci], state, 1)
     if state == 'sent' then
       -- An A/B exposure counts only once the provider accepted the email.
       if d[3] then
-        redis.call('HINCRBY', KEYS[4 + ci], 'exposed:' .. d[3], 1)
+        redis.call('HINCRBY', KEYS[5 + ci], 'exposed:' .. d[3], 1)
       end
     end
-    redis.call('EXPIRE', KEYS[4 + ci], retention)
+    redis.call('EXPIRE', KEYS[5 + ci], retention)
     if state == 'failed' then
       redis.call('XADD', KEYS[3], 'MINID', '~', now - retention * 1000, '*',
         'delivery', id, 'error', detail, 'attempts', sends)
@@ -85,6 +87,7 @@ for i = 5 + c, #KEYS do
     out[#out + 1] = ''
   end
 end
+keep_recent(KEYS[5], now, retention)
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], bid)
 if status == 'missing' and all_final then

@@ -1,11 +1,13 @@
 //! The delivery log: "who got what, and why not?" from what Redis already holds.
-//! A delivery's key is its natural id (`campaign:period:subscriber:target`), so a
-//! filter on campaign, period or subscriber is a SCAN pattern over one partition's
-//! records (a subscriber's live in one partition); statuses and `since` are checked
-//! on each record. No index is kept: one would cost every delivery another entry in
-//! Redis for a page an operator opens in an incident, while SCAN reads at most
-//! `SCAN_COUNT` keys per step and never blocks Redis. Pages follow SCAN's cursor,
-//! so their order is Redis's, not time's. Addresses are shown masked.
+//! Pages start with settled deliveries, newest first, from each partition's recent
+//! settlements (`recent`: the newest 10,000 ids of the partition, scored by when they
+//! settled, written by the script that settles them; see `newest`). Past the oldest
+//! time every partition's index covers, the rest (unsettled deliveries, older ones)
+//! follows by SCAN in Redis's order: a delivery's key is its natural id
+//! (`campaign:period:subscriber:target`), so a filter on campaign, period or subscriber
+//! is a SCAN pattern over one partition's records (a subscriber's live in one
+//! partition), SCAN reads at most `SCAN_COUNT` keys per step and never blocks Redis.
+//! Statuses and `since` are checked on each record. Addresses are shown masked.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +18,8 @@ use crate::db::Store;
 use crate::outcome::DeliveryState;
 use crate::resend::error::mask;
 use crate::work::DeliveryRef;
+
+mod newest;
 
 /// Keys SCAN looks at per step.
 const SCAN_COUNT: usize = 500;
@@ -113,21 +117,32 @@ fn wanted(filter: &Filter, fields: &BTreeMap<String, String>, r: &Row) -> bool {
     status_ok && since_ok
 }
 
-/// Where a page starts: a partition, SCAN's cursor in it, and how many matches of
-/// that SCAN step the previous page already showed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Cursor {
-    partition: u16,
-    scan: u64,
-    skip: usize,
+/// Where a page starts. Settled deliveries come first, newest first, from each
+/// partition's recent settlements (`recent`) down to `floor`: the oldest time every
+/// partition's index still covers. Then the rest by SCAN (unsettled deliveries, older
+/// ones), leaving out what the first part showed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cursor {
+    /// Settled before (`ms`, `id`) in (time, id) order, down to `floor`.
+    Newest { floor: i64, ms: i64, id: String },
+    /// A partition, SCAN's cursor in it, and how many matches of that SCAN step the
+    /// previous page already showed.
+    Scan { floor: i64, partition: u16, scan: u64, skip: usize },
 }
 
 impl Cursor {
     fn parse(s: &str) -> anyhow::Result<Cursor> {
-        let parts: Vec<&str> = s.split('-').collect();
         let bad = || anyhow::anyhow!("not a cursor this log gave out: {s:?}");
-        let [p, scan, skip] = parts.as_slice() else { return Err(bad()) };
-        Ok(Cursor {
+        let n = |v: &str| v.parse::<i64>().map_err(|_| bad());
+        if let Some(rest) = s.strip_prefix("n.") {
+            let [floor, ms, id] = rest.splitn(3, '.').collect::<Vec<_>>()[..] else { return Err(bad()) };
+            DeliveryRef::parse(id).ok_or_else(bad)?;
+            return Ok(Cursor::Newest { floor: n(floor)?, ms: n(ms)?, id: id.to_string() });
+        }
+        let rest = s.strip_prefix("s.").ok_or_else(bad)?;
+        let [floor, p, scan, skip] = rest.split('.').collect::<Vec<_>>()[..] else { return Err(bad()) };
+        Ok(Cursor::Scan {
+            floor: n(floor)?,
             partition: p.parse().map_err(|_| bad())?,
             scan: scan.parse().map_err(|_| bad())?,
             skip: skip.parse().map_err(|_| bad())?,
@@ -135,7 +150,10 @@ impl Cursor {
     }
 
     fn render(&self) -> String {
-        format!("{}-{}-{}", self.partition, self.scan, self.skip)
+        match self {
+            Cursor::Newest { floor, ms, id } => format!("n.{floor}.{ms}.{id}"),
+            Cursor::Scan { floor, partition, scan, skip } => format!("s.{floor}.{partition}.{scan}.{skip}"),
+        }
     }
 }
 
@@ -150,51 +168,65 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
         Some(sub) => vec![keys.partition_of(sub)],
         None => (0..keys.partitions()).collect(),
     };
+    let mut conn = store.conn().await?;
     let mut at = match cursor {
         Some(c) => Cursor::parse(c)?,
-        None => Cursor { partition: partitions[0], scan: 0, skip: 0 },
+        None => {
+            let floor = newest::floor(&mut conn, store, &partitions, filter).await?;
+            Cursor::Newest { floor, ms: i64::MAX, id: String::new() }
+        }
     };
+    let mut rows = Vec::new();
+    if let Cursor::Newest { floor, ms, id } = &at {
+        let floor = *floor;
+        if let Some((ms, id)) = newest::page(&mut conn, store, &partitions, filter, floor, (*ms, id), &mut rows).await?
+        {
+            return Ok(Page { rows, next: Some(Cursor::Newest { floor, ms, id }.render()) });
+        }
+        at = Cursor::Scan { floor, partition: partitions[0], scan: 0, skip: 0 };
+    }
+    let Cursor::Scan { floor, partition: first, mut scan, mut skip } = at else { unreachable!("past the newest") };
     let part = |f: &Option<String>| f.as_deref().map_or("*".to_string(), glob_literal);
     let id_pattern = format!("{}:{}:{}:*", part(&filter.campaign), part(&filter.period), part(&filter.subscriber));
-    let mut conn = store.conn().await?;
-    let mut rows = Vec::new();
-    let first = at.partition;
     for &p in partitions.iter().filter(|&&p| p >= first) {
-        if p != at.partition {
-            at = Cursor { partition: p, scan: 0, skip: 0 };
+        if p != first {
+            (scan, skip) = (0, 0);
         }
         let pattern = keys.delivery(p, &id_pattern);
         loop {
-            let scan = redis::cmd("SCAN").arg(at.scan).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
-            let (next, found): (u64, Vec<String>) = conn.on_node_of(&keys.stream(p), &scan).await?;
-            let matched = read_rows(&mut conn, store, p, &found, filter).await?;
-            for (i, r) in matched.into_iter().enumerate().skip(at.skip) {
+            let cmd = redis::cmd("SCAN").arg(scan).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
+            let (next, found): (u64, Vec<String>) = conn.on_node_of(&keys.stream(p), &cmd).await?;
+            let refs: Vec<DeliveryRef> =
+                found.iter().filter_map(|k| k.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id))).collect();
+            let matched = read_rows(&mut conn, store, p, refs, filter, floor).await?;
+            for (i, r) in matched.into_iter().flatten().enumerate().skip(skip) {
                 if rows.len() == filter.limit {
-                    let next = Cursor { skip: i, ..at };
+                    let next = Cursor::Scan { floor, partition: p, scan, skip: i };
                     return Ok(Page { rows, next: Some(next.render()) });
                 }
                 rows.push(r);
             }
-            at.skip = 0;
+            skip = 0;
             if next == 0 {
                 break;
             }
-            at.scan = next;
+            scan = next;
         }
     }
     Ok(Page { rows, next: None })
 }
 
-/// The rows of `found` (delivery keys of partition `p`) that `filter` wants, in order.
+/// The rows of `refs` (deliveries of partition `p`) that `filter` wants, aligned with
+/// `refs` (`None`: gone, not wanted, or already shown newest first: in the partition's
+/// recent settlements at or after `floor`).
 async fn read_rows(
     conn: &mut crate::db::Conn,
     store: &Store,
     p: u16,
-    found: &[String],
+    refs: Vec<DeliveryRef>,
     filter: &Filter,
-) -> anyhow::Result<Vec<Row>> {
-    let refs: Vec<DeliveryRef> =
-        found.iter().filter_map(|k| k.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id))).collect();
+    floor: i64,
+) -> anyhow::Result<Vec<Option<Row>>> {
     if refs.is_empty() {
         return Ok(Vec::new());
     }
@@ -202,23 +234,25 @@ async fn read_rows(
     for d in &refs {
         pipe.cmd("HGETALL").arg(store.keys.delivery(p, &d.id()));
         pipe.cmd("HGET").arg(store.keys.subscriber(p, &d.subscriber)).arg("email");
+        pipe.cmd("ZSCORE").arg(store.keys.recent(p)).arg(d.id());
     }
     let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
     let mut out = Vec::new();
     let mut sealed_into = Vec::new();
-    for (d, pair) in refs.into_iter().zip(replies.chunks(2)) {
-        let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&pair[0]).unwrap_or_default();
-        if fields.is_empty() {
-            continue; // expired between SCAN and now
-        }
-        let registered: Option<String> = redis::from_redis_value_ref(&pair[1]).ok().flatten();
-        let r = row(d, &fields, inline_to(&fields).or(registered).as_deref());
-        if wanted(filter, &fields, &r) {
-            sealed_into.push(sealed_batch(&r, &fields));
-            out.push(r);
-        }
+    for (d, reply) in refs.into_iter().zip(replies.chunks(3)) {
+        let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&reply[0]).unwrap_or_default();
+        let registered: Option<String> = redis::from_redis_value_ref(&reply[1]).ok().flatten();
+        let indexed: Option<f64> = redis::from_redis_value_ref(&reply[2]).ok().flatten();
+        let shown = indexed.is_some_and(|ms| ms >= floor as f64);
+        // An empty record expired between finding and reading it.
+        let r = (!fields.is_empty() && !shown)
+            .then(|| row(d, &fields, inline_to(&fields).or(registered).as_deref()))
+            .filter(|r| wanted(filter, &fields, r));
+        sealed_into.push(r.as_ref().and_then(|r| sealed_batch(r, &fields)));
+        out.push(r);
     }
-    batch_sends(conn, store, p, &mut out, &sealed_into).await?;
+    let sealed = out.iter_mut().zip(sealed_into).filter_map(|(r, b)| Some((r.as_mut()?, b?))).collect();
+    batch_sends(conn, store, p, sealed).await?;
     Ok(out)
 }
 
@@ -232,11 +266,8 @@ async fn batch_sends(
     conn: &mut crate::db::Conn,
     store: &Store,
     p: u16,
-    rows: &mut [Row],
-    batches: &[Option<String>],
+    sealed: Vec<(&mut Row, String)>,
 ) -> anyhow::Result<()> {
-    let sealed: Vec<(usize, &String)> =
-        batches.iter().enumerate().filter_map(|(i, b)| Some((i, b.as_ref()?))).collect();
     if sealed.is_empty() {
         return Ok(());
     }
@@ -245,8 +276,8 @@ async fn batch_sends(
         pipe.cmd("HGET").arg(store.keys.batch(p, batch)).arg("sends");
     }
     let sends: Vec<Option<u64>> = pipe.query_async(conn).await?;
-    for ((i, _), n) in sealed.into_iter().zip(sends) {
-        rows[i].sends = n.unwrap_or(rows[i].sends);
+    for ((row, _), n) in sealed.into_iter().zip(sends) {
+        row.sends = n.unwrap_or(row.sends);
     }
     Ok(())
 }
@@ -290,8 +321,9 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         fields.insert("request".into(), serde_json::to_string(&r).unwrap_or_default());
     }
     let mut row = row(d, &fields, email.as_deref());
-    let batch = sealed_batch(&row, &fields);
-    batch_sends(&mut conn, store, p, std::slice::from_mut(&mut row), &[batch]).await?;
+    if let Some(batch) = sealed_batch(&row, &fields) {
+        batch_sends(&mut conn, store, p, vec![(&mut row, batch)]).await?;
+    }
     let mut history: Vec<(i64, String)> = Vec::new();
     let ms = |f: &str| fields.get(f).and_then(|v| v.parse::<i64>().ok());
     if let Some(at) = ms("lease_until") {
@@ -417,9 +449,13 @@ mod tests {
 
     #[test]
     fn cursors_and_spans_round_trip() {
-        let c = Cursor { partition: 3, scan: 12345, skip: 7 };
+        let c = Cursor::Scan { floor: 1_700_000_000_000, partition: 3, scan: 12345, skip: 7 };
         assert_eq!(Cursor::parse(&c.render()).unwrap(), c);
-        assert!(Cursor::parse("3-x-1").is_err() && Cursor::parse("").is_err());
+        let n = Cursor::Newest { floor: 1, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
+        assert_eq!(Cursor::parse(&n.render()).unwrap(), n);
+        for bad in ["3-x-1", "", "s.1.2.3", "n.1.2.not-an-id", "s.1.x.3.4"] {
+            assert!(Cursor::parse(bad).is_err(), "{bad}");
+        }
         let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").unwrap().with_timezone(&Utc);
         assert_eq!(parse_since("2h", now).unwrap().to_rfc3339(), "2026-11-30T10:00:00+00:00");
         assert_eq!(parse_since("2026-11-29T00:00:00Z", now).unwrap().to_rfc3339(), "2026-11-29T00:00:00+00:00");

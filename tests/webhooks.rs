@@ -207,6 +207,9 @@ async fn the_same_event_ten_times_at_once_changes_state_once() {
     assert!(metrics.webhook_requests("duplicate") >= 8, "{}", metrics.render());
     let record = delivery(&world.store, &delivery_of(&subs[0]).id()).await;
     assert_eq!((record["events"].as_str(), record.contains_key("ev_bounced")), ("1", true));
+    // The admin overview's last 24 hours count it once too.
+    let tallied = mailstream::db::scripts::webhook_events_last_24h(&world.store).await.unwrap();
+    assert_eq!(tallied, [("bounced".to_string(), 1)].into(), "{tallied:?}");
     // The cascade reached every subscriber with that address.
     let mut conn = world.store.conn().await.unwrap();
     for s in &subs {

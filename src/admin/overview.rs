@@ -1,7 +1,7 @@
 //! The admin landing page's figures: what an operator asks first in an incident.
 //! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
 //! sending is paused, each partition's backlog and dead letters (the same reads as
-//! the `/metrics` gauges), and the suppressions of the last 24 hours.
+//! the `/metrics` gauges), and the suppressions and webhook events of the last 24 hours.
 
 use serde::Serialize;
 
@@ -23,6 +23,8 @@ pub(crate) struct Overview {
     pub outcome_unknown_letters: u64,
     /// Suppressions made in the last 24 hours, by reason.
     pub suppressed_last_24h: std::collections::BTreeMap<String, u64>,
+    /// Provider events recorded on deliveries in the last 24 hours, by type.
+    pub webhook_events_last_24h: std::collections::BTreeMap<String, u64>,
 }
 
 /// Reads the overview from Redis.
@@ -48,5 +50,6 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
         outcome_unknown_letters: partitions.iter().map(|p| p.unknown).sum(),
         partitions,
         suppressed_last_24h,
+        webhook_events_last_24h: crate::db::scripts::webhook_events_last_24h(store).await?,
     })
 }

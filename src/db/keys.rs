@@ -26,6 +26,10 @@ pub(crate) const SHARED_TAIL_LAYOUT: u32 = 4;
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
 pub(crate) const UPGRADABLE_LAYOUTS: [u32; 3] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT];
 
+/// How many settlements each partition's `recent` index keeps (`RECENT_KEEP` in
+/// lua/prelude.lua: a test holds them together).
+pub const RECENT_KEEP: usize = 10_000;
+
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
 pub struct Keys {
@@ -229,6 +233,13 @@ impl Keys {
         self.tagged(p, "batches")
     }
 
+    /// Sorted set: the ids of this partition's newest settled deliveries (at most 10,000,
+    /// within the retention), scored by when they settled: the delivery log's newest-first
+    /// pages. Written by whoever settles (settle, decide, the last gate's skips).
+    pub fn recent(&self, p: u16) -> String {
+        self.tagged(p, "recent")
+    }
+
     /// Stream: dead letters (delivery id, error name, attempts; no personal data).
     pub fn dead(&self, p: u16) -> String {
         self.tagged(p, "dead")
@@ -237,6 +248,12 @@ impl Keys {
     /// Stream: deliveries whose outcome is unknown (id, error name), for the operator.
     pub fn unknown(&self, p: u16) -> String {
         self.tagged(p, "unknown")
+    }
+
+    /// Hash: webhook events written on this partition's deliveries in one hour (`hour`:
+    /// Unix ms / 3,600,000), by type; expires after 25 hours (the overview's last 24).
+    pub fn webhooks(&self, p: u16, hour: i64) -> String {
+        self.tagged(p, &format!("webhooks:{hour}"))
     }
 
     /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).

@@ -9,7 +9,9 @@
 //! lease that runs out is a stored `lease_until` moved into the past, a batch that is
 //! due is its score in `batches` moved there, and a key past its resend window is its
 //! batch's `sealed_ms` moved there. The production scripts are run unchanged. `WAIT`,
-//! failovers and lost writes need more than one server: they stay model-only here.
+//! failovers and lost writes need more than one server: they stay model-only here. The
+//! projection reads only what the model holds: counts, `sends` and the delivery log's
+//! `recent` index are written by the scripts as in production and left unread.
 
 use std::collections::BTreeMap;
 

@@ -300,6 +300,7 @@ pub async fn decide(
     let mut call = SCRIPTS.decide.prepare_invoke();
     call.key(keys.lane_stream(partition, lane))
         .key(keys.dead(partition))
+        .key(keys.recent(partition))
         .arg(group)
         .arg(owner)
         .arg(counts.len())
@@ -339,6 +340,7 @@ pub async fn requeue(
         .key(keys.stream_of(partition, delivery))
         .key(keys.delivery(partition, &id))
         .key(keys.counts(partition, &delivery.campaign, &delivery.period))
+        .key(keys.recent(partition))
         .arg(id)
         .arg(u8::from(allow_unknown))
         .invoke_async(conn)

@@ -109,6 +109,12 @@ mod tests {
     /// Each typed call's reading of its script's reply, fed a reply it does not expect:
     /// an error every time, never a state.
     #[test]
+    fn the_prelude_keeps_as_many_recent_settlements_as_the_log_expects() {
+        let line = format!("local RECENT_KEEP = {}\n", crate::db::keys::RECENT_KEEP);
+        assert!(PRELUDE.contains(&line), "lua/prelude.lua and keys::RECENT_KEEP differ");
+    }
+
+    #[test]
     fn every_typed_call_refuses_a_reply_it_does_not_expect() {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
         assert!(flag("x.lua", 2).is_err());

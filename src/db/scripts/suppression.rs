@@ -1,6 +1,8 @@
 //! Suppression (suppress.lua, cascade.lua), a webhook event on a delivery, and the
 //! one-click opt-out.
 
+use std::collections::BTreeMap;
+
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
 
@@ -142,11 +144,32 @@ pub(crate) async fn event(
         .event
         .key(keys.seen(p, event, "e"))
         .key(keys.delivery(p, &delivery.id()))
+        .key(keys.webhooks(p, chrono::Utc::now().timestamp_millis() / HOUR_MS))
         .arg(kind)
         .arg(seen_ttl_secs)
         .invoke_async(conn)
         .await?;
     read_event(written)
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+/// The webhook events written on deliveries in the last 24 hours (this hour and the 23
+/// before it, as event.lua tallies them), by type, over every partition.
+pub async fn webhook_events_last_24h(store: &crate::db::Store) -> anyhow::Result<BTreeMap<String, u64>> {
+    let hour = chrono::Utc::now().timestamp_millis() / HOUR_MS;
+    let mut cmds = Vec::new();
+    for p in 0..store.keys.partitions() {
+        for h in hour - 23..=hour {
+            cmds.push(redis::cmd("HGETALL").arg(store.keys.webhooks(p, h)).clone());
+        }
+    }
+    let tallies: Vec<BTreeMap<String, u64>> = store.conn().await?.each(&cmds).await?;
+    let mut total = BTreeMap::new();
+    for (kind, n) in tallies.into_iter().flatten() {
+        *total.entry(kind).or_insert(0) += n;
+    }
+    Ok(total)
 }
 
 /// event.lua's answer: 1 written, 0 a repeat, -1 no such delivery.
