@@ -80,10 +80,12 @@ fn main() -> ExitCode {
         report.concurrent_conflicts
     );
     println!(
-        "chaos: {} kill -9, {} redis restarts, {} s outage, {} unsubscribed during a quota pause ({} sent after), {:.1} s in all, {:.1} s from the last kill to the last settlement",
+        "chaos: {} kill -9, {} redis restarts, {} s outage ({:.1} s from Resend's return to the last settlement; retry_max_ms {}), {} unsubscribed during a quota pause ({} sent after), {:.1} s in all, {:.1} s from the last kill to the last settlement",
         report.kills,
         report.redis_restarts,
         report.outage_seconds,
+        report.recovery_seconds,
+        report.retry_max_ms,
         report.unsubscribed_during_pause,
         report.sent_after_unsubscribe,
         report.elapsed_seconds,

@@ -63,6 +63,10 @@ pub struct ChaosReport {
     pub kills: u32,
     pub redis_restarts: u32,
     pub outage_seconds: u64,
+    /// The retry backoff's cap the daemon ran with (the shipped one).
+    pub retry_max_ms: u64,
+    /// From Resend's return after the outage to the last settlement (0: no outage).
+    pub recovery_seconds: f64,
     pub unsubscribed_during_pause: u64,
     /// Real sends to a subscriber after their unsubscribe was written.
     pub sent_after_unsubscribe: u64,
@@ -120,8 +124,6 @@ fn config_text(redis_url: &str, emulator_url: &str, rps: u32) -> String {
         ("partitions = 1".into(), format!("partitions = {PARTITIONS}")),
         ("timeout_seconds = 30".into(), "timeout_seconds = 2".into()),
         ("lease_seconds = 15".into(), "lease_seconds = 6".into()),
-        ("retry_base_ms = 1000".into(), "retry_base_ms = 200".into()),
-        ("retry_max_ms = 300000".into(), "retry_max_ms = 3000".into()),
         ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
     ] {
         assert!(text.contains(&from), "config.toml lost {from}");
@@ -188,6 +190,7 @@ struct Script {
     redis_restarts: u32,
     outage: Option<Instant>,
     outage_done: bool,
+    back_at: Option<Instant>,
     pause_seen: Option<Instant>,
     pause_done: bool,
     unsubscribed: HashMap<String, Instant>,
@@ -277,6 +280,7 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
                 Some(since) if since.elapsed() >= Duration::from_secs(opts.outage_seconds) => {
                     provider.start().await?;
                     script.outage_done = true;
+                    script.back_at = Some(Instant::now());
                     say(opts, &format!("  [{:5.1}s] Resend reachable again", at()));
                 }
                 _ => {}
@@ -374,6 +378,8 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
         kills: script.kills,
         redis_restarts: script.redis_restarts,
         outage_seconds: if script.outage_done { opts.outage_seconds } else { 0 },
+        retry_max_ms: config.delivery.retry_max_ms,
+        recovery_seconds: script.back_at.map_or(0.0, |b| settled_at.saturating_duration_since(b).as_secs_f64()),
         unsubscribed_during_pause: script.unsubscribed.len() as u64,
         sent_after_unsubscribe,
         elapsed_seconds: elapsed,

@@ -5,7 +5,6 @@
 //! steps are `batch.rs`'s.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
@@ -18,39 +17,10 @@ use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::scripts::{Reschedule, Settler, Verdict};
 use crate::outcome::{Failpoint, Outcome, Reason};
-use crate::pause::quota_renews;
+use crate::pause::{HealthChange, quota_renews};
 use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
 use crate::retry::RetryPolicy;
 use crate::work::Sealed;
-
-/// Logs the provider becoming unreachable, and reachable again, once per change
-/// (not once per request).
-struct ProviderHealth {
-    base_url: String,
-    down: AtomicBool,
-}
-
-impl ProviderHealth {
-    pub fn new(base_url: &str) -> ProviderHealth {
-        ProviderHealth { base_url: base_url.to_string(), down: AtomicBool::new(false) }
-    }
-
-    fn unreachable(&self) {
-        if !self.down.swap(true, Ordering::Relaxed) {
-            tracing::error!(
-                base_url = %self.base_url,
-                "Resend is unreachable (connection refused or no route); batches stay sealed and are retried \
-                 with backoff until their deadline"
-            );
-        }
-    }
-
-    fn reachable(&self) {
-        if self.down.swap(false, Ordering::Relaxed) {
-            tracing::warn!(base_url = %self.base_url, "Resend is reachable again");
-        }
-    }
-}
 
 /// What the provider said about pacing, for the limiter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,12 +38,13 @@ pub(crate) struct Sender {
     client: Client,
     retry: RetryPolicy,
     rng: Mutex<StdRng>,
-    health: ProviderHealth,
+    /// Where requests go (for the log lines of the provider's health).
+    base_url: String,
 }
 
 impl Sender {
     pub fn new(client: Client, retry: RetryPolicy, rng: StdRng, base_url: &str) -> Sender {
-        Sender { client, retry, rng: Mutex::new(rng), health: ProviderHealth::new(base_url) }
+        Sender { client, retry, rng: Mutex::new(rng), base_url: base_url.to_string() }
     }
 
     /// The sender `config` describes; `seed` fixes the retry jitter (tests).
@@ -96,7 +67,7 @@ impl Sender {
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
             Ok(accepted) => {
-                self.health.reachable();
+                self.health(ctx, false).await;
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
                 let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
                     .items
@@ -120,15 +91,49 @@ impl Sender {
         }
     }
 
-    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
-        if e.name == ErrorName::ConnectionFailed {
-            self.health.unreachable();
-        } else {
-            self.health.reachable();
+    /// Records what a request said of the provider's health, team-wide; logs a change
+    /// once (here, where it was made) and, when the provider is back, makes every
+    /// waiting batch due at once.
+    async fn health(&self, ctx: &Ctx, failed: bool) {
+        match ctx.health.record(&ctx.store, failed).await {
+            Ok(Some(HealthChange::Down)) => tracing::error!(
+                base_url = %self.base_url,
+                failures = ctx.config.resend.down_after_failures,
+                probe_interval_seconds = ctx.config.resend.probe_interval_seconds,
+                "Resend is down (failures with no success between them): every instance holds its batches, \
+                 sealed, and one probes it at a time; nothing is dropped, deadlines keep counting"
+            ),
+            Ok(Some(HealthChange::Up(after))) => {
+                let woken = crate::pause::wake_waiting(&ctx.store).await;
+                if let Err(e) = &woken {
+                    ctx.metrics.redis_error("wake", e);
+                }
+                tracing::warn!(
+                    base_url = %self.base_url,
+                    down_seconds = after.as_secs(),
+                    batches_due_now = woken.unwrap_or(0),
+                    "Resend is back: every waiting batch is due now"
+                );
+            }
+            Ok(None) => {}
+            Err(e) => ctx.metrics.redis_error("health", &e),
         }
+        ctx.metrics.set_provider_down(ctx.health.is_down());
+    }
+
+    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
+        self.health(ctx, e.says_provider_down()).await;
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
+        };
+        // While the provider is down its own backoff would outlast the outage: the batch
+        // comes back within a probe's interval and waits, to probe or to go at once.
+        let next = match next {
+            Plan::Retry { delay } if ctx.health.is_down() => {
+                Plan::Retry { delay: delay.min(ctx.health.probe_interval()) }
+            }
+            next => next,
         };
         let error = Reason::Provider(e.name.clone());
         match next {

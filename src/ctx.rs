@@ -1,5 +1,5 @@
 //! The handles every task of a running daemon shares: config, Redis, this
-//! instance's name, metrics, the shared pause, failpoints, shutdown and systemd. Rooms
+//! instance's name, metrics, the shared pause and provider health, failpoints, shutdown and systemd. Rooms
 //! that need more (the client, the limiter, the queues) own it themselves.
 
 use std::sync::Arc;
@@ -9,7 +9,7 @@ use crate::db::Store;
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::outcome::Failpoint;
-use crate::pause::Pause;
+use crate::pause::{Pause, ProviderHealth};
 use crate::shutdown::Shutdown;
 
 /// What every task of a running daemon shares.
@@ -26,6 +26,8 @@ pub(crate) struct Ctx {
     pub metrics: Arc<Metrics>,
     /// This instance's view of the shared quota pause.
     pub pause: Pause,
+    /// This instance's view of the provider's shared health.
+    pub health: ProviderHealth,
     pub failpoints: Failpoints,
     /// Shutdown as every task sees it (waits that are not loops select on it).
     pub shutdown: Shutdown,
@@ -45,6 +47,7 @@ impl Ctx {
     ) -> Ctx {
         let owner = owner_name(&consumer);
         let notify = Notifier::from_env();
+        let health = ProviderHealth::from_config(&config);
         Ctx {
             config,
             store,
@@ -52,6 +55,7 @@ impl Ctx {
             owner,
             metrics,
             pause: Pause::default(),
+            health,
             failpoints,
             shutdown: shutdown.clone(),
             notify,

@@ -5,7 +5,8 @@
 //! before it writes the request, and waits for that before preparing the next.
 //! It bounds the requests in flight, keeps the leases of what this instance
 //! holds alive (the heartbeat), hands work back to Redis when sending pauses or
-//! the daemon stops, and lets requests on the wire finish within a deadline.
+//! the daemon stops, holds it while the provider is down (but for the team's one
+//! probe), and lets requests on the wire finish within a deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,10 @@ const SEAL_LEAD: Duration = Duration::from_millis(25);
 /// A gate passed longer ago than this (the slot moved: a `retry-after`) is passed
 /// again before the request leaves.
 const GATE_FRESHNESS: Duration = Duration::from_millis(500);
+
+/// How often a dispatcher holding work asks whether it may probe a provider that is
+/// down (or whether it is back): well inside `probe_interval_seconds`.
+const PROBE_POLL: Duration = Duration::from_millis(500);
 
 /// A slot further away than this (a long `retry-after`) is not waited for holding
 /// a batch: it is put back in Redis, due then, for whoever is free.
@@ -80,6 +85,12 @@ impl Dispatcher {
                 // Nothing rendered waits in memory across a pause.
                 hand_back_all(&ctx, &self.batcher).await;
                 shutdown.sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            if !self.may_send(&ctx).await {
+                // The provider is down and another request probes it: what is queued waits
+                // here, leases renewed, to go the moment it is back.
+                shutdown.sleep(PROBE_POLL).await;
                 continue;
             }
             let asked = Instant::now();
@@ -132,6 +143,20 @@ impl Dispatcher {
         heartbeat.shutdown().await;
     }
 
+    /// Whether a request may go now: always while the provider is up; while it is down,
+    /// only as the team's one probe of the interval.
+    async fn may_send(&self, ctx: &Ctx) -> bool {
+        if !ctx.health.is_down() {
+            return true;
+        }
+        let may = ctx.health.may_probe(&ctx.store).await;
+        ctx.metrics.set_provider_down(ctx.health.is_down());
+        may.unwrap_or_else(|e| {
+            ctx.metrics.redis_error("health", &e);
+            false
+        })
+    }
+
     /// Takes the slot for a gated batch and sends it; `taken` is told once the slot is
     /// taken or given up.
     async fn send(&self, ctx: &Ctx, mut sealed: Sealed, gated: Instant, asked: Instant, taken: Signal) {
@@ -180,7 +205,8 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
     }
 }
 
-/// The heartbeat: every `config.heartbeat()`, rereads the shared pause and renews the
+/// The heartbeat: every `config.heartbeat()`, rereads the shared pause and the
+/// provider's health and renews the
 /// leases of everything this instance holds (claimed emails in the queues, batches
 /// in hand), in Redis time. A task of its own, so no slow step elsewhere stops it.
 async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
@@ -189,6 +215,10 @@ async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
         match ctx.pause.refresh(&ctx.store).await {
             Ok(()) => ctx.metrics.set_paused(ctx.pause.is_paused()),
             Err(e) => ctx.metrics.redis_error("pause", &e),
+        }
+        match ctx.health.refresh(&ctx.store).await {
+            Ok(()) => ctx.metrics.set_provider_down(ctx.health.is_down()),
+            Err(e) => ctx.metrics.redis_error("health", &e),
         }
         for p in 0..ctx.store.keys.partitions() {
             let claimed: Vec<DeliveryRef> = batcher.claimed(p);

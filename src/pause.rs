@@ -1,8 +1,14 @@
-//! Pausing all sending when the provider's daily or monthly quota is used up.
-//! The pause lives in Redis, one key per partition with an expiry at the next
-//! quota window (so the last gate reads it in its own hash slot), and every
-//! instance pauses; it ends on its own, or at `mailstream resume`. Nothing is
-//! dropped: batches wait, sealed, and deliveries wait in the streams.
+//! Holding all sending back, team-wide, in Redis: each instance keeps a view of the
+//! shared state, reread every heartbeat. Two reasons, one way of waiting (nothing is
+//! dropped: batches wait sealed, deliveries wait in the streams or the queues):
+//!
+//! - **A quota pause** ([`Pause`]) when the provider's daily or monthly quota is used
+//!   up: one key per partition with an expiry at the next quota window (so the last
+//!   gate reads it in its own hash slot); it ends on its own, or at `mailstream resume`.
+//! - **The provider down** ([`ProviderHealth`]): a run of failures that say nothing
+//!   about a batch (no connection, timeouts, 5xx) with no success between them. Then
+//!   one request at a time probes it, every `probe_interval_seconds`; the first
+//!   success ends it for everyone and makes every batch waiting for a retry due at once.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -10,6 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 
 use crate::db::Store;
+use crate::db::scripts::{self, HealthCall, HealthRule};
 use crate::resend::ErrorName;
 
 /// This instance's view of the shared pause.
@@ -74,6 +81,102 @@ impl Pause {
         let removed: Vec<u32> = conn.each(&cmds).await?;
         Ok(removed.iter().sum::<u32>() > 0)
     }
+}
+
+/// This instance's view of the provider's team-wide health.
+pub struct ProviderHealth {
+    rule: HealthRule,
+    /// Since when it is down (Redis ms), as last seen.
+    down_since_ms: Mutex<Option<u64>>,
+}
+
+/// A change of the provider's health made by this instance's call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HealthChange {
+    Down,
+    /// Back up after being down this long.
+    Up(Duration),
+}
+
+impl ProviderHealth {
+    pub fn new(rule: HealthRule) -> ProviderHealth {
+        ProviderHealth { rule, down_since_ms: Mutex::new(None) }
+    }
+
+    /// The rule `[resend]` sets.
+    pub fn from_config(config: &crate::config::Config) -> ProviderHealth {
+        let r = &config.resend;
+        ProviderHealth::new(HealthRule {
+            failures: r.down_after_failures,
+            window_ms: r.down_window_seconds * 1000,
+            probe_interval_ms: r.probe_interval_seconds * 1000,
+        })
+    }
+
+    /// Whether the provider is down, as last seen.
+    pub fn is_down(&self) -> bool {
+        self.down_since_ms().is_some()
+    }
+
+    /// Since when the provider is down (Redis ms), as last seen.
+    pub fn down_since_ms(&self) -> Option<u64> {
+        *self.down_since_ms.lock().expect("health lock")
+    }
+
+    /// How often a provider that is down is probed.
+    pub fn probe_interval(&self) -> Duration {
+        Duration::from_millis(self.rule.probe_interval_ms)
+    }
+
+    async fn call(&self, store: &Store, call: HealthCall) -> anyhow::Result<scripts::Health> {
+        let mut conn = store.conn().await?;
+        let h = scripts::health(&mut conn, &store.keys, call, &self.rule).await?;
+        *self.down_since_ms.lock().expect("health lock") = h.down_since_ms;
+        Ok(h)
+    }
+
+    /// Records what a request found: `failed` when it failed in a way that says the
+    /// provider is in trouble (no answer, or a 5xx), else it was answered. Returns the
+    /// change this made, if any.
+    pub async fn record(&self, store: &Store, failed: bool) -> anyhow::Result<Option<HealthChange>> {
+        let before = self.down_since_ms();
+        let h = self.call(store, if failed { HealthCall::Failed } else { HealthCall::Succeeded }).await?;
+        Ok(match (h.changed, h.down_since_ms, before) {
+            (false, ..) => None,
+            (true, Some(_), _) => Some(HealthChange::Down),
+            (true, None, since) => {
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+                Some(HealthChange::Up(Duration::from_millis(since.map_or(0, |s| now.saturating_sub(s)))))
+            }
+        })
+    }
+
+    /// While the provider is down: whether this instance may send one request now (the
+    /// probe: at most one per interval, team-wide). True too once it is up again.
+    pub async fn may_probe(&self, store: &Store) -> anyhow::Result<bool> {
+        let h = self.call(store, HealthCall::Probe).await?;
+        Ok(h.probe || h.down_since_ms.is_none())
+    }
+
+    /// Rereads the shared state (every heartbeat).
+    pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
+        self.call(store, HealthCall::Read).await.map(|_| ())
+    }
+}
+
+/// The provider is back: makes every batch waiting for a retry due now, in every
+/// partition (transactional ones go first, as always). Returns how many.
+pub async fn wake_waiting(store: &Store) -> anyhow::Result<u64> {
+    let mut conn = store.conn().await?;
+    let mut woken = 0;
+    for p in 0..store.keys.partitions() {
+        let ids: Vec<String> =
+            redis::cmd("ZRANGE").arg(store.keys.batches(p)).arg(0).arg(-1).query_async(&mut conn).await?;
+        for chunk in ids.chunks(500) {
+            woken += scripts::wake(&mut conn, &store.keys, p, chunk).await?;
+        }
+    }
+    Ok(woken)
 }
 
 /// When the quota named by `error` renews: daily quotas at the next 00:00 UTC,

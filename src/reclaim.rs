@@ -77,7 +77,13 @@ impl Reclaimer {
                         }
                     }
                 }
-                let state = if ctx.pause.is_paused() { "paused (provider quota)" } else { "sending" };
+                let state = if ctx.pause.is_paused() {
+                    "paused (provider quota)"
+                } else if ctx.health.is_down() {
+                    "holding (Resend down; probing)"
+                } else {
+                    "sending"
+                };
                 ctx.notify.status(&format!("{state}; backlog: {unread} unread, {unacked} claimed or in batches"));
                 // Stuck is measured in minutes (slo.stuck_after_seconds): every tenth pass
                 // is often enough, and spares Redis a dozen reads per partition per tick.

@@ -261,9 +261,19 @@ async fn the_overview_says_what_slo_and_the_metrics_say() {
     let counts = world.counts().await;
     assert_eq!(overview["dead_letters"], counts.failed, "{overview}");
     assert_eq!(overview["paused"], false);
+    // Its Resend went away with the seeding: down, as the gauge and the overview say alike.
+    let down = eventually(Duration::from_secs(60), || async {
+        let overview: Value = get("/admin/api/overview").await.ok()?.json().await.ok()?;
+        let metrics = get("/metrics").await.ok()?.text().await.ok()?;
+        let said = overview["provider_down_since"].as_str()?.to_string();
+        metrics.lines().any(|l| l == "mailstream_provider_down 1").then_some(said)
+    })
+    .await;
+    assert!(down.is_some_and(|since| since.ends_with('Z')), "the provider is down and said so");
     assert_eq!(overview["partitions"].as_array().unwrap().len(), world.config.redis.partitions as usize);
     let page = get("/admin/overview").await.unwrap().text().await.unwrap();
     assert!(page.contains("id=\"periods\"") && page.contains("2026-W49"), "{page}");
+    assert!(page.contains("Resend is down since"), "{page}");
 
     let mailstream::ingest::ItemResult::Accepted { delivery: id, .. } = &r[0] else { panic!("{r:?}") };
     let rows: Value = get("/admin/api/deliveries?campaign=transactional").await.unwrap().json().await.unwrap();

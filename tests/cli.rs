@@ -310,6 +310,7 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
             TEST_REDIS,
             ("retry_base_ms = 1000", "retry_base_ms = 20"),
             ("retry_max_ms = 300000", "retry_max_ms = 40"),
+            ("probe_interval_seconds = 4", "probe_interval_seconds = 1"),
         ],
     );
     let url = redis.url();
@@ -341,7 +342,8 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
     let (code, lines) = daemon.wait().await;
     assert!(tried.is_some(), "the daemon kept retrying: {lines:#?}");
     assert_eq!(code, Some(0), "graceful stop on SIGTERM");
-    let reports: Vec<&String> = lines.iter().filter(|l| l.contains("Resend is unreachable")).collect();
+    // Down after three refusals, then probed once a second: one line says so.
+    let reports: Vec<&String> = lines.iter().filter(|l| l.contains("Resend is down")).collect();
     assert_eq!(reports.len(), 1, "one clear line, not one per retry: {lines:#?}");
     assert!(!lines.iter().any(|l| l.contains("panicked")));
 

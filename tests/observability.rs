@@ -41,6 +41,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("mailstream_limiter_wait_seconds", &[]),
     ("mailstream_period_deliveries", &["campaign", "period", "state"]),
     ("mailstream_period_duplicates", &["campaign", "period"]),
+    ("mailstream_provider_down", &[]),
     ("mailstream_provider_request_duration_seconds", &["endpoint", "status_class"]),
     ("mailstream_provider_requests_total", &["action", "endpoint", "result", "status_class"]),
     ("mailstream_records_lost_total", &[]),

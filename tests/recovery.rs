@@ -365,3 +365,69 @@ async fn a_redis_restart_mid_run_loses_and_repeats_nothing() {
     let stats = emulator.stats();
     assert_eq!((stats.emails_accepted, stats.duplicate_sends), (2000, 0));
 }
+
+/// The requests made so far that got no answer (`status_class="none"`), from a scrape.
+fn unanswered(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("mailstream_provider_requests_total{") && l.contains("status_class=\"none\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_holds_every_batch_and_the_first_success_sends_them_all() {
+    // A batch's own backoff is ten minutes: only the provider's return brings it forward.
+    let mut world = World::with(RedisOptions::default(), |c| {
+        c.redis.partitions = 2;
+        c.delivery.retry_base_ms = 600_000;
+        c.delivery.retry_max_ms = 600_000;
+        c.resend.probe_interval_seconds = 1;
+    })
+    .await;
+    let emulator = mailstream::emulator::Emulator::new(EmulatorConfig::default());
+    let (url, stop, task) = emulator.spawn_local().await.unwrap();
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    // Resend unreachable from the start.
+    stop.trigger();
+    task.await.unwrap();
+    world.config.resend.base_url = url;
+    world.subscribers(500).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let down_since = || {
+        let store = store.clone();
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let ms: Option<u64> =
+                redis::cmd("HGET").arg(store.keys.provider()).arg("down_ms").query_async(&mut conn).await.ok()?;
+            ms
+        }
+    };
+    assert!(eventually(Duration::from_secs(60), down_since).await.is_some(), "the provider counts as down");
+    let seen_down = tokio::time::Instant::now();
+    let before = unanswered(&daemon.metrics.render());
+    // Three more probes, one at a time.
+    let probed = eventually(Duration::from_secs(60), || {
+        let metrics = daemon.metrics.clone();
+        async move { (unanswered(&metrics.render()) >= before + 3).then_some(()) }
+    })
+    .await;
+    assert!(probed.is_some(), "it keeps probing");
+    let (probes, held) = (unanswered(&daemon.metrics.render()) - before, seen_down.elapsed());
+    // Once a second at most (and what was on the wire when it went down): five batches
+    // retrying on their own would make many more.
+    assert!(probes <= held.as_secs() + 1 + 5, "{probes} requests in {held:?}");
+    assert!(daemon.metrics.render().contains("mailstream_provider_down 1"));
+    assert_eq!(world.counts().await.settled(), 0);
+
+    // Back: the first success ends it and sends every waiting batch, long before their backoff.
+    let (_, _stop, _task) = emulator.spawn_at(addr).await.unwrap();
+    let counts = world.settled(Duration::from_secs(120)).await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (500, 0, 0));
+    assert!(down_since().await.is_none());
+    assert!(daemon.metrics.render().contains("mailstream_provider_down 0"));
+    daemon.stop().await;
+    assert_eq!(emulator.stats().duplicate_sends, 0);
+}

@@ -1,6 +1,6 @@
 //! The admin landing page's figures: what an operator asks first in an incident.
 //! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
-//! sending is paused, each partition's backlog and dead letters (the same reads as
+//! sending is paused, whether the provider is down, each partition's backlog and dead letters (the same reads as
 //! the `/metrics` gauges), and the suppressions and webhook events of the last 24 hours.
 
 use serde::Serialize;
@@ -18,6 +18,8 @@ pub(crate) struct Overview {
     pub slo: slo::Report,
     /// A quota pause holds sending (on every instance).
     pub paused: bool,
+    /// Since when the provider counts as down (RFC 3339), if it does.
+    pub provider_down_since: Option<String>,
     pub partitions: Vec<Partition>,
     pub dead_letters: u64,
     pub outcome_unknown_letters: u64,
@@ -37,6 +39,10 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
         partitions.push(metrics::partition(&mut conn, store, &config.redis.group, p).await?);
     }
     // A scan of the suppression records: an operator's page, not a hot path.
+    let down: Option<i64> = redis::cmd("HGET").arg(store.keys.provider()).arg("down_ms").query_async(&mut conn).await?;
+    let provider_down_since = down
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
     let since = (now.timestamp_millis().max(0) as u64).saturating_sub(24 * 3600 * 1000);
     let mut suppressed_last_24h = std::collections::BTreeMap::new();
     for e in suppression::list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {
@@ -46,6 +52,7 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
         at: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         slo,
         paused: partitions.iter().any(|p| p.paused),
+        provider_down_since,
         dead_letters: partitions.iter().map(|p| p.dead).sum(),
         outcome_unknown_letters: partitions.iter().map(|p| p.unknown).sum(),
         partitions,

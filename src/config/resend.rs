@@ -31,6 +31,13 @@ pub struct ResendConfig {
     pub pacing_guard_ms: u64,
     /// Where the request slots live: `redis` (shared by every instance) or `process`.
     pub limiter: LimiterMode,
+    /// The provider is down, team-wide, after this many failures that say nothing about
+    /// a batch (no connection, a timeout, a 5xx) with no success between them, ...
+    pub down_after_failures: u32,
+    /// ... the first and the last within this many seconds.
+    pub down_window_seconds: u64,
+    /// While it is down, one request (a real waiting batch) probes it this often.
+    pub probe_interval_seconds: u64,
 }
 
 /// Where the team-wide request pacing is kept.
@@ -57,6 +64,9 @@ impl Default for ResendConfig {
             max_in_flight: 32,
             pacing_guard_ms: 20,
             limiter: LimiterMode::Redis,
+            down_after_failures: 3,
+            down_window_seconds: 10,
+            probe_interval_seconds: 4,
         }
     }
 }
@@ -91,6 +101,18 @@ impl ResendConfig {
             format!("resend.timeout_seconds: must be 1..=600 (got {})", s.timeout_seconds),
         );
         check(s.max_in_flight >= 1, "resend.max_in_flight: must be at least 1".into());
+        check(
+            (2..=100).contains(&s.down_after_failures),
+            format!("resend.down_after_failures: must be 2..=100 (got {})", s.down_after_failures),
+        );
+        check(
+            (1..=600).contains(&s.down_window_seconds),
+            format!("resend.down_window_seconds: must be 1..=600 (got {})", s.down_window_seconds),
+        );
+        check(
+            (1..=60).contains(&s.probe_interval_seconds),
+            format!("resend.probe_interval_seconds: must be 1..=60 (got {})", s.probe_interval_seconds),
+        );
         check(
             s.pacing_guard_ms <= 1000,
             format!("resend.pacing_guard_ms: must be at most 1000 (got {})", s.pacing_guard_ms),

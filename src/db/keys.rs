@@ -256,6 +256,12 @@ impl Keys {
         self.tagged(p, &format!("webhooks:{hour}"))
     }
 
+    /// Hash: whether the provider is down, team-wide (failures in the current run, since
+    /// when it is down, when the next probe may leave); health.lua.
+    pub fn provider(&self) -> String {
+        format!("{}:provider", self.prefix)
+    }
+
     /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).
     pub fn limiter(&self) -> String {
         format!("{}:limiter", self.prefix)

@@ -101,11 +101,13 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
         for p in 0..store.keys.partitions() {
             partitions.push(partition(&mut conn, store, &config.redis.group, p).await?);
         }
-        anyhow::Ok((periods, partitions))
+        let down: Option<String> =
+            redis::cmd("HGET").arg(store.keys.provider()).arg("down_ms").query_async(&mut conn).await?;
+        anyhow::Ok((periods, partitions, down.is_some()))
     };
     let g = &metrics.redis;
     let read = tokio::time::timeout(limit, read).await.unwrap_or_else(|_| Err(anyhow!("Redis did not answer in time")));
-    let (periods, partitions) = match read {
+    let (periods, partitions, provider_down) = match read {
         Ok(read) => read,
         Err(e) => {
             g.redis_up.set(0);
@@ -147,6 +149,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     g.dead_letters.with_label_values(&["failed"]).set(partitions.iter().map(|f| f.dead).sum::<u64>() as i64);
     g.dead_letters.with_label_values(&["unknown"]).set(partitions.iter().map(|f| f.unknown).sum::<u64>() as i64);
     metrics.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
+    metrics.provider_down.set(i64::from(provider_down));
     Ok(())
 }
 

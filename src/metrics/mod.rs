@@ -40,6 +40,7 @@ pub struct Metrics {
     limiter_wait: Histogram,
     retries: IntCounterVec,
     paused: IntGauge,
+    provider_down: IntGauge,
     redis_errors: IntCounterVec,
     records_lost: prometheus::IntCounter,
     durability_relaxed: IntGauge,
@@ -113,6 +114,13 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(paused.clone())).expect("unique metric");
+        let provider_down = IntGauge::new(
+            "mailstream_provider_down",
+            "1 while the provider counts as down for every instance (a run of failures with no success between \
+             them; one request probes it at a time); read from Redis at scrape time",
+        )
+        .expect("valid metric");
+        r.register(Box::new(provider_down.clone())).expect("unique metric");
         r.register(Box::new(process::Collector::new())).expect("unique metric");
         let records_lost = prometheus::IntCounter::new(
             "mailstream_records_lost_total",
@@ -193,6 +201,7 @@ impl Metrics {
                 &["error"],
             ),
             paused,
+            provider_down,
             redis: from_redis::Gauges::new(&r),
             stuck: gauges(
                 &r,
@@ -342,6 +351,11 @@ impl Metrics {
             tracing::warn!("sending resumed");
         }
         self.paused.set(i64::from(paused));
+    }
+
+    /// The provider is down, or up, as this instance last saw it (scrapes read Redis).
+    pub(crate) fn set_provider_down(&self, down: bool) {
+        self.provider_down.set(i64::from(down));
     }
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or

@@ -267,6 +267,13 @@ pub(crate) fn mask_addresses(text: &str) -> String {
 }
 
 impl ProviderError {
+    /// Whether it says the provider, not this batch, is in trouble: no connection, no
+    /// answer in time, a broken one, or a 5xx (a run of these puts the provider down).
+    pub(crate) fn says_provider_down(&self) -> bool {
+        matches!(self.name, ErrorName::Timeout | ErrorName::ConnectionFailed | ErrorName::ConnectionError)
+            || self.status.is_some_and(|s| s >= 500)
+    }
+
     /// An error answered by Resend with a JSON body (or without one).
     pub(crate) fn from_response(status: u16, name: Option<&str>, message: &str, retry_after: Option<Duration>) -> Self {
         let name = ErrorName::from_answer(name, status);

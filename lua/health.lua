@@ -1,0 +1,56 @@
+-- health.lua: whether the provider is down, team-wide (every instance of the prefix shares
+-- one record). Failures that say nothing about a batch (no connection, a timeout, a 5xx)
+-- are counted in a run that any success ends; `threshold` of them, the first and the last
+-- within `window` ms, put the provider down. While down, one request at a time probes it:
+-- whoever asks for a probe after the last one's interval gets it. The first success ends
+-- it for everyone.
+--
+-- KEYS[1] the provider's health hash (failures, first_ms, down_ms, probe_ms)
+-- ARGV[1] 'failed', 'succeeded', 'probe' or 'read'; ARGV[2] threshold; ARGV[3] window ms;
+-- ARGV[4] probe interval ms
+-- Returns {state, down_ms, changed}: state 'up', 'down' or (for 'probe') 'probe' when the
+-- caller may send one request now; down_ms since when it is down ('' when up); changed 1
+-- when this call put it down or ended it.
+local what, threshold, window, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = now_ms()
+local h = redis.call('HMGET', KEYS[1], 'failures', 'first_ms', 'down_ms', 'probe_ms')
+local down = h[3]
+if what == 'succeeded' then
+  if h[1] or down then
+    redis.call('DEL', KEYS[1])
+  end
+  return {'up', '', down and 1 or 0}
+elseif what == 'failed' then
+  if down then
+    return {'down', down, 0}
+  end
+  local failures, first = tonumber(h[1] or '0'), tonumber(h[2] or '0')
+  if failures == 0 or now - first > window then
+    failures, first = 1, now
+  else
+    failures = failures + 1
+  end
+  redis.call('HSET', KEYS[1], 'failures', failures, 'first_ms', first)
+  if failures >= threshold then
+    -- The failure that put it down was the first probe.
+    redis.call('HSET', KEYS[1], 'down_ms', now, 'probe_ms', now + interval)
+    redis.call('PERSIST', KEYS[1])
+    return {'down', tostring(now), 1}
+  end
+  -- A run that no longer counts leaves nothing behind.
+  redis.call('PEXPIRE', KEYS[1], window)
+  return {'up', '', 0}
+elseif what == 'probe' then
+  if not down then
+    return {'up', '', 0}
+  end
+  if tonumber(h[4] or '0') > now then
+    return {'down', down, 0}
+  end
+  redis.call('HSET', KEYS[1], 'probe_ms', now + interval)
+  return {'probe', down, 0}
+end
+if down then
+  return {'down', down, 0}
+end
+return {'up', '', 0}
