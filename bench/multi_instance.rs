@@ -1,4 +1,5 @@
-//! `bench/multi-instance [--instances N] [--cluster] [--deliveries D] [--rps R] [--no-kill] [--json]`:
+//! `bench/multi-instance [--instances N] [--cluster] [--deliveries D] [--rps R] [--no-kill]
+//! [--connect-delay-ms MS] [--close-idle-after-ms MS] [--json]`:
 //! several daemons as separate processes against one Redis (or a private
 //! 3-primary cluster with `--cluster`) and one emulator limited to `--rps`
 //! requests per sliding second; one instance is killed with SIGKILL once a
@@ -26,6 +27,10 @@ struct Options {
     rps: u32,
     kill_one: bool,
     json: bool,
+    /// The emulator reads nothing from a new connection for this long (a slow TLS handshake).
+    connect_delay_ms: u64,
+    /// The emulator closes connections this long after they opened.
+    close_idle_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -50,10 +55,21 @@ struct Report {
     limiter_round_trip_p50_us: u64,
     limiter_round_trip_p99_us: u64,
     limiter_redis_us_per_call: f64,
+    connect_delay_ms: u64,
+    close_idle_after_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
-    let mut o = Options { instances: 3, cluster: false, deliveries: 30_000, rps: 10, kill_one: true, json: false };
+    let mut o = Options {
+        instances: 3,
+        cluster: false,
+        deliveries: 30_000,
+        rps: 10,
+        kill_one: true,
+        json: false,
+        connect_delay_ms: 0,
+        close_idle_after_ms: None,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut number = |name: &str| -> u64 {
@@ -64,6 +80,8 @@ fn main() -> ExitCode {
             "--deliveries" => o.deliveries = number("--deliveries"),
             "--rps" => o.rps = number("--rps") as u32,
             "--cluster" => o.cluster = true,
+            "--connect-delay-ms" => o.connect_delay_ms = number("--connect-delay-ms"),
+            "--close-idle-after-ms" => o.close_idle_after_ms = Some(number("--close-idle-after-ms")),
             "--no-kill" => o.kill_one = false,
             "--json" => o.json = true,
             "--bench" => {}
@@ -133,7 +151,12 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
     } else {
         Redis::Single(RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?)
     };
-    let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(o.rps), ..Default::default() });
+    let emulator = Emulator::new(EmulatorConfig {
+        requests_per_second: Some(o.rps),
+        connect_delay_ms: o.connect_delay_ms,
+        close_idle_after_ms: o.close_idle_after_ms,
+        ..Default::default()
+    });
     let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
     let dir = std::env::temp_dir().join(format!("mailstream-multi-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -188,6 +211,8 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
     let duplicate_real_sends = sends.values().map(|at| at.len().saturating_sub(1) as u64).sum();
     let ceiling = f64::from(o.rps) * 100.0;
     Ok(Report {
+        connect_delay_ms: o.connect_delay_ms,
+        close_idle_after_ms: o.close_idle_after_ms,
         instances: o.instances,
         cluster: o.cluster,
         partitions,

@@ -28,6 +28,10 @@ pub(crate) struct PacingNews {
     pub rate: RateHeaders,
     /// A 429 `rate_limit_exceeded` asked every request to wait this long.
     pub pause: Option<Duration>,
+    /// The request was the first on a new connection (or got no answer): it may have
+    /// reached the provider later than its bytes left, so its departure is recorded
+    /// again, now.
+    pub late_arrival: bool,
 }
 
 /// The `endpoint` label of `POST /emails/batch`.
@@ -57,12 +61,13 @@ impl Sender {
     }
 
     /// Sends a batch that passed the last gate (the caller has just taken its slot) and
-    /// records what happened.
-    pub async fn attempt(&self, ctx: &Ctx, b: Sealed) -> PacingNews {
+    /// records what happened; `on_wire` is told when the request's bytes can go out.
+    pub async fn attempt(&self, ctx: &Ctx, b: Sealed, on_wire: tokio::sync::oneshot::Sender<()>) -> PacingNews {
         ctx.failpoints.at(Failpoint::Gated).await;
         let started = std::time::Instant::now();
         let emails = b.members.len();
-        let answer = self.client.send_batch(&b.key, b.body.clone(), emails).await;
+        let (answer, late_arrival) =
+            self.client.send_batch_telling(&b.key, b.body.clone(), emails, Some(on_wire)).await;
         let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
@@ -80,13 +85,13 @@ impl Sender {
                     })
                     .unzip();
                 batch::settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts, &said).await;
-                PacingNews { rate: accepted.rate, pause: None }
+                PacingNews { rate: accepted.rate, pause: None, late_arrival }
             }
             Err((e, rate)) => {
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), emails, took);
                 let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
                 self.failed(ctx, b, e).await;
-                PacingNews { rate, pause }
+                PacingNews { rate, pause, late_arrival }
             }
         }
     }
@@ -127,11 +132,15 @@ impl Sender {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
         };
-        // While the provider is down its own backoff would outlast the outage: the batch
-        // comes back within a probe's interval and waits, to probe or to go at once.
+        // An error about the provider rather than the batch is the team's to watch: while
+        // the provider is down the batch comes back within a probe's interval and waits,
+        // to probe or to go at once; when it is up, its own backoff for such an error
+        // stops at four intervals, so retries a long outage piled up on it never make it
+        // wait minutes once the provider is back.
         let next = match next {
-            Plan::Retry { delay } if ctx.health.is_down() => {
-                Plan::Retry { delay: delay.min(ctx.health.probe_interval()) }
+            Plan::Retry { delay } if e.says_provider_down() => {
+                let intervals = if ctx.health.is_down() { 1 } else { 4 };
+                Plan::Retry { delay: delay.min(ctx.health.probe_interval() * intervals) }
             }
             next => next,
         };

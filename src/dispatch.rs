@@ -39,7 +39,7 @@ const GATE_FRESHNESS: Duration = Duration::from_millis(500);
 
 /// How often a dispatcher holding work asks whether it may probe a provider that is
 /// down (or whether it is back): well inside `probe_interval_seconds`.
-const PROBE_POLL: Duration = Duration::from_millis(500);
+const PROBE_POLL: Duration = Duration::from_millis(250);
 
 /// A slot further away than this (a long `retry-after`) is not waited for holding
 /// a batch: it is put back in Redis, due then, for whoever is free.
@@ -176,9 +176,20 @@ impl Dispatcher {
             return;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
-        // The attempt is polled first, so its request is written (on a ready connection)
-        // before the departure is recorded: the record is an upper bound of the real one.
-        let (news, _) = tokio::join!(self.sender.attempt(ctx, sealed), self.limiter.departed(slot));
+        // The departure is recorded once the request's bytes can go out on a ready
+        // connection (a new one's set-up never shortens the spacing at the provider), or
+        // once the attempt ended without that. A request that was the first on its
+        // connection may have waited at the far end too: its departure is recorded again
+        // when its answer comes, an upper bound of its arrival.
+        let (on_wire, wired) = tokio::sync::oneshot::channel();
+        let departed = async {
+            let _ = wired.await;
+            self.limiter.departed(slot).await;
+        };
+        let (news, ()) = tokio::join!(self.sender.attempt(ctx, sealed, on_wire), departed);
+        if news.late_arrival {
+            self.limiter.departed(slot).await;
+        }
         self.obey(&news).await;
     }
 

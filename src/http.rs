@@ -38,6 +38,12 @@ pub struct Limits {
     pub per_source: Option<std::num::NonZeroU32>,
     /// How long open connections get to finish after shutdown.
     pub drain: Duration,
+    /// Nothing is read from a new connection for this long (the emulator's stand-in for
+    /// a slow TLS handshake: its first request arrives this much later).
+    pub first_read_delay: Duration,
+    /// A connection is closed this long after it was opened, once its current request
+    /// is answered (as servers close keep-alive connections); `None`: kept open.
+    pub connection_lifetime: Option<Duration>,
 }
 
 impl Default for Limits {
@@ -49,6 +55,8 @@ impl Default for Limits {
             timeout: Duration::from_secs(120),
             per_source: None,
             drain: Duration::from_secs(1),
+            first_read_delay: Duration::ZERO,
+            connection_lifetime: None,
         }
     }
 }
@@ -116,8 +124,23 @@ where
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(limits.timeout)
             .serve_connection(TokioIo::new(stream), service);
+        let delay = limits.first_read_delay;
+        if let Some(lifetime) = limits.connection_lifetime {
+            // Not watched for shutdown: it closes on its own within its lifetime.
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                tokio::pin!(conn);
+                tokio::select! {
+                    _ = conn.as_mut() => return,
+                    _ = tokio::time::sleep(lifetime) => conn.as_mut().graceful_shutdown(),
+                }
+                let _ = conn.await;
+            });
+            continue;
+        }
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
             let _ = conn.await;
         });
     }

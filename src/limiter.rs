@@ -8,9 +8,11 @@
 //! By default the limiter lives in Redis (limiter.lua on one key, Redis `TIME`
 //! the only clock), so every instance and every process with the same prefix
 //! shares it. The slot is taken by the task that sends, right before it writes
-//! the request, never granted in one task and used in another; once the request
-//! is written, Redis's clock marks its departure (an upper bound), which is what
-//! the request `rps` after it waits a second from. A 429's `retry-after` pauses
+//! the request, never granted in one task and used in another; once the request's
+//! bytes can go out on a ready connection (its body is first read), Redis's clock
+//! marks its departure (an upper bound), which is what the request `rps` after it
+//! waits a second from. A request that was the first on its connection is marked
+//! again when it ends: it may have waited at the far end (a TLS handshake). A 429's `retry-after` pauses
 //! every instance; a `ratelimit-limit` below the configured rate is adopted
 //! team-wide.
 //! `resend.limiter = "process"` keeps the same rules in this process only.

@@ -310,7 +310,6 @@ async fn unreachable_provider_is_reported_once_and_loses_nothing() {
             TEST_REDIS,
             ("retry_base_ms = 1000", "retry_base_ms = 20"),
             ("retry_max_ms = 300000", "retry_max_ms = 40"),
-            ("probe_interval_seconds = 4", "probe_interval_seconds = 1"),
         ],
     );
     let url = redis.url();

@@ -115,3 +115,36 @@ async fn three_instances_share_one_limit_and_finish_a_dead_ones_work() {
     assert_eq!(stats.rate_limited, 0, "{stats:?}");
     assert!(stats.max_requests_in_1s <= 10, "{stats:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_new_connections_never_crowd_the_providers_second() {
+    let mut world = World::with(Default::default(), |c| {
+        c.redis.partitions = 2;
+        c.resend.requests_per_second = 10;
+    })
+    .await;
+    // Each new connection is read 150 ms after it opened (a slow TLS handshake), and
+    // connections close half a second after they opened: requests keep opening new ones.
+    let config = EmulatorConfig {
+        requests_per_second: Some(10),
+        connect_delay_ms: 150,
+        close_idle_after_ms: Some(500),
+        ..Default::default()
+    };
+    let (emulator, _stop) = world.emulator(config).await;
+    world.subscribers(5000).await;
+    world.kick().await;
+    let start = |name: &str| {
+        let options =
+            RunOptions { owner: Some(name.to_string()), failpoints: Failpoints::default(), ..Default::default() };
+        Daemon::start(world.config.clone(), options)
+    };
+    let (a, b) = (start("instance-a"), start("instance-b"));
+    let counts = world.settled(SETTLE).await;
+    a.stop().await;
+    b.stop().await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (5000, 0, 0));
+    let stats = emulator.stats();
+    assert_eq!((stats.rate_limited, stats.duplicate_sends), (0, 0), "{stats:?}");
+    assert!(stats.max_requests_in_1s <= 10, "{stats:?}");
+}

@@ -66,7 +66,7 @@ impl Default for ResendConfig {
             limiter: LimiterMode::Redis,
             down_after_failures: 3,
             down_window_seconds: 10,
-            probe_interval_seconds: 4,
+            probe_interval_seconds: 1,
         }
     }
 }

@@ -47,6 +47,12 @@ pub struct EmulatorConfig {
     pub faults: Faults,
     /// Where to send signed webhooks about accepted mail; none when absent.
     pub webhook: Option<WebhookTarget>,
+    /// Nothing is read from a new connection for this long: its first request arrives
+    /// this much after it was written, as after a slow TLS handshake.
+    pub connect_delay_ms: u64,
+    /// Keep-alive connections are closed this long after they were opened (after the
+    /// request in progress), as the real provider's are; `None`: kept open.
+    pub close_idle_after_ms: Option<u64>,
 }
 
 impl Default for EmulatorConfig {
@@ -57,6 +63,8 @@ impl Default for EmulatorConfig {
             seed: 1,
             faults: Faults::default(),
             webhook: None,
+            connect_delay_ms: 0,
+            close_idle_after_ms: None,
         }
     }
 }
@@ -229,11 +237,16 @@ impl Emulator {
 
     /// Serves until `shutdown`.
     pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: crate::shutdown::Shutdown) {
+        let limits = http::Limits {
+            first_read_delay: Duration::from_millis(self.config.connect_delay_ms),
+            connection_lifetime: self.config.close_idle_after_ms.map(Duration::from_millis),
+            ..http::Limits::default()
+        };
         let handler = move |req| {
             let emulator = self.clone();
             async move { emulator.handle(req).await }
         };
-        http::serve(listener, handler, shutdown, http::Limits::default()).await
+        http::serve(listener, handler, shutdown, limits).await
     }
 
     /// Answers one request (the routes).
@@ -523,12 +536,18 @@ pub struct Args {
     /// TOML file with emulator settings and faults (see EmulatorConfig).
     #[arg(long)]
     settings: Option<std::path::PathBuf>,
+    /// Read nothing from a new connection for this many ms (a slow TLS handshake).
+    #[arg(long)]
+    connect_delay_ms: Option<u64>,
+    /// Close keep-alive connections this many ms after they were opened.
+    #[arg(long)]
+    close_idle_after_ms: Option<u64>,
 }
 
 /// Serves the emulator until SIGTERM or SIGINT.
 pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
-    let Args { listen, rps, settings } = args;
+    let Args { listen, rps, settings, connect_delay_ms, close_idle_after_ms } = args;
     let mut config = match settings {
         Some(path) => {
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -539,6 +558,8 @@ pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     if let Some(rps) = rps {
         config.requests_per_second = (rps > 0).then_some(rps);
     }
+    config.connect_delay_ms = connect_delay_ms.unwrap_or(config.connect_delay_ms);
+    config.close_idle_after_ms = close_idle_after_ms.or(config.close_idle_after_ms);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let listen = listener.local_addr().context("the bound address")?;
     // A number, or no field when there is no limit.

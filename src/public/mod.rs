@@ -32,6 +32,7 @@ pub(crate) fn serve(
         timeout: Duration::from_millis(h.public_timeout_ms),
         per_source: std::num::NonZeroU32::new(h.public_requests_per_second_per_source),
         drain: Duration::from_secs(5),
+        ..Default::default()
     };
     let handler = move |req| {
         let routes = routes.clone();

@@ -3,11 +3,20 @@
 //! permissive validation, and answers turned into per-email results or a
 //! classified [`ProviderError`].
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
 use reqwest::header::{HeaderMap, HeaderValue};
 use serde::Deserialize;
+use tokio::sync::oneshot;
+
+use hyper_util::client::legacy::connect::HttpInfo;
 
 use super::error::{ErrorName, ProviderError};
 use crate::config::Secret;
@@ -48,6 +57,41 @@ pub struct Client {
     http: reqwest::Client,
     batch_url: String,
     api_key: Secret,
+    /// The connections answers came on (by local address), with when last: a request
+    /// on one not seen before is the first on a new connection.
+    connections: Arc<Mutex<HashMap<SocketAddr, Instant>>>,
+}
+
+/// A connection not used for this long counts as new again (its port may have been
+/// reused by another; counting it new only makes the limiter stricter).
+const CONNECTION_MEMORY: Duration = Duration::from_secs(600);
+
+/// A request body that tells when it is first read: the connection is ready (TCP, and
+/// TLS with the real provider) and the request's bytes are going out.
+struct OnWire {
+    bytes: Option<Bytes>,
+    len: u64,
+    tell: Option<oneshot::Sender<()>>,
+}
+
+impl hyper::body::Body for OnWire {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        if let Some(tell) = self.tell.take() {
+            let _ = tell.send(());
+        }
+        Poll::Ready(self.bytes.take().map(|b| Ok(Frame::data(b))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(if self.bytes.is_some() { self.len } else { 0 })
+    }
 }
 
 impl Client {
@@ -59,7 +103,25 @@ impl Client {
             .connect_timeout(timeout.min(Duration::from_secs(10)))
             .pool_idle_timeout(Duration::from_secs(90))
             .build()?;
-        Ok(Client { http, batch_url: format!("{}/emails/batch", base_url.trim_end_matches('/')), api_key })
+        Ok(Client {
+            http,
+            batch_url: format!("{}/emails/batch", base_url.trim_end_matches('/')),
+            api_key,
+            connections: Arc::default(),
+        })
+    }
+
+    /// Whether an answer that came on `local` (none: no answer) came on a connection that
+    /// had not carried a request before: its request may have waited for the connection
+    /// at the far end (a TLS handshake, an accept queue) after its bytes left here.
+    fn first_on_its_connection(&self, local: Option<SocketAddr>) -> bool {
+        let Some(local) = local else { return true };
+        let now = Instant::now();
+        let mut seen = self.connections.lock().expect("connections lock");
+        if seen.len() > 256 {
+            seen.retain(|_, last| now.duration_since(*last) < CONNECTION_MEMORY);
+        }
+        seen.insert(local, now).is_none_or(|last| now.duration_since(last) >= CONNECTION_MEMORY)
     }
 
     /// Sends one sealed batch (`count` emails in `body`) with its idempotency key.
@@ -69,17 +131,41 @@ impl Client {
         body: Bytes,
         count: usize,
     ) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
-        let response = self
+        self.send_batch_telling(idempotency_key, body, count, None).await.0
+    }
+
+    /// [`Client::send_batch`], telling `on_wire` when the request's bytes can go out (its
+    /// body is first read, on a ready connection). Also says whether the request was the
+    /// first on its connection (or got no answer), so its arrival may have been later.
+    pub async fn send_batch_telling(
+        &self,
+        idempotency_key: &str,
+        body: Bytes,
+        count: usize,
+        on_wire: Option<oneshot::Sender<()>>,
+    ) -> (Result<BatchAccepted, (ProviderError, RateHeaders)>, bool) {
+        let len = body.len() as u64;
+        let sent = self
             .http
             .post(&self.batch_url)
             .bearer_auth(self.api_key.expose())
             .header("Idempotency-Key", idempotency_key)
             .header("x-batch-validation", "permissive")
             .header("Content-Type", "application/json")
-            .body(body)
+            .body(reqwest::Body::wrap(OnWire { bytes: Some(body), len, tell: on_wire }))
             .send()
-            .await
-            .map_err(|e| (transport_error(&e), RateHeaders::default()))?;
+            .await;
+        let local = sent.as_ref().ok().and_then(|r| r.extensions().get::<HttpInfo>()).map(HttpInfo::local_addr);
+        let first = self.first_on_its_connection(local);
+        (self.read_batch(sent, count).await, first)
+    }
+
+    async fn read_batch(
+        &self,
+        sent: reqwest::Result<reqwest::Response>,
+        count: usize,
+    ) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
+        let response = sent.map_err(|e| (transport_error(&e), RateHeaders::default()))?;
         let status = response.status().as_u16();
         let rate = rate_headers(response.headers());
         let bytes = response.bytes().await.map_err(|e| (transport_error(&e), rate))?;
