@@ -1,20 +1,26 @@
 -- health.lua: whether the provider is down, team-wide (every instance of the prefix shares
 -- one record). Failures that say nothing about a batch (no connection, a timeout, a 5xx)
--- are counted in a run that any success ends; `threshold` of them, the first and the last
--- within `window` ms, put the provider down. While down, one request at a time probes it:
--- whoever asks for a probe after the last one's interval gets it. The first success ends
--- it for everyone.
+-- are counted in a run that any success ends; a batch answered with a 5xx or timed out
+-- again right after itself adds nothing (one batch the provider keeps refusing says more
+-- about the batch than the provider), while a connection that could not be made or broke
+-- always counts. `threshold` of them, the first and the last within `window` ms, put
+-- the provider down. While down, one request per interval probes it: whoever asks for a
+-- probe after the last one's interval gets it. The first success ends it for everyone;
+-- so does a minute with nobody asking to probe (no work left to find out with).
 --
--- KEYS[1] the provider's health hash (failures, first_ms, down_ms, probe_ms)
+-- KEYS[1] the provider's health hash (failures, first_ms, last_batch, down_ms, probe_ms)
 -- ARGV[1] 'failed', 'succeeded', 'probe' or 'read'; ARGV[2] threshold; ARGV[3] window ms;
--- ARGV[4] probe interval ms
+-- ARGV[4] probe interval ms; ARGV[5] the batch that failed ('failed'; '' for a failure no
+-- batch can cause: no connection, a broken one)
 -- Returns {state, down_ms, changed}: state 'up', 'down' or (for 'probe') 'probe' when the
 -- caller may send one request now; down_ms since when it is down ('' when up); changed 1
 -- when this call put it down or ended it.
 local what, threshold, window, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
-local h = redis.call('HMGET', KEYS[1], 'failures', 'first_ms', 'down_ms', 'probe_ms')
+local h = redis.call('HMGET', KEYS[1], 'failures', 'first_ms', 'down_ms', 'probe_ms', 'last_batch')
 local down = h[3]
+-- Down lasts while someone probes; with nobody asking, it lapses after this long.
+local hold = math.max(60000, 10 * interval)
 if what == 'succeeded' then
   if h[1] or down then
     redis.call('DEL', KEYS[1])
@@ -27,14 +33,14 @@ elseif what == 'failed' then
   local failures, first = tonumber(h[1] or '0'), tonumber(h[2] or '0')
   if failures == 0 or now - first > window then
     failures, first = 1, now
-  else
+  elseif ARGV[5] == '' or h[5] ~= ARGV[5] then
     failures = failures + 1
   end
-  redis.call('HSET', KEYS[1], 'failures', failures, 'first_ms', first)
+  redis.call('HSET', KEYS[1], 'failures', failures, 'first_ms', first, 'last_batch', ARGV[5])
   if failures >= threshold then
     -- The failure that put it down was the first probe.
     redis.call('HSET', KEYS[1], 'down_ms', now, 'probe_ms', now + interval)
-    redis.call('PERSIST', KEYS[1])
+    redis.call('PEXPIRE', KEYS[1], hold)
     return {'down', tostring(now), 1}
   end
   -- A run that no longer counts leaves nothing behind.
@@ -48,6 +54,7 @@ elseif what == 'probe' then
     return {'down', down, 0}
   end
   redis.call('HSET', KEYS[1], 'probe_ms', now + interval)
+  redis.call('PEXPIRE', KEYS[1], hold)
   return {'probe', down, 0}
 end
 if down then

@@ -72,7 +72,7 @@ impl Sender {
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
             Ok(accepted) => {
-                self.health(ctx, false).await;
+                self.health(ctx, &b.id, false).await;
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
                 let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
                     .items
@@ -99,8 +99,8 @@ impl Sender {
     /// Records what a request said of the provider's health, team-wide; logs a change
     /// once (here, where it was made) and, when the provider is back, makes every
     /// waiting batch due at once.
-    async fn health(&self, ctx: &Ctx, failed: bool) {
-        match ctx.health.record(&ctx.store, failed).await {
+    async fn health(&self, ctx: &Ctx, batch: &str, failed: bool) {
+        match ctx.health.record(&ctx.store, batch, failed).await {
             Ok(Some(HealthChange::Down)) => tracing::error!(
                 base_url = %self.base_url,
                 failures = ctx.config.resend.down_after_failures,
@@ -127,7 +127,9 @@ impl Sender {
     }
 
     async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
-        self.health(ctx, e.says_provider_down()).await;
+        // A connection that could not be made, or broke, is never the batch's doing.
+        let connection = matches!(e.name, ErrorName::ConnectionFailed | ErrorName::ConnectionError);
+        self.health(ctx, if connection { "" } else { &b.id }, e.says_provider_down()).await;
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
@@ -140,7 +142,9 @@ impl Sender {
         let next = match next {
             Plan::Retry { delay } if e.says_provider_down() => {
                 let intervals = if ctx.health.is_down() { 1 } else { 4 };
-                Plan::Retry { delay: delay.min(ctx.health.probe_interval() * intervals) }
+                // A `retry-after` the provider sent is still a floor.
+                let floor = e.retry_after.unwrap_or_default();
+                Plan::Retry { delay: delay.min(ctx.health.probe_interval() * intervals).max(floor) }
             }
             next => next,
         };

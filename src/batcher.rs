@@ -173,10 +173,17 @@ impl Batcher {
         InHand { batcher: self.clone(), batch: batch.to_string() }
     }
 
-    /// The batches of partition `p` in hand.
+    /// The batches of partition `p` this instance holds: in hand, or queued for a resend
+    /// (which may wait long: while the provider is down, only the probe leaves). The
+    /// heartbeat renews their leases.
     pub(crate) fn in_hand(&self, p: u16) -> Vec<String> {
-        let held = self.in_hand.lock().expect("batcher lock");
-        held.iter().filter(|(_, q)| **q == p).map(|(b, _)| b.clone()).collect()
+        let mut held: Vec<String> = {
+            let held = self.in_hand.lock().expect("batcher lock");
+            held.iter().filter(|(_, q)| **q == p).map(|(b, _)| b.clone()).collect()
+        };
+        let q = self.queues.lock().expect("batcher lock");
+        held.extend(q.resend.iter().filter(|s| s.partition == p).map(|s| s.id.clone()));
+        held
     }
 
     /// Whether this instance already has the batch: queued for a resend, or in hand.

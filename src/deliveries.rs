@@ -117,17 +117,36 @@ fn wanted(filter: &Filter, fields: &BTreeMap<String, String>, r: &Row) -> bool {
     status_ok && since_ok
 }
 
+/// The settlements a listing shows newest first: those its partitions' indexes hold
+/// scored from `floor` (the oldest time every partition's index still covers) up to,
+/// not including, `until` (when the listing began: what settles while an operator pages
+/// through is left to the scan, not lost between the two parts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub floor: i64,
+    pub until: i64,
+}
+
+impl Span {
+    /// Nothing shown newest first.
+    pub(crate) const NONE: Span = Span { floor: i64::MAX, until: i64::MIN };
+
+    fn holds(&self, ms: f64) -> bool {
+        ms >= self.floor as f64 && ms < self.until as f64
+    }
+}
+
 /// Where a page starts. Settled deliveries come first, newest first, from each
-/// partition's recent settlements (`recent`) down to `floor`: the oldest time every
-/// partition's index still covers. Then the rest by SCAN (unsettled deliveries, older
-/// ones), leaving out what the first part showed.
+/// partition's recent settlements (`recent`) within the listing's [`Span`]. Then the
+/// rest by SCAN (unsettled deliveries, older ones, newer ones), leaving out what the
+/// first part showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Cursor {
-    /// Settled before (`ms`, `id`) in (time, id) order, down to `floor`.
-    Newest { floor: i64, ms: i64, id: String },
+    /// Settled before (`ms`, `id`) in (time, id) order, within `span`.
+    Newest { span: Span, ms: i64, id: String },
     /// A partition, SCAN's cursor in it, and how many matches of that SCAN step the
     /// previous page already showed.
-    Scan { floor: i64, partition: u16, scan: u64, skip: usize },
+    Scan { span: Span, partition: u16, scan: u64, skip: usize },
 }
 
 impl Cursor {
@@ -135,14 +154,15 @@ impl Cursor {
         let bad = || anyhow::anyhow!("not a cursor this log gave out: {s:?}");
         let n = |v: &str| v.parse::<i64>().map_err(|_| bad());
         if let Some(rest) = s.strip_prefix("n.") {
-            let [floor, ms, id] = rest.splitn(3, '.').collect::<Vec<_>>()[..] else { return Err(bad()) };
+            let [floor, until, ms, id] = rest.splitn(4, '.').collect::<Vec<_>>()[..] else { return Err(bad()) };
             DeliveryRef::parse(id).ok_or_else(bad)?;
-            return Ok(Cursor::Newest { floor: n(floor)?, ms: n(ms)?, id: id.to_string() });
+            let span = Span { floor: n(floor)?, until: n(until)? };
+            return Ok(Cursor::Newest { span, ms: n(ms)?, id: id.to_string() });
         }
         let rest = s.strip_prefix("s.").ok_or_else(bad)?;
-        let [floor, p, scan, skip] = rest.split('.').collect::<Vec<_>>()[..] else { return Err(bad()) };
+        let [floor, until, p, scan, skip] = rest.split('.').collect::<Vec<_>>()[..] else { return Err(bad()) };
         Ok(Cursor::Scan {
-            floor: n(floor)?,
+            span: Span { floor: n(floor)?, until: n(until)? },
             partition: p.parse().map_err(|_| bad())?,
             scan: scan.parse().map_err(|_| bad())?,
             skip: skip.parse().map_err(|_| bad())?,
@@ -151,8 +171,10 @@ impl Cursor {
 
     fn render(&self) -> String {
         match self {
-            Cursor::Newest { floor, ms, id } => format!("n.{floor}.{ms}.{id}"),
-            Cursor::Scan { floor, partition, scan, skip } => format!("s.{floor}.{partition}.{scan}.{skip}"),
+            Cursor::Newest { span, ms, id } => format!("n.{}.{}.{ms}.{id}", span.floor, span.until),
+            Cursor::Scan { span, partition, scan, skip } => {
+                format!("s.{}.{}.{partition}.{scan}.{skip}", span.floor, span.until)
+            }
         }
     }
 }
@@ -173,19 +195,23 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
         Some(c) => Cursor::parse(c)?,
         None => {
             let floor = newest::floor(&mut conn, store, &partitions, filter).await?;
-            Cursor::Newest { floor, ms: i64::MAX, id: String::new() }
+            let span = if floor == i64::MAX {
+                Span::NONE
+            } else {
+                Span { floor, until: store.time().await?.timestamp_millis() }
+            };
+            Cursor::Newest { span, ms: i64::MAX, id: String::new() }
         }
     };
     let mut rows = Vec::new();
-    if let Cursor::Newest { floor, ms, id } = &at {
-        let floor = *floor;
-        if let Some((ms, id)) = newest::page(&mut conn, store, &partitions, filter, floor, (*ms, id), &mut rows).await?
-        {
-            return Ok(Page { rows, next: Some(Cursor::Newest { floor, ms, id }.render()) });
+    if let Cursor::Newest { span, ms, id } = &at {
+        let span = *span;
+        if let Some((ms, id)) = newest::page(&mut conn, store, &partitions, filter, span, (*ms, id), &mut rows).await? {
+            return Ok(Page { rows, next: Some(Cursor::Newest { span, ms, id }.render()) });
         }
-        at = Cursor::Scan { floor, partition: partitions[0], scan: 0, skip: 0 };
+        at = Cursor::Scan { span, partition: partitions[0], scan: 0, skip: 0 };
     }
-    let Cursor::Scan { floor, partition: first, mut scan, mut skip } = at else { unreachable!("past the newest") };
+    let Cursor::Scan { span, partition: first, mut scan, mut skip } = at else { unreachable!("past the newest") };
     let part = |f: &Option<String>| f.as_deref().map_or("*".to_string(), glob_literal);
     let id_pattern = format!("{}:{}:{}:*", part(&filter.campaign), part(&filter.period), part(&filter.subscriber));
     for &p in partitions.iter().filter(|&&p| p >= first) {
@@ -198,10 +224,10 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
             let (next, found): (u64, Vec<String>) = conn.on_node_of(&keys.stream(p), &cmd).await?;
             let refs: Vec<DeliveryRef> =
                 found.iter().filter_map(|k| k.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id))).collect();
-            let matched = read_rows(&mut conn, store, p, refs, filter, floor).await?;
+            let matched = read_rows(&mut conn, store, p, refs, filter, span).await?;
             for (i, r) in matched.into_iter().flatten().enumerate().skip(skip) {
                 if rows.len() == filter.limit {
-                    let next = Cursor::Scan { floor, partition: p, scan, skip: i };
+                    let next = Cursor::Scan { span, partition: p, scan, skip: i };
                     return Ok(Page { rows, next: Some(next.render()) });
                 }
                 rows.push(r);
@@ -218,14 +244,14 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
 
 /// The rows of `refs` (deliveries of partition `p`) that `filter` wants, aligned with
 /// `refs` (`None`: gone, not wanted, or already shown newest first: in the partition's
-/// recent settlements at or after `floor`).
+/// recent settlements within `span`).
 async fn read_rows(
     conn: &mut crate::db::Conn,
     store: &Store,
     p: u16,
     refs: Vec<DeliveryRef>,
     filter: &Filter,
-    floor: i64,
+    span: Span,
 ) -> anyhow::Result<Vec<Option<Row>>> {
     if refs.is_empty() {
         return Ok(Vec::new());
@@ -243,7 +269,7 @@ async fn read_rows(
         let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&reply[0]).unwrap_or_default();
         let registered: Option<String> = redis::from_redis_value_ref(&reply[1]).ok().flatten();
         let indexed: Option<f64> = redis::from_redis_value_ref(&reply[2]).ok().flatten();
-        let shown = indexed.is_some_and(|ms| ms >= floor as f64);
+        let shown = indexed.is_some_and(|ms| span.holds(ms));
         // An empty record expired between finding and reading it.
         let r = (!fields.is_empty() && !shown)
             .then(|| row(d, &fields, inline_to(&fields).or(registered).as_deref()))
@@ -449,11 +475,12 @@ mod tests {
 
     #[test]
     fn cursors_and_spans_round_trip() {
-        let c = Cursor::Scan { floor: 1_700_000_000_000, partition: 3, scan: 12345, skip: 7 };
+        let span = Span { floor: 1_700_000_000_000, until: 1_700_000_500_000 };
+        let c = Cursor::Scan { span, partition: 3, scan: 12345, skip: 7 };
         assert_eq!(Cursor::parse(&c.render()).unwrap(), c);
-        let n = Cursor::Newest { floor: 1, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
+        let n = Cursor::Newest { span: Span::NONE, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
         assert_eq!(Cursor::parse(&n.render()).unwrap(), n);
-        for bad in ["3-x-1", "", "s.1.2.3", "n.1.2.not-an-id", "s.1.x.3.4"] {
+        for bad in ["3-x-1", "", "s.1.2.3.4", "n.1.2.3.not-an-id", "s.1.2.x.3.4"] {
             assert!(Cursor::parse(bad).is_err(), "{bad}");
         }
         let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").unwrap().with_timezone(&Utc);

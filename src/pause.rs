@@ -6,9 +6,10 @@
 //!   up: one key per partition with an expiry at the next quota window (so the last
 //!   gate reads it in its own hash slot); it ends on its own, or at `mailstream resume`.
 //! - **The provider down** ([`ProviderHealth`]): a run of failures that say nothing
-//!   about a batch (no connection, timeouts, 5xx) with no success between them. Then
-//!   one request at a time probes it, every `probe_interval_seconds`; the first
-//!   success ends it for everyone and makes every batch waiting for a retry due at once.
+//!   about a batch (no connection, timeouts, 5xx), from more than one batch, with no
+//!   success between them. Then one request probes it every `probe_interval_seconds`;
+//!   the first success ends it for everyone and makes every batch waiting for a retry
+//!   due at once (a minute with no work to probe with ends it too).
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -128,19 +129,19 @@ impl ProviderHealth {
         Duration::from_millis(self.rule.probe_interval_ms)
     }
 
-    async fn call(&self, store: &Store, call: HealthCall) -> anyhow::Result<scripts::Health> {
+    async fn call(&self, store: &Store, call: HealthCall<'_>) -> anyhow::Result<scripts::Health> {
         let mut conn = store.conn().await?;
         let h = scripts::health(&mut conn, &store.keys, call, &self.rule).await?;
         *self.down_since_ms.lock().expect("health lock") = h.down_since_ms;
         Ok(h)
     }
 
-    /// Records what a request found: `failed` when it failed in a way that says the
-    /// provider is in trouble (no answer, or a 5xx), else it was answered. Returns the
-    /// change this made, if any.
-    pub async fn record(&self, store: &Store, failed: bool) -> anyhow::Result<Option<HealthChange>> {
+    /// Records what a request of `batch` found: `failed` when it failed in a way that
+    /// says the provider is in trouble (no answer, or a 5xx), else it was answered.
+    /// Returns the change this made, if any.
+    pub async fn record(&self, store: &Store, batch: &str, failed: bool) -> anyhow::Result<Option<HealthChange>> {
         let before = self.down_since_ms();
-        let h = self.call(store, if failed { HealthCall::Failed } else { HealthCall::Succeeded }).await?;
+        let h = self.call(store, if failed { HealthCall::Failed(batch) } else { HealthCall::Succeeded }).await?;
         Ok(match (h.changed, h.down_since_ms, before) {
             (false, ..) => None,
             (true, Some(_), _) => Some(HealthChange::Down),

@@ -431,3 +431,48 @@ async fn an_outage_holds_every_batch_and_the_first_success_sends_them_all() {
     daemon.stop().await;
     assert_eq!(emulator.stats().duplicate_sends, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_batch_failing_again_and_again_never_puts_the_provider_down() {
+    use mailstream::db::scripts::{HealthCall, HealthRule, health};
+    let world = World::new().await;
+    let (store, rule) = (&world.store, HealthRule { failures: 3, window_ms: 10_000, probe_interval_ms: 1_000 });
+    let mut conn = store.conn().await.unwrap();
+    // A batch the provider keeps refusing with a 5xx says more about the batch...
+    for _ in 0..5 {
+        let h = health(&mut conn, &store.keys, HealthCall::Failed("poison"), &rule).await.unwrap();
+        assert_eq!(h.down_since_ms, None);
+    }
+    // ...but a refused connection is nobody's batch: it always counts (the third puts it down).
+    health(&mut conn, &store.keys, HealthCall::Failed(""), &rule).await.unwrap();
+    let h = health(&mut conn, &store.keys, HealthCall::Failed(""), &rule).await.unwrap();
+    assert!(h.down_since_ms.is_some() && h.changed, "{h:?}");
+    // Down lapses when nobody probes for a while; a probe keeps it.
+    let ttl: i64 = redis::cmd("PTTL").arg(store.keys.provider()).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "{ttl}");
+    // One probe per interval, whoever asks.
+    let first = health(&mut conn, &store.keys, HealthCall::Probe, &rule).await.unwrap();
+    let second = health(&mut conn, &store.keys, HealthCall::Probe, &rule).await.unwrap();
+    assert_eq!(
+        (first.probe, second.probe),
+        (false, false),
+        "the failure that put it down was the probe of its interval"
+    );
+    let (keys, rule2) = (store.keys.clone(), rule);
+    let granted = eventually(Duration::from_secs(30), || {
+        let (store, keys) = (store.clone(), keys.clone());
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            health(&mut conn, &keys, HealthCall::Probe, &rule2).await.ok().filter(|h| h.probe)
+        }
+    })
+    .await;
+    assert!(granted.is_some(), "the next interval's probe");
+    let taken = health(&mut conn, &store.keys, HealthCall::Probe, &rule).await.unwrap();
+    assert!(!taken.probe, "one per interval");
+    // Any answer ends it, and says so once.
+    let up = health(&mut conn, &store.keys, HealthCall::Succeeded, &rule).await.unwrap();
+    assert!(up.down_since_ms.is_none() && up.changed);
+    let again = health(&mut conn, &store.keys, HealthCall::Succeeded, &rule).await.unwrap();
+    assert!(!again.changed);
+}

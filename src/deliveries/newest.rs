@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Filter, Row, read_rows};
+use super::{Filter, Row, Span, read_rows};
 use crate::db::keys::RECENT_KEEP;
 use crate::db::{Conn, Store};
 use crate::work::DeliveryRef;
@@ -51,21 +51,22 @@ struct Feed {
 }
 
 /// Fills `rows` (up to the filter's limit) with settled deliveries before `after`
-/// (time, id) and at or after `floor`, newest first. Returns where the page stopped if
-/// it filled, `None` once every index is read down to the floor.
+/// (time, id) and within `span`, newest first. Returns where the page stopped if it
+/// filled, `None` once every index is read down to the span's floor.
 pub(super) async fn page(
     conn: &mut Conn,
     store: &Store,
     partitions: &[u16],
     filter: &Filter,
-    floor: i64,
+    span: Span,
     after: (i64, &str),
     rows: &mut Vec<Row>,
 ) -> anyhow::Result<Option<(i64, String)>> {
-    if floor == i64::MAX {
+    if span == Span::NONE {
         return Ok(None);
     }
-    let low = filter.since.map_or(floor, |s| s.timestamp_millis().max(floor));
+    let low = filter.since.map_or(span.floor, |s| s.timestamp_millis().max(span.floor));
+    let after = (after.0.min(span.until), after.1);
     let mut feeds: Vec<Feed> =
         partitions.iter().map(|&p| Feed { partition: p, ahead: VecDeque::new(), offset: 0, done: false }).collect();
     loop {
@@ -98,8 +99,8 @@ pub(super) async fn page(
                 continue;
             }
             let refs = at.iter().map(|&i| chunk[i].2.clone()).collect();
-            // `i64::MAX`: this part shows what the index holds; nothing counts as shown yet.
-            for (i, r) in at.into_iter().zip(read_rows(conn, store, p, refs, filter, i64::MAX).await?) {
+            // This part shows what the index holds: nothing counts as shown yet.
+            for (i, r) in at.into_iter().zip(read_rows(conn, store, p, refs, filter, Span::NONE).await?) {
                 read[i] = r;
             }
         }

@@ -62,9 +62,11 @@ pub struct Client {
     connections: Arc<Mutex<HashMap<SocketAddr, Instant>>>,
 }
 
-/// A connection not used for this long counts as new again (its port may have been
-/// reused by another; counting it new only makes the limiter stricter).
-const CONNECTION_MEMORY: Duration = Duration::from_secs(600);
+/// A connection not used for this long counts as new again. A new connection that got
+/// the local port of one used within this time is taken for the old one (its request
+/// is stamped once, as on a warm connection): ephemeral ports cycle through tens of
+/// thousands, so that needs hundreds of new connections a second.
+const CONNECTION_MEMORY: Duration = Duration::from_secs(60);
 
 /// A request body that tells when it is first read: the connection is ready (TCP, and
 /// TLS with the real provider) and the request's bytes are going out.

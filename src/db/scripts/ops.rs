@@ -38,9 +38,10 @@ pub async fn forget_consumer(
 
 /// What a provider health call is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HealthCall {
-    /// A request failed in a way that says the provider, not the batch, is in trouble.
-    Failed,
+pub enum HealthCall<'a> {
+    /// A request of this batch failed in a way that says the provider, not the batch, is
+    /// in trouble; `""` when no batch can have caused it (no connection, a broken one).
+    Failed(&'a str),
     /// A request got an answer (any answer about the batch).
     Succeeded,
     /// Sending is held for a provider that is down: may this caller probe it now?
@@ -72,14 +73,14 @@ pub struct Health {
 pub async fn health(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
-    call: HealthCall,
+    call: HealthCall<'_>,
     rule: &HealthRule,
 ) -> RedisResult<Health> {
-    let what = match call {
-        HealthCall::Failed => "failed",
-        HealthCall::Succeeded => "succeeded",
-        HealthCall::Probe => "probe",
-        HealthCall::Read => "read",
+    let (what, batch) = match call {
+        HealthCall::Failed(batch) => ("failed", batch),
+        HealthCall::Succeeded => ("succeeded", ""),
+        HealthCall::Probe => ("probe", ""),
+        HealthCall::Read => ("read", ""),
     };
     let (state, since, changed): (String, String, i64) = SCRIPTS
         .health
@@ -88,6 +89,7 @@ pub async fn health(
         .arg(rule.failures)
         .arg(rule.window_ms)
         .arg(rule.probe_interval_ms)
+        .arg(batch)
         .invoke_async(conn)
         .await?;
     read_health(&state, &since, changed)
