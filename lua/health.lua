@@ -9,7 +9,7 @@
 -- so does a minute with nobody asking to probe (no work left to find out with).
 --
 -- KEYS[1] the provider's health hash (failures, first_ms, last_batch, down_ms, probe_ms)
--- ARGV[1] 'failed', 'succeeded', 'probe' or 'read'; ARGV[2] threshold; ARGV[3] window ms;
+-- ARGV[1] 'failed', 'succeeded' or 'probe' (reading it is an HGET of down_ms); ARGV[2] threshold; ARGV[3] window ms;
 -- ARGV[4] probe interval ms; ARGV[5] the batch that failed ('failed'; '' for a failure no
 -- batch can cause: no connection, a broken one)
 -- Returns {state, down_ms, changed}: state 'up', 'down' or (for 'probe') 'probe' when the
@@ -57,7 +57,4 @@ elseif what == 'probe' then
   redis.call('PEXPIRE', KEYS[1], hold)
   return {'probe', down, 0}
 end
-if down then
-  return {'down', down, 0}
-end
-return {'up', '', 0}
+return redis.error_reply('health.lua: no call ' .. what)

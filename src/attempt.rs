@@ -72,7 +72,7 @@ impl Sender {
         ctx.failpoints.at(Failpoint::Answered).await;
         match answer {
             Ok(accepted) => {
-                self.health(ctx, &b.id, false).await;
+                self.health(ctx, &b.id, None).await;
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
                 let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
                     .items
@@ -99,8 +99,8 @@ impl Sender {
     /// Records what a request said of the provider's health, team-wide; logs a change
     /// once (here, where it was made) and, when the provider is back, makes every
     /// waiting batch due at once.
-    async fn health(&self, ctx: &Ctx, batch: &str, failed: bool) {
-        match ctx.health.record(&ctx.store, batch, failed).await {
+    async fn health(&self, ctx: &Ctx, batch: &str, failure: Option<&ProviderError>) {
+        match ctx.health.record(&ctx.store, batch, failure).await {
             Ok(Some(HealthChange::Down)) => tracing::error!(
                 base_url = %self.base_url,
                 failures = ctx.config.resend.down_after_failures,
@@ -127,26 +127,10 @@ impl Sender {
     }
 
     async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
-        // A connection that could not be made, or broke, is never the batch's doing.
-        let connection = matches!(e.name, ErrorName::ConnectionFailed | ErrorName::ConnectionError);
-        self.health(ctx, if connection { "" } else { &b.id }, e.says_provider_down()).await;
+        self.health(ctx, &b.id, Some(&e)).await;
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
-            plan(&e, b.tries, b.maybe_sent, &self.retry, &mut *rng, Utc::now())
-        };
-        // An error about the provider rather than the batch is the team's to watch: while
-        // the provider is down the batch comes back within a probe's interval and waits,
-        // to probe or to go at once; when it is up, its own backoff for such an error
-        // stops at four intervals, so retries a long outage piled up on it never make it
-        // wait minutes once the provider is back.
-        let next = match next {
-            Plan::Retry { delay } if e.says_provider_down() => {
-                let intervals = if ctx.health.is_down() { 1 } else { 4 };
-                // A `retry-after` the provider sent is still a floor.
-                let floor = e.retry_after.unwrap_or_default();
-                Plan::Retry { delay: delay.min(ctx.health.probe_interval() * intervals).max(floor) }
-            }
-            next => next,
+            plan(&e, b.tries, b.maybe_sent, &self.retry, ctx.health.retry_cap(), &mut *rng, Utc::now())
         };
         let error = Reason::Provider(e.name.clone());
         match next {
@@ -200,17 +184,29 @@ enum Plan {
 /// Decides what follows a failure of a batch that had failed `tries_before` times,
 /// `maybe_sent_before` telling whether any earlier request may have been processed.
 /// Pure, with the clock and randomness passed in. Retryable errors are retried
-/// without a count: a batch ends at its deadline, so an outage delays mail.
+/// without a count: a batch ends at its deadline, so an outage delays mail. An error
+/// about the provider rather than the batch is the team's to watch (`pause.rs`): the
+/// batch's own backoff for it stops at `provider_cap` (a `retry-after` still a floor),
+/// so retries a long outage piled up never hold it minutes once the provider is back.
 fn plan(
     e: &ProviderError,
     tries_before: u32,
     maybe_sent_before: bool,
     policy: &RetryPolicy,
+    provider_cap: Duration,
     rng: &mut impl rand::RngExt,
     now: chrono::DateTime<Utc>,
 ) -> Plan {
     match e.action {
-        Action::Retryable => Plan::Retry { delay: policy.after_failure(tries_before + 1, e.retry_after, rng) },
+        Action::Retryable => {
+            let delay = policy.after_failure(tries_before + 1, e.retry_after, rng);
+            let delay = if e.says_provider_down() {
+                delay.min(provider_cap).max(e.retry_after.unwrap_or_default())
+            } else {
+                delay
+            };
+            Plan::Retry { delay }
+        }
         Action::QuotaExhausted => Plan::PauseUntil(quota_renews(&e.name, now)),
         // A refusal now does not prove an earlier attempt was refused too (an API key
         // rotated in between is refused before the idempotency store is consulted).
@@ -238,7 +234,17 @@ mod tests {
     }
 
     fn decide(e: &ProviderError, tries_before: u32, maybe_before: bool) -> Plan {
-        plan(e, tries_before, maybe_before, &policy(), &mut StdRng::seed_from_u64(5), now())
+        plan(e, tries_before, maybe_before, &policy(), Duration::MAX, &mut StdRng::seed_from_u64(5), now())
+    }
+
+    #[test]
+    fn an_error_about_the_provider_backs_off_at_most_the_cap() {
+        let cap = Duration::from_secs(4);
+        let at = |e: &ProviderError| plan(e, 40, true, &policy(), cap, &mut StdRng::seed_from_u64(5), now());
+        assert_eq!(at(&ProviderError::local(ErrorName::Timeout, true)), Plan::Retry { delay: cap });
+        assert_eq!(at(&answer(500, "internal_server_error")), Plan::Retry { delay: cap });
+        // Not the provider's trouble: the batch's own backoff.
+        assert!(matches!(at(&answer(409, "concurrent_idempotent_requests")), Plan::Retry { delay } if delay > cap));
     }
 
     #[test]

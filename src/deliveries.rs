@@ -256,19 +256,23 @@ async fn read_rows(
     if refs.is_empty() {
         return Ok(Vec::new());
     }
+    // Whether each was shown newest first is asked only when something was.
+    let asks_index = span != Span::NONE;
     let mut pipe = redis::pipe();
     for d in &refs {
         pipe.cmd("HGETALL").arg(store.keys.delivery(p, &d.id()));
         pipe.cmd("HGET").arg(store.keys.subscriber(p, &d.subscriber)).arg("email");
-        pipe.cmd("ZSCORE").arg(store.keys.recent(p)).arg(d.id());
+        if asks_index {
+            pipe.cmd("ZSCORE").arg(store.keys.recent(p)).arg(d.id());
+        }
     }
     let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
     let mut out = Vec::new();
     let mut sealed_into = Vec::new();
-    for (d, reply) in refs.into_iter().zip(replies.chunks(3)) {
+    for (d, reply) in refs.into_iter().zip(replies.chunks(if asks_index { 3 } else { 2 })) {
         let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&reply[0]).unwrap_or_default();
         let registered: Option<String> = redis::from_redis_value_ref(&reply[1]).ok().flatten();
-        let indexed: Option<f64> = redis::from_redis_value_ref(&reply[2]).ok().flatten();
+        let indexed: Option<f64> = reply.get(2).and_then(|v| redis::from_redis_value_ref(v).ok().flatten());
         let shown = indexed.is_some_and(|ms| span.holds(ms));
         // An empty record expired between finding and reading it.
         let r = (!fields.is_empty() && !shown)

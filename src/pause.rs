@@ -18,7 +18,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 
 use crate::db::Store;
 use crate::db::scripts::{self, HealthCall, HealthRule};
-use crate::resend::ErrorName;
+use crate::resend::{ErrorName, ProviderError};
 
 /// This instance's view of the shared pause.
 #[derive(Default)]
@@ -124,9 +124,11 @@ impl ProviderHealth {
         *self.down_since_ms.lock().expect("health lock")
     }
 
-    /// How often a provider that is down is probed.
-    pub fn probe_interval(&self) -> Duration {
-        Duration::from_millis(self.rule.probe_interval_ms)
+    /// The longest a batch waits after an error about the provider: while it is down,
+    /// one probe interval (the batch comes back to wait, to probe or to go at once);
+    /// while it is up, four.
+    pub fn retry_cap(&self) -> Duration {
+        Duration::from_millis(self.rule.probe_interval_ms) * if self.is_down() { 1 } else { 4 }
     }
 
     async fn call(&self, store: &Store, call: HealthCall<'_>) -> anyhow::Result<scripts::Health> {
@@ -136,12 +138,24 @@ impl ProviderHealth {
         Ok(h)
     }
 
-    /// Records what a request of `batch` found: `failed` when it failed in a way that
-    /// says the provider is in trouble (no answer, or a 5xx), else it was answered.
+    /// Records what a request of `batch` found: answered (no `failure`, or one about the
+    /// batch), or a failure that says the provider is in trouble (no answer, or a 5xx).
+    /// A connection that could not be made, or broke, is no batch's doing; a 5xx or a
+    /// timeout may be, so a batch failing so again right after itself counts once.
     /// Returns the change this made, if any.
-    pub async fn record(&self, store: &Store, batch: &str, failed: bool) -> anyhow::Result<Option<HealthChange>> {
+    pub async fn record(
+        &self,
+        store: &Store,
+        batch: &str,
+        failure: Option<&ProviderError>,
+    ) -> anyhow::Result<Option<HealthChange>> {
         let before = self.down_since_ms();
-        let h = self.call(store, if failed { HealthCall::Failed(batch) } else { HealthCall::Succeeded }).await?;
+        let call = match failure.filter(|e| e.says_provider_down()) {
+            None => HealthCall::Succeeded,
+            Some(e) if e.is_connection() => HealthCall::Failed(""),
+            Some(_) => HealthCall::Failed(batch),
+        };
+        let h = self.call(store, call).await?;
         Ok(match (h.changed, h.down_since_ms, before) {
             (false, ..) => None,
             (true, Some(_), _) => Some(HealthChange::Down),
@@ -161,7 +175,9 @@ impl ProviderHealth {
 
     /// Rereads the shared state (every heartbeat).
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
-        self.call(store, HealthCall::Read).await.map(|_| ())
+        let down = scripts::provider_down_since(&mut store.conn().await?, &store.keys).await?;
+        *self.down_since_ms.lock().expect("health lock") = down;
+        Ok(())
     }
 }
 

@@ -68,7 +68,7 @@ async fn fail_over_at(point: Failpoint) -> Stats {
     // The old primary comes back as the new one's replica, so WAIT can succeed again.
     cluster.rejoin(primary).await.expect("the old primary rejoins");
 
-    let taker = Daemon::start(world.config.clone(), RunOptions { owner: Some("taker".into()), ..Default::default() });
+    let taker = world.daemon_as("taker");
     let counts = world.settled(SETTLE).await;
     taker.stop().await;
     assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (DELIVERIES as u64, 0, 0), "{counts:?}");

@@ -25,14 +25,6 @@ fn one_partition(c: &mut Config) {
     c.redis.partitions = 1;
 }
 
-/// A counter of the daemon's /metrics text (summed over its label sets).
-fn metric(text: &str, name: &str, containing: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(containing))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_longer_than_any_retry_budget_delays_mail_and_fails_none() {
     let mut world = World::new().await;

@@ -368,11 +368,7 @@ async fn a_redis_restart_mid_run_loses_and_repeats_nothing() {
 
 /// The requests made so far that got no answer (`status_class="none"`), from a scrape.
 fn unanswered(metrics: &str) -> u64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with("mailstream_provider_requests_total{") && l.contains("status_class=\"none\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    metric(metrics, "mailstream_provider_requests_total{", "status_class=\"none\"") as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

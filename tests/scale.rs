@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::emulator::EmulatorConfig;
-use mailstream::{Failpoints, RunOptions};
 use redis::Script;
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -91,12 +90,7 @@ async fn three_instances_share_one_limit_and_finish_a_dead_ones_work() {
         world.emulator(EmulatorConfig { requests_per_second: Some(10), ..Default::default() }).await;
     world.subscribers(4000).await;
     world.kick().await;
-    let start = |name: &str| {
-        let options =
-            RunOptions { owner: Some(name.to_string()), failpoints: Failpoints::default(), ..Default::default() };
-        Daemon::start(world.config.clone(), options)
-    };
-    let (a, b, c) = (start("instance-a"), start("instance-b"), start("instance-c"));
+    let (a, b, c) = (world.daemon_as("instance-a"), world.daemon_as("instance-b"), world.daemon_as("instance-c"));
     let store = world.store.clone();
     let midway = eventually(Duration::from_secs(60), || {
         let store = store.clone();
@@ -134,12 +128,7 @@ async fn slow_new_connections_never_crowd_the_providers_second() {
     let (emulator, _stop) = world.emulator(config).await;
     world.subscribers(5000).await;
     world.kick().await;
-    let start = |name: &str| {
-        let options =
-            RunOptions { owner: Some(name.to_string()), failpoints: Failpoints::default(), ..Default::default() };
-        Daemon::start(world.config.clone(), options)
-    };
-    let (a, b) = (start("instance-a"), start("instance-b"));
+    let (a, b) = (world.daemon_as("instance-a"), world.daemon_as("instance-b"));
     let counts = world.settled(SETTLE).await;
     a.stop().await;
     b.stop().await;

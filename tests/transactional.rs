@@ -271,7 +271,7 @@ async fn receipts_of_a_daemon_that_dies_mid_run_are_sent_once_by_the_next() {
     // Killed: no graceful stop, its claims and sealed batches left behind.
     first.task.abort();
     let _ = first.task.await;
-    let second = Daemon::start(world.config.clone(), RunOptions { owner: Some("second".into()), ..Default::default() });
+    let second = world.daemon_as("second");
     let counts = tx_settled(&world.store, 300).await;
     second.stop().await;
     let stats = emulator.stats();

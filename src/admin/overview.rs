@@ -38,11 +38,11 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
     for p in 0..store.keys.partitions() {
         partitions.push(metrics::partition(&mut conn, store, &config.redis.group, p).await?);
     }
-    // A scan of the suppression records: an operator's page, not a hot path.
-    let down: Option<i64> = redis::cmd("HGET").arg(store.keys.provider()).arg("down_ms").query_async(&mut conn).await?;
+    let down = crate::db::scripts::provider_down_since(&mut conn, &store.keys).await?;
     let provider_down_since = down
-        .and_then(chrono::DateTime::from_timestamp_millis)
+        .and_then(|ms| chrono::DateTime::from_timestamp_millis(ms as i64))
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    // A scan of the suppression records: an operator's page, not a hot path.
     let since = (now.timestamp_millis().max(0) as u64).saturating_sub(24 * 3600 * 1000);
     let mut suppressed_last_24h = std::collections::BTreeMap::new();
     for e in suppression::list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {

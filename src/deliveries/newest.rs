@@ -125,17 +125,17 @@ async fn refill(
     low: i64,
     after: (i64, &str),
 ) -> anyhow::Result<()> {
-    let high = if after.0 == i64::MAX { "+inf".to_string() } else { after.0.to_string() };
-    let cmd = redis::cmd("ZREVRANGEBYSCORE")
+    // `after` is never above the span's `until` (page() caps it there).
+    let got: Vec<(String, f64)> = redis::cmd("ZREVRANGEBYSCORE")
         .arg(store.keys.recent(f.partition))
-        .arg(high)
+        .arg(after.0)
         .arg(low)
         .arg("WITHSCORES")
         .arg("LIMIT")
         .arg(f.offset)
         .arg(CHUNK)
-        .clone();
-    let got: Vec<(String, f64)> = conn.each(&[cmd]).await?.pop().unwrap_or_default();
+        .query_async(conn)
+        .await?;
     f.offset += got.len();
     f.done = got.len() < CHUNK;
     let same = |want: &Option<String>, have: &str| want.as_deref().is_none_or(|w| w == have);

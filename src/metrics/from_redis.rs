@@ -101,8 +101,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
         for p in 0..store.keys.partitions() {
             partitions.push(partition(&mut conn, store, &config.redis.group, p).await?);
         }
-        let down: Option<String> =
-            redis::cmd("HGET").arg(store.keys.provider()).arg("down_ms").query_async(&mut conn).await?;
+        let down = crate::db::scripts::provider_down_since(&mut conn, &store.keys).await?;
         anyhow::Ok((periods, partitions, down.is_some()))
     };
     let g = &metrics.redis;

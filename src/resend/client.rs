@@ -159,36 +159,36 @@ impl Client {
             .await;
         let local = sent.as_ref().ok().and_then(|r| r.extensions().get::<HttpInfo>()).map(HttpInfo::local_addr);
         let first = self.first_on_its_connection(local);
-        (self.read_batch(sent, count).await, first)
+        (read_batch(sent, count).await, first)
     }
+}
 
-    async fn read_batch(
-        &self,
-        sent: reqwest::Result<reqwest::Response>,
-        count: usize,
-    ) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
-        let response = sent.map_err(|e| (transport_error(&e), RateHeaders::default()))?;
-        let status = response.status().as_u16();
-        let rate = rate_headers(response.headers());
-        let bytes = response.bytes().await.map_err(|e| (transport_error(&e), rate))?;
-        if (200..300).contains(&status) {
-            match parse_batch_success(&bytes, count) {
-                Some(items) => Ok(BatchAccepted { items, rate }),
-                None => Err((ProviderError::local(ErrorName::UnexpectedResponse, true), rate)),
-            }
-        } else {
-            let body: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
-            let retry_after = rate.retry_after.or(if status == 429 { rate.reset } else { None });
-            Err((
-                ProviderError::from_response(
-                    status,
-                    body.name.as_deref(),
-                    body.message.as_deref().unwrap_or(""),
-                    retry_after,
-                ),
-                rate,
-            ))
+/// What the answer to a batch request says: per-email results, or the classified error.
+async fn read_batch(
+    sent: reqwest::Result<reqwest::Response>,
+    count: usize,
+) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
+    let response = sent.map_err(|e| (transport_error(&e), RateHeaders::default()))?;
+    let status = response.status().as_u16();
+    let rate = rate_headers(response.headers());
+    let bytes = response.bytes().await.map_err(|e| (transport_error(&e), rate))?;
+    if (200..300).contains(&status) {
+        match parse_batch_success(&bytes, count) {
+            Some(items) => Ok(BatchAccepted { items, rate }),
+            None => Err((ProviderError::local(ErrorName::UnexpectedResponse, true), rate)),
         }
+    } else {
+        let body: ErrorBody = serde_json::from_slice(&bytes).unwrap_or_default();
+        let retry_after = rate.retry_after.or(if status == 429 { rate.reset } else { None });
+        Err((
+            ProviderError::from_response(
+                status,
+                body.name.as_deref(),
+                body.message.as_deref().unwrap_or(""),
+                retry_after,
+            ),
+            rate,
+        ))
     }
 }
 

@@ -270,8 +270,12 @@ impl ProviderError {
     /// Whether it says the provider, not this batch, is in trouble: no connection, no
     /// answer in time, a broken one, or a 5xx (a run of these puts the provider down).
     pub(crate) fn says_provider_down(&self) -> bool {
-        matches!(self.name, ErrorName::Timeout | ErrorName::ConnectionFailed | ErrorName::ConnectionError)
-            || self.status.is_some_and(|s| s >= 500)
+        self.is_connection() || self.name == ErrorName::Timeout || self.status.is_some_and(|s| s >= 500)
+    }
+
+    /// A connection that could not be made, or broke: no batch can have caused it.
+    pub(crate) fn is_connection(&self) -> bool {
+        matches!(self.name, ErrorName::ConnectionFailed | ErrorName::ConnectionError)
     }
 
     /// An error answered by Resend with a JSON body (or without one).

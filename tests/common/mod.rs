@@ -157,6 +157,11 @@ impl World {
         Daemon::start(self.config.clone(), RunOptions::default())
     }
 
+    /// Starts another instance with this world's config, leasing as `owner`.
+    pub fn daemon_as(&self, owner: &str) -> Daemon {
+        Daemon::start(self.config.clone(), RunOptions { owner: Some(owner.to_string()), ..Default::default() })
+    }
+
     /// Waits (polling Redis) until every enqueued delivery is settled.
     pub async fn settled(&self, within: Duration) -> Counts {
         let store = self.store.clone();
@@ -455,4 +460,13 @@ pub fn gate_limits(lease_ms: u64) -> mailstream::db::scripts::GateLimits {
         maybe_sent_deadline_ms: 6 * 3_600_000,
         retention_secs: 3600,
     }
+}
+
+/// A counter of a daemon's /metrics text: the lines of `name` whose labels contain
+/// `containing`, summed over their label sets.
+pub fn metric(text: &str, name: &str, containing: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(containing))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

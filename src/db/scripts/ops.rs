@@ -46,8 +46,6 @@ pub enum HealthCall<'a> {
     Succeeded,
     /// Sending is held for a provider that is down: may this caller probe it now?
     Probe,
-    /// Only read it.
-    Read,
 }
 
 /// When the provider counts as down, and how often it is probed then.
@@ -80,7 +78,6 @@ pub async fn health(
         HealthCall::Failed(batch) => ("failed", batch),
         HealthCall::Succeeded => ("succeeded", ""),
         HealthCall::Probe => ("probe", ""),
-        HealthCall::Read => ("read", ""),
     };
     let (state, since, changed): (String, String, i64) = SCRIPTS
         .health
@@ -103,6 +100,12 @@ pub(super) fn read_health(state: &str, since: &str, changed: i64) -> RedisResult
         _ => return Err(unexpected("health.lua", state)),
     };
     Ok(Health { down_since_ms, probe: state == "probe", changed: flag("health.lua", changed)? })
+}
+
+/// Since when the provider counts as down (Redis ms), if it does: what health.lua keeps,
+/// read without changing it (the heartbeat, the scrape, the admin overview).
+pub async fn provider_down_since(conn: &mut impl ConnectionLike, keys: &Keys) -> RedisResult<Option<u64>> {
+    redis::cmd("HGET").arg(keys.provider()).arg("down_ms").query_async(conn).await
 }
 
 /// Makes every batch of partition `p` that waits for a retry due now (wake.lua); how many.
