@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::ctx::Ctx;
+use crate::db::Conn;
 use crate::db::scripts::{
     self, BatchFound, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
 };
@@ -30,21 +31,71 @@ fn gate_limits(config: &Config) -> GateLimits {
     }
 }
 
-/// Runs the last gate for `b`, just before its slot, and acts on what it says; true
-/// when the request may leave (with `b` updated if members were dropped). On a Redis
-/// error, false: the batch stays sealed and is taken over after its lease.
-pub(crate) async fn pass_gate(ctx: &Ctx, b: &mut Sealed) -> bool {
-    match last_gate(ctx, b).await {
-        Ok(go) => go,
-        Err(e) => {
-            ctx.metrics.redis_error("gate", &e);
-            false
+/// What the last gate said of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Gated {
+    /// The request may leave (with the batch updated if members were dropped).
+    Go,
+    /// It may not, and the gate has done what follows (settled, put back, left for a taker).
+    Stop,
+    /// Replicas did not acknowledge the gate's write: the request has not left, and the
+    /// batch, still 'sending', is the caller's to put back.
+    Unreplicated,
+}
+
+/// The connections last gates run on. On a cluster with `redis.wait_replicas`, each
+/// partition has one of its own: `WAIT` blocks the connection it is sent on (up to a
+/// second when no replica answers), and on the shared multiplexed connection it would
+/// hold every command to that node, other partitions' and the limiter's included.
+/// Elsewhere a gate takes any connection (from the pool, one client each).
+pub(crate) struct GateConns(Option<Vec<tokio::sync::Mutex<Option<Conn>>>>);
+
+/// A connection for one gate: any, or its partition's own (held until the gate is done).
+enum GateConn<'a> {
+    Any(Conn),
+    Own(tokio::sync::MutexGuard<'a, Option<Conn>>),
+}
+
+impl GateConns {
+    pub(crate) fn new(config: &Config) -> GateConns {
+        let r = &config.redis;
+        GateConns((r.cluster && r.wait_replicas > 0).then(|| (0..r.partitions).map(|_| Default::default()).collect()))
+    }
+
+    async fn get(&self, ctx: &Ctx, p: u16) -> anyhow::Result<GateConn<'_>> {
+        let Some(own) = &self.0 else { return Ok(GateConn::Any(ctx.store.conn().await?)) };
+        let mut conn = own[usize::from(p)].lock().await;
+        if conn.is_none() {
+            *conn = Some(ctx.store.dedicated().await?);
+        }
+        Ok(GateConn::Own(conn))
+    }
+}
+
+impl GateConn<'_> {
+    fn conn(&mut self) -> &mut Conn {
+        match self {
+            GateConn::Any(conn) => conn,
+            GateConn::Own(conn) => conn.as_mut().expect("made in get"),
         }
     }
 }
 
-async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
-    let mut conn = ctx.store.conn().await?;
+/// Runs the last gate for `b`, just before its slot, and acts on what it says. On a
+/// Redis error, [`Gated::Stop`]: the batch stays sealed and is taken over after its lease.
+pub(crate) async fn pass_gate(ctx: &Ctx, conns: &GateConns, b: &mut Sealed) -> Gated {
+    match last_gate(ctx, conns, b).await {
+        Ok(gated) => gated,
+        Err(e) => {
+            ctx.metrics.redis_error("gate", &e);
+            Gated::Stop
+        }
+    }
+}
+
+async fn last_gate(ctx: &Ctx, conns: &GateConns, b: &mut Sealed) -> anyhow::Result<Gated> {
+    let mut gate_conn = conns.get(ctx, b.partition).await?;
+    let conn = gate_conn.conn();
     let new_key = idempotency_key(&ctx.config.redis.prefix, &new_id());
     let request = GateRequest {
         partition: b.partition,
@@ -54,7 +105,7 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         limits: gate_limits(&ctx.config),
         maybe_sent: b.maybe_sent,
     };
-    let go = match scripts::gate(&mut conn, &ctx.store.keys, &request, &b.members).await? {
+    let go = match scripts::gate(conn, &ctx.store.keys, &request, &b.members).await? {
         Gate::Go { .. } => true,
         Gate::Resealed { key, body, kept, skipped, .. } => {
             tracing::info!(skipped = skipped.len(), "members no longer wanted were left out at the last gate");
@@ -113,19 +164,18 @@ async fn last_gate(ctx: &Ctx, b: &mut Sealed) -> anyhow::Result<bool> {
         }
     };
     if !go {
-        return Ok(false);
+        return Ok(Gated::Stop);
     }
     ctx.failpoints.at(Failpoint::Gating).await;
-    replicated(ctx, &mut conn, b).await
+    replicated(ctx, conn, b).await
 }
 
-/// With `redis.wait_replicas`, waits until replicas hold the gate's 'sending' of `b`,
-/// else puts `b` back: a new primary must not think the request never left and re-seal
-/// it under another key.
-async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow::Result<bool> {
+/// With `redis.wait_replicas`, waits until replicas hold the gate's 'sending' of `b`: a
+/// new primary must not think the request never left and re-seal it under another key.
+async fn replicated(ctx: &Ctx, conn: &mut Conn, b: &Sealed) -> anyhow::Result<Gated> {
     let batch_key = ctx.store.keys.batch(b.partition, &b.id);
     match ctx.store.replicated(conn, &batch_key).await {
-        Ok(true) if ctx.config.redis.wait_replicas == 0 => Ok(true),
+        Ok(true) if ctx.config.redis.wait_replicas == 0 => Ok(Gated::Go),
         Ok(true) => {
             // The gate's write must still be there: after a failover between the gate and
             // WAIT, the new primary's WAIT acknowledges writes that do not include it, and
@@ -137,18 +187,16 @@ async fn replicated(ctx: &Ctx, conn: &mut crate::db::Conn, b: &Sealed) -> anyhow
                 && key.as_deref() == Some(b.key.as_str());
             if !held {
                 tracing::warn!("the last gate's write was lost in a failover; the batch is taken over after its lease");
+                return Ok(Gated::Stop);
             }
-            Ok(held)
+            Ok(Gated::Go)
         }
         // Not acknowledged, or not asked (a failover under way): the request has not left,
-        // so the batch goes back unsent, never left 'sending' to look maybe sent.
-        answer => {
-            match answer {
-                Ok(_) => tracing::warn!("replicas did not acknowledge the batch; it waits"),
-                Err(e) => ctx.metrics.redis_error("wait", &e),
-            }
-            put_back(ctx, b, Duration::from_secs(1)).await;
-            Ok(false)
+        // so the batch must go back unsent, never be left 'sending' to look maybe sent.
+        Ok(false) => Ok(Gated::Unreplicated),
+        Err(e) => {
+            ctx.metrics.redis_error("wait", &e);
+            Ok(Gated::Unreplicated)
         }
     }
 }

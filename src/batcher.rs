@@ -1,15 +1,21 @@
-//! The batcher: queues only. Rendered emails wait in per-lane, per-partition
-//! queues (a batch is sealed within one partition, so its Lua scripts touch one
-//! hash slot); each request slot takes up to `batch_size` emails of one
-//! partition, so under backlog every slot carries a full batch. Transactional
-//! emails go first (their batch's spare room filled with digest emails of the
-//! same partition), then batches due for a resend, then digests.
+//! The batcher: queues, and which partition may be served. Rendered emails
+//! wait in per-lane, per-partition queues (a batch is sealed within one
+//! partition, so its Lua scripts touch one hash slot); each request slot
+//! takes up to `batch_size` emails of one partition, so under backlog every
+//! slot carries a full batch. Transactional emails go first (their batch's
+//! spare room filled with digest emails of the same partition), then batches
+//! due for a resend, then digests.
 //! Bounded queues push back on the readers (each lane has its own room, so a
 //! digest backlog never holds a receipt's reader back). Pacing is dispatch's.
+//! A partition whose replicas did not acknowledge a batch is held: none of its
+//! work is taken until its backoff has passed, then one batch tries again, while
+//! the other partitions' work takes every slot.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+
+use std::time::Duration;
 
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
@@ -46,6 +52,45 @@ struct Queues {
     /// Per lane, per partition: emails with the time they were queued.
     fresh: [Vec<VecDeque<(Instant, Ready)>>; 2],
     resend: VecDeque<Sealed>,
+    /// Per partition: replicas that did not acknowledge.
+    trouble: Vec<Trouble>,
+}
+
+/// A partition's run of batches its replicas did not acknowledge (`WAIT`).
+#[derive(Default, Clone, Copy)]
+struct Trouble {
+    /// In a row, with no acknowledged batch between them.
+    failures: u32,
+    /// None of the partition's work is taken before this.
+    until: Option<Instant>,
+}
+
+/// The first wait of a partition whose replicas did not acknowledge; it doubles with
+/// each failure in a row, up to [`REPLICA_BACKOFF_MAX`].
+const REPLICA_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How long a partition without the replicas it needs waits at most between tries:
+/// short enough that it resumes within seconds of a replica coming back, long enough
+/// that a try (a `WAIT` of up to a second, off the dispatcher's path) costs nothing.
+const REPLICA_BACKOFF_MAX: Duration = Duration::from_secs(8);
+
+impl Trouble {
+    fn backoff(&self) -> Duration {
+        let doublings = self.failures.saturating_sub(1).min(16);
+        (REPLICA_BACKOFF * 2u32.pow(doublings)).min(REPLICA_BACKOFF_MAX)
+    }
+
+    fn holds(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| until > now)
+    }
+
+    /// A batch of a partition in trouble is taken: it is the partition's one try, so
+    /// nothing else of it is taken until its answer (or the next backoff) comes.
+    fn trying(&mut self, now: Instant) {
+        if self.failures > 0 {
+            self.until = Some(now + self.backoff());
+        }
+    }
 }
 
 /// Everything that was queued, handed back at a stop or a pause.
@@ -70,6 +115,7 @@ impl Batcher {
             queues: Mutex::new(Queues {
                 fresh: [(); 2].map(|_| (0..partitions).map(|_| VecDeque::new()).collect()),
                 resend: VecDeque::new(),
+                trouble: vec![Trouble::default(); usize::from(partitions)],
             }),
             changed: Notify::new(),
             space: [(); 2].map(|_| (0..partitions).map(|_| Semaphore::new(capacity)).collect()),
@@ -192,18 +238,64 @@ impl Batcher {
             || self.queues.lock().expect("batcher lock").resend.iter().any(|s| s.id == batch)
     }
 
-    /// Waits until there is something to send.
+    /// Waits until there is something to send (in a partition that is not held).
     pub(crate) async fn wait_for_work(&self) {
         loop {
             let notified = self.changed.notified();
-            {
+            let held_until = {
                 let q = self.queues.lock().expect("batcher lock");
-                if !q.resend.is_empty() || q.fresh.iter().flatten().any(|f| !f.is_empty()) {
-                    return;
+                let now = Instant::now();
+                let waiting = |p: usize| {
+                    q.resend.iter().any(|s| usize::from(s.partition) == p) || q.fresh.iter().any(|l| !l[p].is_empty())
+                };
+                let mut held_until: Option<Instant> = None;
+                for (p, t) in q.trouble.iter().enumerate() {
+                    if !waiting(p) {
+                        continue;
+                    }
+                    match t.until.filter(|_| t.holds(now)) {
+                        None => return,
+                        Some(until) => held_until = Some(held_until.map_or(until, |u| u.min(until))),
+                    }
+                }
+                held_until
+            };
+            match held_until {
+                None => notified.await,
+                Some(until) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep_until(until) => {}
+                    }
                 }
             }
-            notified.await;
         }
+    }
+
+    /// Partition `p`'s replicas did not acknowledge a batch: none of its work is taken
+    /// for the returned backoff (the batch goes back to Redis due then). True as well
+    /// when this begins a run of such failures.
+    pub(crate) fn replicas_failed(&self, p: u16) -> (Duration, bool) {
+        let mut q = self.queues.lock().expect("batcher lock");
+        let t = &mut q.trouble[usize::from(p)];
+        t.failures += 1;
+        let backoff = t.backoff();
+        t.until = Some(Instant::now() + backoff);
+        (backoff, t.failures == 1)
+    }
+
+    /// Partition `p`'s replicas acknowledged a batch: its work is taken again at once.
+    /// True when this ends a run of failures.
+    pub(crate) fn replicas_acknowledged(&self, p: u16) -> bool {
+        let mut q = self.queues.lock().expect("batcher lock");
+        let t = &mut q.trouble[usize::from(p)];
+        let ended = t.failures > 0;
+        *t = Trouble::default();
+        drop(q);
+        if ended {
+            self.changed.notify_one();
+        }
+        ended
     }
 
     /// Takes the next request's worth: transactional emails first (the partition that
@@ -212,14 +304,18 @@ impl Batcher {
     /// the one waiting longest among those with a full batch, or, when none has, the
     /// one waiting longest. Oldest-first keeps every partition moving under backlog
     /// (the fullest-first rule let one partition that refilled within a slot take
-    /// every slot, while the others' leases ran out).
+    /// every slot, while the others' leases ran out). A held partition is passed over;
+    /// once its backoff has passed, the one batch taken from it is its try, and it is
+    /// held again until that try's answer (or the next backoff) comes.
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
+        let now = Instant::now();
+        let open: Vec<bool> = q.trouble.iter().map(|t| !t.holds(now)).collect();
         let oldest = |queues: &[VecDeque<(Instant, Ready)>], full: bool| {
             queues
                 .iter()
                 .enumerate()
-                .filter(|(_, f)| if full { f.len() >= self.batch_size } else { !f.is_empty() })
+                .filter(|&(p, f)| open[p] && if full { f.len() >= self.batch_size } else { !f.is_empty() })
                 .min_by_key(|(_, f)| f.front().map(|(at, _)| *at))
                 .map(|(p, _)| p)
         };
@@ -227,12 +323,15 @@ impl Batcher {
         let p = match oldest(&q.fresh[tx], false) {
             Some(p) => p,
             None => {
-                if let Some(sealed) = q.resend.pop_front() {
+                if let Some(i) = q.resend.iter().position(|s| open[usize::from(s.partition)]) {
+                    let sealed = q.resend.remove(i).expect("present");
+                    q.trouble[usize::from(sealed.partition)].trying(now);
                     return Some(Work::Resend(sealed));
                 }
                 oldest(&q.fresh[digest], true).or_else(|| oldest(&q.fresh[digest], false))?
             }
         };
+        q.trouble[p].trying(now);
         // The partition's receipts first, the spare room filled with its digest emails:
         // a receipt costs the digest no request slot.
         let mut items = Vec::with_capacity(self.batch_size);
@@ -370,5 +469,55 @@ mod tests {
         assert_eq!(drained.fresh.len(), 1);
         assert_eq!((drained.fresh[0].0, drained.fresh[0].1.len()), (1, 100));
         assert_eq!(b.queued(), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_partition_whose_replicas_did_not_acknowledge_waits_and_the_others_take_every_slot() {
+        let b = Batcher::new(2, 100, 1000);
+        b.push(0, Lane::Digest, ready(500)).await.unwrap();
+        tokio::time::advance(Duration::from_millis(1)).await;
+        b.push(1, Lane::Digest, ready(500)).await.unwrap();
+        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
+        assert_eq!(b.replicas_failed(0), (Duration::from_secs(1), true));
+        // Partition 0 has waited longest, but it is held: partition 1 takes the slots.
+        assert_eq!(sizes(&b)[..4], [(1, 100); 4]);
+        b.push(1, Lane::Digest, ready(100)).await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        // Its backoff passed: one batch tries again, and nothing else of it is taken meanwhile.
+        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
+        assert!(matches!(b.take(), Some(Work::Fresh(1, _))));
+        assert!(b.take().is_none(), "partition 0 waits for its try's answer");
+        // Failures in a row double the wait.
+        assert_eq!(b.replicas_failed(0), (Duration::from_secs(2), false));
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
+        assert!(b.replicas_acknowledged(0), "the run ends");
+        assert!(matches!(b.take(), Some(Work::Fresh(0, _))), "held no more");
+        assert!(!b.replicas_acknowledged(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_partition_s_resend_waits_and_waiting_for_work_ends_with_its_backoff() {
+        let b = Arc::new(Batcher::new(2, 100, 100));
+        b.replicas_failed(1);
+        b.push_resend(Sealed {
+            partition: 1,
+            id: "b1".into(),
+            key: "k".into(),
+            body: Bytes::new(),
+            members: Vec::new(),
+            tries: 1,
+            maybe_sent: false,
+        });
+        assert!(b.take().is_none(), "its partition is held");
+        let waiting = {
+            let b = b.clone();
+            tokio::spawn(async move { b.wait_for_work().await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "nothing may be taken yet");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        waiting.await.unwrap();
+        assert!(matches!(b.take(), Some(Work::Resend(s)) if s.id == "b1"));
     }
 }

@@ -1,8 +1,10 @@
 //! Dispatch: turns request slots into requests. It waits for work, asks the
 //! limiter when the next slot is, takes a batch's worth from the batcher just
-//! before it, seals it and passes the last gate ahead of it, then hands it to
-//! a task that takes the slot (team-wide, in Redis by default) immediately
-//! before it writes the request, and waits for that before preparing the next.
+//! before it and hands it to a task that seals it, passes the last gate ahead of
+//! the slot, and takes the slot (team-wide, in Redis by default) immediately
+//! before it writes the request; the next batch is prepared once that slot is
+//! taken, or without waiting for a gate that is late (one partition's trouble
+//! holds no other partition's slot).
 //! It bounds the requests in flight, keeps the leases of what this instance
 //! holds alive (the heartbeat), hands work back to Redis when sending pauses or
 //! the daemon stops, holds it while the provider is down (but for the team's one
@@ -17,6 +19,7 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::attempt::{PacingNews, Sender};
+use crate::batch::Gated;
 use crate::batcher::Batcher;
 use crate::ctx::Ctx;
 use crate::db::scripts;
@@ -32,6 +35,11 @@ type Signal = tokio::sync::oneshot::Sender<()>;
 /// ahead so the request itself leaves right at the slot and the gate's latency
 /// never stretches the pacing.
 const SEAL_LEAD: Duration = Duration::from_millis(25);
+
+/// How long after its slot a batch may still be sealing and passing its gate before
+/// the next batch is prepared without it: its partition's Redis is slow (a `WAIT` no
+/// replica answers holds up to a second), and the other partitions' slots go on.
+const GATE_PATIENCE: Duration = Duration::from_millis(100);
 
 /// A gate passed longer ago than this (the slot moved: a `retry-after`) is passed
 /// again before the request leaves.
@@ -50,6 +58,7 @@ pub(crate) struct Dispatcher {
     limiter: Limiter,
     batcher: Arc<Batcher>,
     sender: Sender,
+    gates: batch::GateConns,
     /// How long requests on the wire may take to finish at shutdown.
     drain: Duration,
 }
@@ -57,7 +66,14 @@ pub(crate) struct Dispatcher {
 impl Dispatcher {
     pub fn new(ctx: &Ctx, batcher: Arc<Batcher>, sender: Sender) -> Dispatcher {
         let limiter = Limiter::from_config(&ctx.config, &ctx.store);
-        Dispatcher { limiter, batcher, sender, drain: Duration::from_secs(ctx.config.resend.timeout_seconds + 5) }
+        let gates = batch::GateConns::new(&ctx.config);
+        Dispatcher {
+            limiter,
+            batcher,
+            sender,
+            gates,
+            drain: Duration::from_secs(ctx.config.resend.timeout_seconds + 5),
+        }
     }
 
     /// Grants request slots to work until shutdown, then hands back what is queued and
@@ -99,32 +115,21 @@ impl Dispatcher {
                 _ = shutdown.wait() => break,
                 _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
             }
-            let sealed = match self.batcher.take() {
-                None => None,
-                Some(Work::Resend(sealed)) => Some(sealed),
-                Some(Work::Fresh(p, items)) => batch::seal(&ctx, p, items).await,
-            };
-            let Some(mut sealed) = sealed else { continue };
-            // In hand (whatever its gate leaves of it) until it is sent or given up: its
-            // lease is renewed, and the reclaimer leaves it alone.
-            let held = self.batcher.hold(&sealed.id, sealed.partition);
-            let span = sealed.span();
-            let gated = Instant::now();
-            if !batch::pass_gate(&ctx, &mut sealed).instrument(span.clone()).await {
-                continue;
-            }
-            // The task that sends takes the slot right before it writes; the next batch is
-            // prepared only once this one's slot is taken (or given up).
+            let Some(work) = self.batcher.take() else { continue };
+            // The task seals the batch, passes its last gate and takes the slot right before
+            // it writes; the next batch is prepared once this one's slot is taken (or given
+            // up). Its partition's Redis holds nobody else's slot: a gate not passed soon
+            // after the slot (a WAIT no replica answers) no longer holds the next batch back.
+            let (gated_tx, gated_rx) = tokio::sync::oneshot::channel::<()>();
             let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
             let (me, ctx) = (self.clone(), ctx.clone());
-            tasks.spawn(
-                async move {
-                    me.send(&ctx, sealed, gated, asked, taken_tx).await;
-                    drop((held, permit));
-                }
-                .instrument(span),
-            );
-            let _ = taken_rx.await;
+            tasks.spawn(async move {
+                me.prepare_and_send(&ctx, work, asked, (gated_tx, taken_tx)).await;
+                drop(permit);
+            });
+            if tokio::time::timeout_at(slot + GATE_PATIENCE, gated_rx).await.is_ok() {
+                let _ = taken_rx.await;
+            }
         }
         // Stop: nothing more is queued, and what is queued goes back to Redis at once.
         self.batcher.close();
@@ -157,6 +162,61 @@ impl Dispatcher {
         })
     }
 
+    /// Seals `work` (unless it is a sealed resend), passes its last gate, then takes its
+    /// slot and sends it; the dispatcher is told once it is gated and once its slot is
+    /// taken (a signal dropped unsent says it went no further).
+    async fn prepare_and_send(&self, ctx: &Ctx, work: Work, asked: Instant, (gated, taken): (Signal, Signal)) {
+        let sealed = match work {
+            Work::Resend(sealed) => Some(sealed),
+            Work::Fresh(p, items) => batch::seal(ctx, p, items).await,
+        };
+        let Some(mut sealed) = sealed else { return };
+        // In hand (whatever its gate leaves of it) until it is sent or given up: its lease
+        // is renewed, and the reclaimer leaves it alone.
+        let _held = self.batcher.hold(&sealed.id, sealed.partition);
+        let span = sealed.span();
+        async {
+            let at = Instant::now();
+            if !self.pass_gate(ctx, &mut sealed).await {
+                return;
+            }
+            let _ = gated.send(());
+            self.send(ctx, sealed, at, asked, taken).await;
+        }
+        .instrument(span)
+        .await;
+    }
+
+    /// Runs the last gate; true when the request may leave. A batch its replicas did not
+    /// acknowledge goes back to Redis, and its partition waits out a backoff while the
+    /// others keep the pace.
+    async fn pass_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> bool {
+        let p = sealed.partition;
+        match batch::pass_gate(ctx, &self.gates, sealed).await {
+            Gated::Go => {
+                if self.batcher.replicas_acknowledged(p) {
+                    ctx.metrics.replicas_back(p);
+                    tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
+                }
+                true
+            }
+            Gated::Stop => false,
+            Gated::Unreplicated => {
+                let (backoff, began) = self.batcher.replicas_failed(p);
+                ctx.metrics.unreplicated(p);
+                if began {
+                    tracing::warn!(
+                        partition = p,
+                        "replicas did not acknowledge the batch; the partition's batches wait, tried again after \
+                         a backoff, and the other partitions keep the pace"
+                    );
+                }
+                batch::put_back(ctx, sealed, backoff).await;
+                false
+            }
+        }
+    }
+
     /// Takes the slot for a gated batch and sends it; `taken` is told once the slot is
     /// taken or given up.
     async fn send(&self, ctx: &Ctx, mut sealed: Sealed, gated: Instant, asked: Instant, taken: Signal) {
@@ -172,7 +232,7 @@ impl Dispatcher {
         };
         let _ = taken.send(());
         // The slot moved while the batch waited: look again right before it leaves.
-        if gated.elapsed() > GATE_FRESHNESS && !batch::pass_gate(ctx, &mut sealed).await {
+        if gated.elapsed() > GATE_FRESHNESS && !self.pass_gate(ctx, &mut sealed).await {
             return;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
@@ -217,35 +277,54 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
 }
 
 /// The heartbeat: every `config.heartbeat()`, rereads the shared pause and the
-/// provider's health and renews the
-/// leases of everything this instance holds (claimed emails in the queues, batches
-/// in hand), in Redis time. A task of its own, so no slow step elsewhere stops it.
+/// provider's health and renews the leases of everything this instance holds (claimed
+/// emails in the queues, batches in hand), in Redis time. A task of its own, so no slow
+/// step elsewhere stops it; and each of its steps runs on its own, bounded by the beat,
+/// so a node that does not answer (a primary that died, until its replica is
+/// promoted) delays no other partition's renewal.
 async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
-    let lease_ms = ctx.config.lease().as_millis() as u64;
+    let beat = ctx.config.heartbeat();
     loop {
-        match ctx.pause.refresh(&ctx.store).await {
-            Ok(()) => ctx.metrics.set_paused(ctx.pause.is_paused()),
-            Err(e) => ctx.metrics.redis_error("pause", &e),
-        }
-        match ctx.health.refresh(&ctx.store).await {
-            Ok(()) => ctx.metrics.set_provider_down(ctx.health.is_down()),
-            Err(e) => ctx.metrics.redis_error("health", &e),
-        }
-        for p in 0..ctx.store.keys.partitions() {
-            let claimed: Vec<DeliveryRef> = batcher.claimed(p);
-            let batches: Vec<String> = batcher.in_hand(p);
-            let result = async {
-                let mut conn = ctx.store.conn().await?;
-                let claimed: Vec<&DeliveryRef> = claimed.iter().collect();
-                let batches: Vec<&str> = batches.iter().map(String::as_str).collect();
-                anyhow::Ok(
-                    scripts::renew(&mut conn, &ctx.store.keys, p, &ctx.owner, lease_ms, &claimed, &batches).await?,
-                )
-            };
-            if let Err(e) = result.await {
-                ctx.metrics.redis_error("renew", &e);
+        let mut steps = JoinSet::new();
+        let c = ctx.clone();
+        steps.spawn(async move {
+            match c.pause.refresh(&c.store).await {
+                Ok(()) => c.metrics.set_paused(c.pause.is_paused()),
+                Err(e) => c.metrics.redis_error("pause", &e),
             }
+        });
+        let c = ctx.clone();
+        steps.spawn(async move {
+            match c.health.refresh(&c.store).await {
+                Ok(()) => c.metrics.set_provider_down(c.health.is_down()),
+                Err(e) => c.metrics.redis_error("health", &e),
+            }
+        });
+        for p in 0..ctx.store.keys.partitions() {
+            steps.spawn(renew(ctx.clone(), batcher.clone(), p));
         }
-        tokio::time::sleep(ctx.config.heartbeat()).await;
+        if tokio::time::timeout(beat, async { while steps.join_next().await.is_some() {} }).await.is_err() {
+            let late = anyhow::anyhow!("{} heartbeat calls not answered within {beat:?}", steps.len());
+            ctx.metrics.redis_error("heartbeat", &late);
+        }
+        // Dropping the steps that did not finish abandons them.
+        drop(steps);
+        tokio::time::sleep(beat).await;
+    }
+}
+
+/// Renews the leases of what this instance holds in partition `p`.
+async fn renew(ctx: Arc<Ctx>, batcher: Arc<Batcher>, p: u16) {
+    let lease_ms = ctx.config.lease().as_millis() as u64;
+    let claimed: Vec<DeliveryRef> = batcher.claimed(p);
+    let batches: Vec<String> = batcher.in_hand(p);
+    let result = async {
+        let mut conn = ctx.store.conn().await?;
+        let claimed: Vec<&DeliveryRef> = claimed.iter().collect();
+        let batches: Vec<&str> = batches.iter().map(String::as_str).collect();
+        anyhow::Ok(scripts::renew(&mut conn, &ctx.store.keys, p, &ctx.owner, lease_ms, &claimed, &batches).await?)
+    };
+    if let Err(e) = result.await {
+        ctx.metrics.redis_error("renew", &e);
     }
 }

@@ -183,7 +183,7 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
         let (request, hash) = r.stored();
         by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash));
     }
-    let mut conn = store.conn().await?;
+    let mut conn = store.waited_conn().await?;
     let retention = config.retention().as_secs();
     for (p, list) in &by_partition {
         for chunk in list.chunks(500) {

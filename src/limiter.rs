@@ -36,6 +36,12 @@ use crate::shutdown::Shutdown;
 /// How long to wait before asking Redis again after it could not be asked.
 const REDIS_RETRY: Duration = Duration::from_millis(100);
 
+/// How long a pacing read or take may go unanswered before it is given up and asked
+/// again: a call stuck on a primary that died (the client gives up on it only after
+/// `redis.response_timeout_ms`) must not hold every slot for seconds after its replica
+/// has taken over. A take given up that Redis did run leaves its slot unused.
+const CALL_PATIENCE: Duration = Duration::from_secs(1);
+
 /// A taker at most this late for its slot (half an interval at most) keeps the cadence.
 const SLACK: Duration = Duration::from_millis(20);
 
@@ -167,13 +173,20 @@ impl Shared {
         Ok(self.try_take().await?.is_ok())
     }
 
+    /// [`Shared::call`] given up after [`CALL_PATIENCE`].
+    async fn call_patiently(&self, op: &str) -> anyhow::Result<(u64, u64, u64)> {
+        tokio::time::timeout(CALL_PATIENCE, self.call(op, 0))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("the limiter's Redis did not answer within {CALL_PATIENCE:?}")))
+    }
+
     async fn peek(&self) -> anyhow::Result<Duration> {
-        Ok(Duration::from_micros(self.call("peek", 0).await?.0))
+        Ok(Duration::from_micros(self.call_patiently("peek").await?.0))
     }
 
     /// Takes the slot if it is due: `Ok(Ok(request number))`, or `Ok(Err(wait))`.
     async fn try_take(&self) -> anyhow::Result<Result<u64, Duration>> {
-        let (wait, _, n) = self.call("take", 0).await?;
+        let (wait, _, n) = self.call_patiently("take").await?;
         Ok(if wait == 0 { Ok(n) } else { Err(Duration::from_micros(wait)) })
     }
 }

@@ -79,7 +79,7 @@ pub(crate) async fn apply_to(
         transient_window_ms: w.transient_bounce_window().as_millis() as u64,
         transient_threshold: w.transient_bounces_to_suppress,
     };
-    let mut conn = store.conn().await?;
+    let mut conn = store.waited_conn().await?;
     let (state, ids) = scripts::suppress(&mut conn, keys, &address, &step).await?;
     // Each step is acknowledged (to Resend, to the operator) only once a failover cannot
     // take it back: a webhook answered with an error is retried.

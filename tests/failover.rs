@@ -2,6 +2,8 @@
 //! with a replica each, `wait_replicas = 1`, the batch's primary killed (its replica
 //! promoted) while its holder dies before or after the request left; another holder
 //! takes the batch over. Each delivery is sent once, and every one is settled.
+//! And a primary that lost its replica: only its own partitions wait, the others are
+//! sent meanwhile, and everything goes once the replica is back.
 
 mod common;
 
@@ -89,4 +91,112 @@ async fn a_failover_after_the_gate_and_before_the_request_sends_each_delivery_on
 async fn a_failover_after_the_request_left_replays_and_sends_each_delivery_once() {
     let stats = fail_over_at(Failpoint::Answered).await;
     assert!(stats.replays >= 1, "the taker resent the sealed bytes under the sealed key: a replay");
+}
+
+/// The per-partition counts of the test period: (enqueued, sent, settled otherwise).
+async fn partition_counts(world: &World, p: u16) -> (u64, u64, u64) {
+    let mut conn = world.store.conn().await.unwrap();
+    let counts: std::collections::HashMap<String, u64> =
+        redis::cmd("HGETALL").arg(world.store.keys.counts(p, CAMPAIGN, PERIOD)).query_async(&mut conn).await.unwrap();
+    let get = |f: &str| counts.get(f).copied().unwrap_or(0);
+    (get("enqueued"), get("sent"), get("failed") + get("skipped") + get("outcome_unknown"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_primary_that_lost_its_replica_holds_back_only_its_own_partitions() {
+    let mut world = World::cluster_with(1, |c| {
+        c.redis.partitions = 4;
+        c.redis.wait_replicas = 1;
+    })
+    .await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    world.subscribers(DELIVERIES).await;
+    // The kick's own writes wait for replicas too: it runs before one is lost.
+    world.kick().await;
+
+    // The replica of the primary that holds partition 0 dies; that primary's partitions
+    // are the affected ones.
+    let keys = world.store.keys.clone();
+    let cluster = world.redis.cluster_mut();
+    let mut primary_of = Vec::new();
+    for p in 0..keys.partitions() {
+        let slot = cluster.slot_of(&keys.batches(p)).await.unwrap();
+        primary_of.push(cluster.primary_of(slot).await.unwrap());
+    }
+    let primary = primary_of[0];
+    let affected: Vec<u16> = (0..keys.partitions()).filter(|&p| primary_of[usize::from(p)] == primary).collect();
+    let info: String = cluster.nodes[primary].command(redis::cmd("INFO").arg("replication")).await.unwrap();
+    let replica_port: u16 = info
+        .lines()
+        .find(|l| l.starts_with("slave0:"))
+        .and_then(|l| l.split(',').find_map(|kv| kv.strip_prefix("port=")))
+        .and_then(|port| port.parse().ok())
+        .expect("the primary has a replica");
+    let replica = cluster.nodes.iter().position(|n| n.port() == replica_port).expect("one of ours");
+    cluster.nodes[replica].kill();
+    let alone = eventually(Duration::from_secs(30), || {
+        let node = &cluster.nodes[primary];
+        async move {
+            let info: String = node.command(redis::cmd("INFO").arg("replication")).await.ok()?;
+            info.contains("connected_slaves:0").then_some(())
+        }
+    })
+    .await;
+    assert!(alone.is_some(), "the primary saw its replica go");
+
+    let daemon = world.daemon();
+    // Every other partition is sent in full while the affected ones wait, held.
+    let unaffected: Vec<u16> = (0..keys.partitions()).filter(|p| !affected.contains(p)).collect();
+    let others_done = eventually(SETTLE, || {
+        let (world, unaffected, affected, metrics) = (&world, &unaffected, &affected, daemon.metrics.clone());
+        async move {
+            for &p in unaffected {
+                let (enqueued, sent, other) = partition_counts(world, p).await;
+                if enqueued == 0 || sent + other < enqueued {
+                    return None;
+                }
+            }
+            let text = metrics.render();
+            affected
+                .iter()
+                .all(|p| metric(&text, "mailstream_partition_unreplicated", &format!("partition=\"{p}\"")) == 1.0)
+                .then_some(text)
+        }
+    })
+    .await;
+    let text = others_done.expect("the other partitions are sent while the affected ones are held");
+    let mut waiting = 0;
+    for p in 0..keys.partitions() {
+        let (enqueued, sent, other) = partition_counts(&world, p).await;
+        let put_back = metric(&text, "mailstream_unreplicated_batches_total", &format!("partition=\"{p}\""));
+        if affected.contains(&p) {
+            assert_eq!((sent, other), (0, 0), "partition {p}: no batch left without its replica's acknowledgement");
+            assert!(put_back >= 1.0, "partition {p}: its batches were put back, and counted");
+            waiting += enqueued;
+        } else {
+            assert_eq!((sent, other, put_back), (enqueued, 0, 0.0), "partition {p} went at its own pace");
+        }
+    }
+    assert!(waiting > 0, "the affected partitions hold deliveries");
+
+    // The replica comes back: the held partitions resume by themselves.
+    let cluster = world.redis.cluster_mut();
+    cluster.rejoin(replica).await.expect("the replica rejoins");
+    let counts = world.settled(SETTLE).await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (DELIVERIES as u64, 0, 0), "{counts:?}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (DELIVERIES as u64, 0), "{stats:?}");
+    let resumed = eventually(Duration::from_secs(30), || {
+        let text = daemon.metrics.render();
+        let affected = &affected;
+        async move {
+            affected
+                .iter()
+                .all(|p| metric(&text, "mailstream_partition_unreplicated", &format!("partition=\"{p}\"")) == 0.0)
+                .then_some(())
+        }
+    })
+    .await;
+    assert!(resumed.is_some(), "the gauge says the replicas acknowledge again");
+    daemon.stop().await;
 }

@@ -21,8 +21,9 @@ use crate::config::RedisConfig;
 #[derive(Clone)]
 pub(crate) enum Backend {
     Single(Pool),
-    /// The client (for dedicated connections) and one shared, multiplexed connection.
-    Cluster(Box<(ClusterClient, ClusterConnection)>),
+    /// The client (for dedicated connections), one shared, multiplexed connection, and
+    /// another for writes whose caller then waits for replicas (made when first needed).
+    Cluster(Box<(ClusterClient, ClusterConnection, std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>)>),
 }
 
 /// One connection, to a single server or to the cluster.
@@ -169,7 +170,7 @@ impl Backend {
                 .build()
                 .with_context(|| format!("invalid redis.url or redis.cluster_seeds ({})", r.url.redacted_url()))?;
             let shared = client.get_async_connection().await?;
-            return Ok(Backend::Cluster(Box::new((client, shared))));
+            return Ok(Backend::Cluster(Box::new((client, shared, Default::default()))));
         }
         let settings = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
@@ -194,6 +195,21 @@ impl Backend {
                 Ok(Conn::Single(conn))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
+        }
+    }
+
+    /// A connection for writes the caller then waits for replicas to hold (`WAIT`, which
+    /// blocks the connection it is sent on: up to a second when a primary has lost its
+    /// replica). On a cluster, a multiplexed connection apart from the shared one, so such
+    /// a wait never holds up the commands that pace and send (the limiter's, other
+    /// partitions'); they wait for each other, as on any one connection.
+    pub async fn waited_conn(&self) -> anyhow::Result<Conn> {
+        match self {
+            Backend::Single(_) => self.conn().await,
+            Backend::Cluster(cluster) => {
+                let waited = cluster.2.get_or_try_init(|| cluster.0.get_async_connection()).await?;
+                Ok(Conn::Cluster(waited.clone()))
+            }
         }
     }
 

@@ -166,6 +166,11 @@ impl Store {
         self.backend.conn().await
     }
 
+    /// A connection for writes followed by [`Store::durable`] (see `Backend::waited_conn`).
+    pub async fn waited_conn(&self) -> anyhow::Result<Conn> {
+        self.backend.waited_conn().await
+    }
+
     /// A connection of its own, for blocking reads.
     pub(crate) async fn dedicated(&self) -> anyhow::Result<Conn> {
         self.backend.dedicated().await

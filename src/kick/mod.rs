@@ -242,7 +242,7 @@ pub(super) async fn enqueue(
         let chunk: Vec<(String, u64)> = items.by_ref().take(ENQUEUE_CHUNK).collect();
         let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
         calls.spawn(async move {
-            let mut conn = store.conn().await?;
+            let mut conn = store.waited_conn().await?;
             let added = scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
                 .await
                 .context("enqueue.lua")?;

@@ -41,6 +41,8 @@ pub struct Metrics {
     retries: IntCounterVec,
     paused: IntGauge,
     provider_down: IntGauge,
+    unreplicated: IntCounterVec,
+    unreplicated_now: IntGaugeVec,
     redis_errors: IntCounterVec,
     records_lost: prometheus::IntCounter,
     durability_relaxed: IntGauge,
@@ -202,6 +204,20 @@ impl Metrics {
             ),
             paused,
             provider_down,
+            unreplicated: counter(
+                &r,
+                "mailstream_unreplicated_batches_total",
+                "Batches put back unsent because the replicas of their partition's primary did not acknowledge \
+                 the last gate's write (redis.wait_replicas), by partition",
+                &["partition"],
+            ),
+            unreplicated_now: gauges(
+                &r,
+                "mailstream_partition_unreplicated",
+                "1 while this instance holds a partition's batches back because its primary's replicas did not \
+                 acknowledge the last one (tried again after a backoff of at most 8 s), by partition",
+                &["partition"],
+            ),
             redis: from_redis::Gauges::new(&r),
             stuck: gauges(
                 &r,
@@ -307,6 +323,10 @@ impl Metrics {
                 self.admin_action(operation, result, 0);
             }
         }
+        for p in 0..config.redis.partitions {
+            self.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
+            self.replicas_back(p);
+        }
     }
 
     /// One request to Resend's `endpoint` (`emails_batch`) ended after `took`,
@@ -356,6 +376,18 @@ impl Metrics {
     /// The provider is down, or up, as this instance last saw it (scrapes read Redis).
     pub(crate) fn set_provider_down(&self, down: bool) {
         self.provider_down.set(i64::from(down));
+    }
+
+    /// A batch of partition `p` went back unsent: its replicas did not acknowledge.
+    pub(crate) fn unreplicated(&self, p: u16) {
+        let label = p.to_string();
+        self.unreplicated.with_label_values(&[&label]).inc();
+        self.unreplicated_now.with_label_values(&[&label]).set(1);
+    }
+
+    /// Partition `p`'s replicas acknowledge again.
+    pub(crate) fn replicas_back(&self, p: u16) {
+        self.unreplicated_now.with_label_values(&[&p.to_string()]).set(0);
     }
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or

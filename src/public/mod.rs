@@ -84,7 +84,7 @@ impl Public {
             Ask::Confirm { campaign, .. } => unsubscribe::confirm_page(&campaign),
             Ask::Unsubscribe { subscriber, campaign } => {
                 let result = async {
-                    let mut conn = self.store.conn().await?;
+                    let mut conn = self.store.waited_conn().await?;
                     let keys = &self.store.keys;
                     let changed = scripts::opt_out(&mut conn, keys, &subscriber, &campaign).await?;
                     // Confirmed only once a failover cannot take it back.

@@ -100,7 +100,7 @@ pub async fn upsert(store: &Store, subscribers: &[Subscriber]) -> anyhow::Result
     for s in subscribers {
         by_partition[usize::from(store.keys.partition_of(&s.id))].push(s);
     }
-    let mut conn = store.conn().await?;
+    let mut conn = store.waited_conn().await?;
     for (p, list) in by_partition.iter().enumerate() {
         for chunk in list.chunks(1000) {
             write_chunk(store, &mut conn, p as u16, chunk).await.context("writing subscribers")?;
