@@ -1,11 +1,17 @@
-//! `bench/multi-instance [--instances N] [--cluster] [--deliveries D] [--rps R] [--no-kill]
-//! [--connect-delay-ms MS] [--close-idle-after-ms MS] [--json]`:
+//! `bench/multi-instance [--instances N] [--cluster [--replicas R [--kill-primary]]]
+//! [--deliveries D] [--rps R] [--no-kill] [--connect-delay-ms MS] [--close-idle-after-ms MS]
+//! [--json]`:
 //! several daemons as separate processes against one Redis (or a private
-//! 3-primary cluster with `--cluster`) and one emulator limited to `--rps`
-//! requests per sliding second; one instance is killed with SIGKILL once a
-//! third is sent. Then the emulator's counts: the worst sliding second, 429s,
-//! duplicate real sends, and throughput against the ceiling. First, the cost
-//! of the shared limiter: its script called 100 times a second.
+//! 3-primary cluster with `--cluster`, with `--replicas` replicas per primary and
+//! `redis.wait_replicas` as many) and one emulator limited to `--rps` requests
+//! per sliding second; one instance is killed with SIGKILL once a third is sent.
+//! With `--kill-primary` no instance is killed: the primary of partition 0 is, once a
+//! third is sent; its replica is promoted, and the old node comes back as a replica
+//! 60 s later. `unaffected_ratio` is then the emails/s of the partitions on other
+//! primaries, from the promotion to their last send, over the whole ceiling.
+//! Then the emulator's counts: the worst sliding second, 429s, duplicate real
+//! sends, and throughput against the ceiling. First, the cost of the shared
+//! limiter: its script called 100 times a second.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -23,6 +29,9 @@ use serde::Serialize;
 struct Options {
     instances: u32,
     cluster: bool,
+    /// Replicas per primary on the cluster; `redis.wait_replicas` is set to as many.
+    replicas: usize,
+    kill_primary: bool,
     deliveries: u64,
     rps: u32,
     kill_one: bool,
@@ -57,12 +66,31 @@ struct Report {
     limiter_redis_us_per_call: f64,
     connect_delay_ms: u64,
     close_idle_after_ms: Option<u64>,
+    replicas: usize,
+    /// With `--kill-primary`: the partitions on the killed primary.
+    affected_partitions: Vec<u16>,
+    /// From the kill to the promotion of its replica.
+    failover_seconds: Option<f64>,
+    /// The partitions on other primaries: emails they sent from the promotion to their
+    /// last send, per second, over the ceiling.
+    unaffected_ratio: Option<f64>,
+    /// With `--kill-primary`: emails sent in each second from the kill, as [other
+    /// partitions, the killed primary's].
+    per_second_after_kill: Vec<[u64; 2]>,
 }
+
+/// How long after the promotion the killed primary comes back (as a replica).
+const REJOIN_AFTER: Duration = Duration::from_secs(60);
+
+/// The least `unaffected_ratio` a run with `--kill-primary` passes with.
+const UNAFFECTED_TARGET: f64 = 0.85;
 
 fn main() -> ExitCode {
     let mut o = Options {
         instances: 3,
         cluster: false,
+        replicas: 0,
+        kill_primary: false,
         deliveries: 30_000,
         rps: 10,
         kill_one: true,
@@ -80,6 +108,8 @@ fn main() -> ExitCode {
             "--deliveries" => o.deliveries = number("--deliveries"),
             "--rps" => o.rps = number("--rps") as u32,
             "--cluster" => o.cluster = true,
+            "--replicas" => o.replicas = number("--replicas") as usize,
+            "--kill-primary" => o.kill_primary = true,
             "--connect-delay-ms" => o.connect_delay_ms = number("--connect-delay-ms"),
             "--close-idle-after-ms" => o.close_idle_after_ms = Some(number("--close-idle-after-ms")),
             "--no-kill" => o.kill_one = false,
@@ -90,6 +120,13 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if o.kill_primary {
+        if !o.cluster || o.replicas == 0 {
+            eprintln!("--kill-primary needs --cluster and --replicas 1 or more");
+            return ExitCode::from(2);
+        }
+        o.kill_one = false;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     match runtime.block_on(run(&o)) {
@@ -115,10 +152,20 @@ fn main() -> ExitCode {
                 report.limiter_round_trip_p99_us,
                 report.limiter_redis_us_per_call
             );
+            if let (Some(ratio), Some(failover)) = (report.unaffected_ratio, report.failover_seconds) {
+                eprintln!(
+                    "primary of partition(s) {:?} killed: its replica promoted after {failover:.1} s; the other \
+                     partitions sent {ratio:.3} of the ceiling from the promotion to their last email",
+                    report.affected_partitions
+                );
+            }
             if o.json {
                 println!("{}", serde_json::to_string(&report).expect("serializes"));
             }
-            let ok = report.duplicate_real_sends == 0 && report.never_settled == 0 && report.rate_limited == 0;
+            let ok = report.duplicate_real_sends == 0
+                && report.never_settled == 0
+                && report.rate_limited == 0
+                && report.unaffected_ratio.is_none_or(|r| r >= UNAFFECTED_TARGET);
             if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Err(e) => {
@@ -146,8 +193,8 @@ impl Redis {
 async fn run(o: &Options) -> anyhow::Result<Report> {
     let (calls, p50, p99, per_call) = limiter_cost().await?;
 
-    let redis = if o.cluster {
-        Redis::Cluster(RedisCluster::start(true).await?)
+    let mut redis = if o.cluster {
+        Redis::Cluster(RedisCluster::start_with(true, o.replicas).await?)
     } else {
         Redis::Single(RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?)
     };
@@ -162,7 +209,11 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("config.toml");
     let partitions = if o.cluster { CLUSTER_PARTITIONS } else { 1 };
-    std::fs::write(&config_path, config_text(&redis.url(), &emulator_url, o.rps, o.cluster, partitions))?;
+    let mut text = config_text(&redis.url(), &emulator_url, o.rps, o.cluster, partitions);
+    if o.replicas > 0 {
+        text = text.replacen("wait_replicas = 0", &format!("wait_replicas = {}", o.replicas), 1);
+    }
+    std::fs::write(&config_path, text)?;
     let mut config = Config::load(&config_path)?;
     config.resend.api_key = Some(Secret::new("re_multi"));
     let store = Store::open(&config).await?;
@@ -178,11 +229,36 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         .map(|i| spawn_daemon(&binary, &config_path, &dir.join(format!("daemon-{i}.log")), i))
         .collect::<anyhow::Result<_>>()?;
     let mut killed = 0;
+    // With --kill-primary: the killed node, when its replica took over, whether it is back.
+    let mut primary_killed: Option<(usize, Instant, Instant, bool)> = None;
+    let (mut affected, mut failover_seconds) = (Vec::new(), None);
     let deadline = Instant::now() + Duration::from_secs(300 + o.deliveries / 20);
     let counts = loop {
         let c = store.counts(&campaign.name, &period).await.unwrap_or_default();
         if c.settled() >= c.enqueued || Instant::now() > deadline {
             break c;
+        }
+        if let (true, None, Redis::Cluster(cluster)) = (o.kill_primary, primary_killed, &mut redis)
+            && c.sent * 3 >= c.enqueued
+        {
+            let mut primary_of = Vec::new();
+            for p in 0..partitions {
+                primary_of.push(cluster.primary_of(cluster.slot_of(&store.keys.batches(p)).await?).await?);
+            }
+            affected = (0..partitions).filter(|&p| primary_of[usize::from(p)] == primary_of[0]).collect();
+            let at = Instant::now();
+            eprintln!("  [{:5.1}s] kill -9 the primary of partition(s) {affected:?}", started.elapsed().as_secs_f64());
+            cluster.kill_primary(primary_of[0]).await?;
+            failover_seconds = Some(at.elapsed().as_secs_f64());
+            eprintln!("  [{:5.1}s] its replica is promoted", started.elapsed().as_secs_f64());
+            primary_killed = Some((primary_of[0], at, Instant::now(), false));
+        }
+        if let (Some((node, at, promoted, false)), Redis::Cluster(cluster)) = (primary_killed, &mut redis)
+            && promoted.elapsed() >= REJOIN_AFTER
+        {
+            cluster.rejoin(node).await?;
+            eprintln!("  [{:5.1}s] the old primary is back, as a replica", started.elapsed().as_secs_f64());
+            primary_killed = Some((node, at, promoted, true));
         }
         if o.kill_one && killed == 0 && c.sent * 3 >= c.enqueued {
             daemons[0].kill()?;
@@ -210,7 +286,35 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
     let sends = emulator.send_times_matching(&period);
     let duplicate_real_sends = sends.values().map(|at| at.len().saturating_sub(1) as u64).sum();
     let ceiling = f64::from(o.rps) * 100.0;
+    let in_affected = |to: &str| {
+        let id = to.trim_start_matches("delivered+").split('@').next().unwrap_or_default();
+        affected.contains(&store.keys.partition_of(id))
+    };
+    let unaffected_ratio = primary_killed.map(|(_, _, promoted, _)| {
+        let unaffected =
+            sends.iter().filter(|(to, _)| !in_affected(to)).flat_map(|(_, at)| at.iter().filter(|&&t| t >= promoted));
+        let (n, last) = unaffected.fold((0u64, promoted), |(n, last), &t| (n + 1, last.max(t)));
+        n as f64 / (last - promoted).as_secs_f64().max(f64::EPSILON) / ceiling
+    });
+    // Emails per second from the kill: [other partitions, the killed primary's].
+    let mut per_second_after_kill: Vec<[u64; 2]> = Vec::new();
+    if let Some((_, killed_at, _, _)) = primary_killed {
+        for (to, at) in &sends {
+            for t in at.iter().filter(|&&t| t >= killed_at) {
+                let s = (*t - killed_at).as_secs() as usize;
+                if per_second_after_kill.len() <= s {
+                    per_second_after_kill.resize(s + 1, [0, 0]);
+                }
+                per_second_after_kill[s][usize::from(in_affected(to))] += 1;
+            }
+        }
+    }
     Ok(Report {
+        replicas: o.replicas,
+        affected_partitions: affected,
+        failover_seconds,
+        unaffected_ratio,
+        per_second_after_kill,
         connect_delay_ms: o.connect_delay_ms,
         close_idle_after_ms: o.close_idle_after_ms,
         instances: o.instances,
