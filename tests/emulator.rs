@@ -398,6 +398,30 @@ async fn the_emulator_command_logs_its_rate_limit_as_a_number() {
     }
 }
 
+#[tokio::test]
+async fn the_emulator_command_refuses_a_sender_domain_it_is_told_to() {
+    let emulator = common::Logged::spawn(
+        common::cli::bin()
+            .args(["emulator", "--listen", "127.0.0.1:0", "--rps", "0", "--reject-from-domain", "acme.example"])
+            .env("MAILSTREAM_LOG", "info"),
+    );
+    let line = emulator.line_with("Resend emulator listening", Duration::from_secs(20)).await.expect("it listens");
+    let logged: Value = serde_json::from_str(&line).expect("a JSON line");
+    let api = Api::new(&format!("http://{}", logged["listen"].as_str().unwrap()));
+    // As Resend answers for a domain that is not verified, for one email and for a batch.
+    let message = "The acme.example domain is not verified. Please, add and verify your domain.";
+    let refused = json!({"statusCode": 403, "name": "validation_error", "message": message});
+    assert_eq!(json_of(api.post("/emails", None, &email(1), false).await).await, (403, refused.clone()));
+    let batch = json!([email(2), email(3)]);
+    assert_eq!(json_of(api.post("/emails/batch", None, &batch, false).await).await, (403, refused));
+    // Another domain goes through.
+    let mut other = email(4);
+    other["from"] = json!("Ops <ops@verified.example>");
+    assert_eq!(api.post("/emails", None, &other, false).await.status(), 200);
+    emulator.signal("TERM");
+    assert_eq!(emulator.wait().await.0, Some(0));
+}
+
 /// The official Python SDK (PyPI `resend`; `.ci/run` installs it) against the emulator:
 /// a send, then a get and a list that read the same email back.
 #[tokio::test]

@@ -542,12 +542,16 @@ pub struct Args {
     /// Close keep-alive connections this many ms after they were opened.
     #[arg(long)]
     close_idle_after_ms: Option<u64>,
+    /// Refuse mail from this `from` domain as Resend does an unverified one (403
+    /// `validation_error`); repeat for more.
+    #[arg(long, value_name = "DOMAIN")]
+    reject_from_domain: Vec<String>,
 }
 
 /// Serves the emulator until SIGTERM or SIGINT.
 pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     use anyhow::Context;
-    let Args { listen, rps, settings, connect_delay_ms, close_idle_after_ms } = args;
+    let Args { listen, rps, settings, connect_delay_ms, close_idle_after_ms, reject_from_domain } = args;
     let mut config = match settings {
         Some(path) => {
             let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
@@ -560,6 +564,7 @@ pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     }
     config.connect_delay_ms = connect_delay_ms.unwrap_or(config.connect_delay_ms);
     config.close_idle_after_ms = close_idle_after_ms.or(config.close_idle_after_ms);
+    config.faults.rejected_sender_domains.extend(reject_from_domain);
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     let listen = listener.local_addr().context("the bound address")?;
     // A number, or no field when there is no limit.
