@@ -7,9 +7,10 @@
 //! due for a resend, then digests.
 //! Bounded queues push back on the readers (each lane has its own room, so a
 //! digest backlog never holds a receipt's reader back). Pacing is dispatch's.
-//! A partition whose replicas did not acknowledge a batch is held: none of its
-//! work is taken until its backoff has passed, then one batch tries again, while
-//! the other partitions' work takes every slot.
+//! One batch of a partition passes its last gate at a time. A partition whose
+//! replicas did not acknowledge a batch is held: none of its work is taken until
+//! its backoff has passed, then one batch tries again, while the other
+//! partitions' work takes every slot.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,13 +53,17 @@ struct Queues {
     /// Per lane, per partition: emails with the time they were queued.
     fresh: [Vec<VecDeque<(Instant, Ready)>>; 2],
     resend: VecDeque<Sealed>,
-    /// Per partition: replicas that did not acknowledge.
+    /// Per partition: its gate, and replicas that did not acknowledge.
     trouble: Vec<Trouble>,
 }
 
-/// A partition's run of batches its replicas did not acknowledge (`WAIT`).
+/// A partition's last gate: whether a batch of it is at the gate, and its run of
+/// batches its replicas did not acknowledge (`WAIT`).
 #[derive(Default, Clone, Copy)]
 struct Trouble {
+    /// A batch taken from it has not passed (or failed) its first gate yet: no other is
+    /// taken, so batches never queue up behind a `WAIT` that no replica answers.
+    gating: bool,
     /// In a row, with no acknowledged batch between them.
     failures: u32,
     /// None of the partition's work is taken before this.
@@ -84,9 +89,15 @@ impl Trouble {
         self.until.is_some_and(|until| until > now)
     }
 
-    /// A batch of a partition in trouble is taken: it is the partition's one try, so
-    /// nothing else of it is taken until its answer (or the next backoff) comes.
+    /// Whether its work may be taken now.
+    fn open(&self, now: Instant) -> bool {
+        !self.gating && !self.holds(now)
+    }
+
+    /// A batch of the partition is taken to its gate; in trouble, it is the partition's
+    /// one try, and its hold lasts until that try's answer or the next backoff.
     fn trying(&mut self, now: Instant) {
+        self.gating = true;
         if self.failures > 0 {
             self.until = Some(now + self.backoff());
         }
@@ -238,7 +249,8 @@ impl Batcher {
             || self.queues.lock().expect("batcher lock").resend.iter().any(|s| s.id == batch)
     }
 
-    /// Waits until there is something to send (in a partition that is not held).
+    /// Waits until there is something to send (in a partition that is not held and has
+    /// no batch at its gate).
     pub(crate) async fn wait_for_work(&self) {
         loop {
             let notified = self.changed.notified();
@@ -253,9 +265,12 @@ impl Batcher {
                     if !waiting(p) {
                         continue;
                     }
-                    match t.until.filter(|_| t.holds(now)) {
-                        None => return,
-                        Some(until) => held_until = Some(held_until.map_or(until, |u| u.min(until))),
+                    if t.open(now) {
+                        return;
+                    }
+                    // A gate passed or failed says so; a hold ends by the clock.
+                    if let Some(until) = t.until.filter(|_| t.holds(now)) {
+                        held_until = Some(held_until.map_or(until, |u| u.min(until)));
                     }
                 }
                 held_until
@@ -290,12 +305,28 @@ impl Batcher {
         let mut q = self.queues.lock().expect("batcher lock");
         let t = &mut q.trouble[usize::from(p)];
         let ended = t.failures > 0;
-        *t = Trouble::default();
+        (t.failures, t.until) = (0, None);
         drop(q);
         if ended {
             self.changed.notify_one();
         }
         ended
+    }
+
+    /// The batch taken from partition `p` is done with its first gate (passed, failed,
+    /// or never sealed): another may be taken.
+    pub(crate) fn gate_done(&self, p: u16) {
+        self.queues.lock().expect("batcher lock").trouble[usize::from(p)].gating = false;
+        self.changed.notify_one();
+    }
+
+    /// Whether partition `p` is in a run of unacknowledged batches on this instance:
+    /// held, or tried within the longest backoff (an instance with no more work for it
+    /// stops saying so then).
+    pub(crate) fn unreplicated(&self, p: u16) -> bool {
+        let q = self.queues.lock().expect("batcher lock");
+        let t = &q.trouble[usize::from(p)];
+        t.failures > 0 && t.until.is_some_and(|until| Instant::now() < until + REPLICA_BACKOFF_MAX)
     }
 
     /// Takes the next request's worth: transactional emails first (the partition that
@@ -304,13 +335,13 @@ impl Batcher {
     /// the one waiting longest among those with a full batch, or, when none has, the
     /// one waiting longest. Oldest-first keeps every partition moving under backlog
     /// (the fullest-first rule let one partition that refilled within a slot take
-    /// every slot, while the others' leases ran out). A held partition is passed over;
-    /// once its backoff has passed, the one batch taken from it is its try, and it is
-    /// held again until that try's answer (or the next backoff) comes.
+    /// every slot, while the others' leases ran out). A partition with a batch at its
+    /// gate, or held, is passed over; once its backoff has passed, the one batch taken
+    /// from it is its try.
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
         let now = Instant::now();
-        let open: Vec<bool> = q.trouble.iter().map(|t| !t.holds(now)).collect();
+        let open: Vec<bool> = q.trouble.iter().map(|t| t.open(now)).collect();
         let oldest = |queues: &[VecDeque<(Instant, Ready)>], full: bool| {
             queues
                 .iter()
@@ -370,9 +401,19 @@ mod tests {
             .collect()
     }
 
+    /// Takes the next request's worth, its gate done at once.
+    fn next(b: &Batcher) -> Option<Work> {
+        let work = b.take()?;
+        b.gate_done(match &work {
+            Work::Fresh(p, _) => *p,
+            Work::Resend(sealed) => sealed.partition,
+        });
+        Some(work)
+    }
+
     /// Each request's partition and emails.
     fn sizes(b: &Batcher) -> Vec<(u16, usize)> {
-        std::iter::from_fn(|| match b.take()? {
+        std::iter::from_fn(|| match next(b)? {
             Work::Fresh(p, items) => Some((p, items.len())),
             Work::Resend(_) => None,
         })
@@ -388,7 +429,7 @@ mod tests {
         // Partition 2 has full batches; then partition 0's 30 have waited longest. A
         // request never mixes partitions.
         assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
-        assert!(b.take().is_none());
+        assert!(next(&b).is_none());
     }
 
     #[tokio::test(start_paused = true)]
@@ -400,7 +441,7 @@ mod tests {
         }
         let mut served = Vec::new();
         for _ in 0..6 {
-            let Some(Work::Fresh(p, items)) = b.take() else { panic!("work") };
+            let Some(Work::Fresh(p, items)) = next(&b) else { panic!("work") };
             served.push(p);
             // Its reader refills the queue before the next slot.
             b.push(p, Lane::Digest, ready(items.len())).await.unwrap();
@@ -426,13 +467,13 @@ mod tests {
         tokio::time::advance(Duration::from_millis(5)).await;
         // A digest backlog does not hold a receipt's reader back: each lane has its room.
         b.try_push(1, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 3)).unwrap();
-        let Some(Work::Fresh(1, items)) = b.take() else { panic!("the receipts first") };
+        let Some(Work::Fresh(1, items)) = next(&b) else { panic!("the receipts first") };
         assert!(items.len() == 3 && items.iter().all(|r| r.delivery.lane() == Lane::Transactional));
-        assert!(matches!(b.take(), Some(Work::Resend(s)) if s.id == "b1"));
-        assert!(matches!(b.take(), Some(Work::Fresh(0, items)) if items.len() == 100));
+        assert!(matches!(next(&b), Some(Work::Resend(s)) if s.id == "b1"));
+        assert!(matches!(next(&b), Some(Work::Fresh(0, items)) if items.len() == 100));
         // Receipts in partition 0: their batch is topped up with that partition's digest.
         b.try_push(0, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 2)).unwrap();
-        let Some(Work::Fresh(0, items)) = b.take() else { panic!("the receipts first") };
+        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("the receipts first") };
         let lanes: Vec<Lane> = items.iter().map(|r| r.delivery.lane()).collect();
         assert_eq!((lanes.len(), lanes[..2].iter().all(|l| *l == Lane::Transactional)), (100, true));
         assert_eq!(b.queued(), (102, 0));
@@ -448,7 +489,7 @@ mod tests {
         };
         tokio::task::yield_now().await;
         assert!(!pushing.is_finished(), "no room for 100 more");
-        assert!(matches!(b.take(), Some(Work::Fresh(0, items)) if items.len() == 100));
+        assert!(matches!(next(&b), Some(Work::Fresh(0, items)) if items.len() == 100));
         pushing.await.unwrap().unwrap();
         assert_eq!(b.queued(), (100, 0));
     }
@@ -478,22 +519,37 @@ mod tests {
         tokio::time::advance(Duration::from_millis(1)).await;
         b.push(1, Lane::Digest, ready(500)).await.unwrap();
         assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
+        // One batch of a partition at its gate at a time: the next one is partition 1's.
+        assert!(matches!(b.take(), Some(Work::Fresh(1, _))));
+        assert!(b.take().is_none(), "both are at their gates");
+        b.gate_done(1);
         assert_eq!(b.replicas_failed(0), (Duration::from_secs(1), true));
+        b.gate_done(0);
+        assert!(b.unreplicated(0) && !b.unreplicated(1));
         // Partition 0 has waited longest, but it is held: partition 1 takes the slots.
-        assert_eq!(sizes(&b)[..4], [(1, 100); 4]);
+        assert_eq!(sizes(&b)[..3], [(1, 100); 3]);
         b.push(1, Lane::Digest, ready(100)).await.unwrap();
         tokio::time::advance(Duration::from_secs(1)).await;
-        // Its backoff passed: one batch tries again, and nothing else of it is taken meanwhile.
+        // Its backoff passed: one batch tries again, and nothing else of it is taken
+        // meanwhile, even once that try's gate is done (its answer may be a success).
         assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
-        assert!(matches!(b.take(), Some(Work::Fresh(1, _))));
+        b.gate_done(0);
+        assert!(matches!(next(&b), Some(Work::Fresh(1, _))));
         assert!(b.take().is_none(), "partition 0 waits for its try's answer");
         // Failures in a row double the wait.
         assert_eq!(b.replicas_failed(0), (Duration::from_secs(2), false));
         tokio::time::advance(Duration::from_secs(2)).await;
         assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
         assert!(b.replicas_acknowledged(0), "the run ends");
-        assert!(matches!(b.take(), Some(Work::Fresh(0, _))), "held no more");
+        b.gate_done(0);
+        assert!(!b.unreplicated(0));
+        assert!(matches!(next(&b), Some(Work::Fresh(0, _))), "held no more");
         assert!(!b.replicas_acknowledged(0));
+        // An instance that stops trying a partition stops saying it is in trouble.
+        b.replicas_failed(0);
+        assert!(b.unreplicated(0));
+        tokio::time::advance(Duration::from_secs(1) + REPLICA_BACKOFF_MAX).await;
+        assert!(!b.unreplicated(0));
     }
 
     #[tokio::test(start_paused = true)]

@@ -166,22 +166,33 @@ impl Dispatcher {
     /// slot and sends it; the dispatcher is told once it is gated and once its slot is
     /// taken (a signal dropped unsent says it went no further).
     async fn prepare_and_send(&self, ctx: &Ctx, work: Work, asked: Instant, (gated, taken): (Signal, Signal)) {
-        let sealed = match work {
-            Work::Resend(sealed) => Some(sealed),
-            Work::Fresh(p, items) => batch::seal(ctx, p, items).await,
+        let (p, sealed) = match work {
+            Work::Resend(sealed) => (sealed.partition, Some(sealed)),
+            Work::Fresh(p, items) => (p, batch::seal(ctx, p, items).await),
         };
-        let Some(mut sealed) = sealed else { return };
+        let Some(mut sealed) = sealed else {
+            self.batcher.gate_done(p);
+            return;
+        };
         // In hand (whatever its gate leaves of it) until it is sent or given up: its lease
         // is renewed, and the reclaimer leaves it alone.
-        let _held = self.batcher.hold(&sealed.id, sealed.partition);
+        let _held = self.batcher.hold(&sealed.id, p);
         let span = sealed.span();
         async {
-            let at = Instant::now();
-            if !self.pass_gate(ctx, &mut sealed).await {
+            // Stopping: back to Redis unsent, before its gate makes it look maybe sent.
+            if ctx.shutdown.is_triggered() {
+                batch::put_back(ctx, &sealed, Duration::ZERO).await;
+                self.batcher.gate_done(p);
+                return;
+            }
+            let go = self.pass_gate(ctx, &mut sealed).await;
+            // The partition's next batch may go to its gate (a hold that began stays).
+            self.batcher.gate_done(p);
+            if !go {
                 return;
             }
             let _ = gated.send(());
-            self.send(ctx, sealed, at, asked, taken).await;
+            self.send(ctx, sealed, Instant::now(), asked, taken).await;
         }
         .instrument(span)
         .await;
@@ -195,7 +206,6 @@ impl Dispatcher {
         match batch::pass_gate(ctx, &self.gates, sealed).await {
             Gated::Go => {
                 if self.batcher.replicas_acknowledged(p) {
-                    ctx.metrics.replicas_back(p);
                     tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
                 }
                 true
@@ -313,8 +323,10 @@ async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
     }
 }
 
-/// Renews the leases of what this instance holds in partition `p`.
+/// Renews the leases of what this instance holds in partition `p`, and says whether
+/// the partition is held for replicas that did not acknowledge.
 async fn renew(ctx: Arc<Ctx>, batcher: Arc<Batcher>, p: u16) {
+    ctx.metrics.set_unreplicated(p, batcher.unreplicated(p));
     let lease_ms = ctx.config.lease().as_millis() as u64;
     let claimed: Vec<DeliveryRef> = batcher.claimed(p);
     let batches: Vec<String> = batcher.in_hand(p);

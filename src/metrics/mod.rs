@@ -215,7 +215,8 @@ impl Metrics {
                 &r,
                 "mailstream_partition_unreplicated",
                 "1 while this instance holds a partition's batches back because its primary's replicas did not \
-                 acknowledge the last one (tried again after a backoff of at most 8 s), by partition",
+                 acknowledge the last one (tried again after a backoff of at most 8 s; 0 again once one is acknowledged, \
+                 or 8 s after the last try), by partition",
                 &["partition"],
             ),
             redis: from_redis::Gauges::new(&r),
@@ -325,7 +326,7 @@ impl Metrics {
         }
         for p in 0..config.redis.partitions {
             self.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
-            self.replicas_back(p);
+            self.set_unreplicated(p, false);
         }
     }
 
@@ -380,14 +381,14 @@ impl Metrics {
 
     /// A batch of partition `p` went back unsent: its replicas did not acknowledge.
     pub(crate) fn unreplicated(&self, p: u16) {
-        let label = p.to_string();
-        self.unreplicated.with_label_values(&[&label]).inc();
-        self.unreplicated_now.with_label_values(&[&label]).set(1);
+        self.unreplicated.with_label_values(&[&p.to_string()]).inc();
+        self.set_unreplicated(p, true);
     }
 
-    /// Partition `p`'s replicas acknowledge again.
-    pub(crate) fn replicas_back(&self, p: u16) {
-        self.unreplicated_now.with_label_values(&[&p.to_string()]).set(0);
+    /// Whether this instance holds partition `p` back for its replicas (set from the
+    /// batcher's state every heartbeat).
+    pub(crate) fn set_unreplicated(&self, p: u16, held: bool) {
+        self.unreplicated_now.with_label_values(&[&p.to_string()]).set(i64::from(held));
     }
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or
