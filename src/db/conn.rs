@@ -97,6 +97,29 @@ impl Conn {
         }
     }
 
+    /// `WAIT replicas timeout_ms` on the node that holds `key`'s slot, over this
+    /// connection (WAIT counts the writes this connection made there): how many
+    /// replicas acknowledged them. On a cluster the client sends a command routed to a
+    /// slot whose node it is not connected to (just after a failover) to any node it
+    /// is, and there a keyless WAIT would count nothing written and answer at once; so
+    /// WAIT goes in one pipeline with `EXISTS key`, which only the slot's node answers
+    /// (any other refuses it with MOVED), and an answer from elsewhere is an error.
+    pub(crate) async fn wait_on_node_of(&mut self, key: &str, replicas: u32, timeout_ms: u64) -> anyhow::Result<u32> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("WAIT").arg(replicas).arg(timeout_ms).cmd("EXISTS").arg(key);
+        let values: Vec<Value> = match self {
+            Conn::Single(c) => pipe.query_async(c).await?,
+            Conn::Cluster(c) => {
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key.as_bytes(), SlotAddr::Master));
+                c.route_pipeline(pipe, 0, 2, route).await?
+            }
+        };
+        match values.as_slice() {
+            [acked, Value::Int(_)] => Ok(redis::from_redis_value(acked.clone())?),
+            other => anyhow::bail!("WAIT was not answered by the node that holds the key: {other:?}"),
+        }
+    }
+
     /// Runs `cmd` on the node at `address` (`host:port`; on a single server: here).
     pub(crate) async fn on_node<T: redis::FromRedisValue>(&mut self, address: &str, cmd: &Cmd) -> anyhow::Result<T> {
         match self {
@@ -227,6 +250,26 @@ impl Backend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Secret;
+    use crate::redis_server::RedisCluster;
+
+    /// A WAIT answered by a node that does not hold the key is an error, never a count
+    /// of replicas: there it would count nothing written and answer at once.
+    #[tokio::test]
+    async fn wait_is_answered_by_the_node_that_holds_the_key_or_not_at_all() {
+        let cluster = RedisCluster::start(false).await.expect("the cluster starts");
+        let key = "mailstream:{0}:batches";
+        let owner = cluster.owner_of(cluster.slot_of(key).await.unwrap()).await.unwrap();
+        let other = cluster.nodes.iter().find(|n| n.port() != owner).expect("another primary");
+        let config = |url: String, cluster: bool| RedisConfig { url: Secret::new(url), cluster, ..Default::default() };
+        // Through the cluster client: the slot's node answers (no replicas here: 0).
+        let mut routed = Backend::connect(&config(cluster.url(), true)).await.unwrap().conn().await.unwrap();
+        assert_eq!(routed.wait_on_node_of(key, 0, 100).await.unwrap(), 0);
+        // Sent to a node that does not hold the slot, as the client's fallback would.
+        let mut elsewhere = Backend::connect(&config(other.url(), false)).await.unwrap().conn().await.unwrap();
+        let refused = elsewhere.wait_on_node_of(key, 0, 100).await.expect_err("not that node's key");
+        assert!(format!("{refused:#}").to_lowercase().contains("moved"), "{refused:#}");
+    }
 
     #[test]
     fn primaries_are_read_from_cluster_nodes() {

@@ -92,7 +92,7 @@ impl Store {
         }
         // On the node that holds `key`, on the connection that wrote (WAIT has no key and
         // counts that connection's writes).
-        let acked: u32 = conn.on_node_of(key, redis::cmd("WAIT").arg(self.wait_replicas).arg(1000)).await?;
+        let acked = conn.wait_on_node_of(key, self.wait_replicas, 1000).await?;
         Ok(acked >= self.wait_replicas)
     }
 
