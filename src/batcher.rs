@@ -401,6 +401,19 @@ mod tests {
             .collect()
     }
 
+    /// A sealed batch of partition `p` waiting for a resend.
+    fn resend_of(p: u16, id: &str) -> Sealed {
+        Sealed {
+            partition: p,
+            id: id.into(),
+            key: "k".into(),
+            body: Bytes::new(),
+            members: Vec::new(),
+            tries: 1,
+            maybe_sent: false,
+        }
+    }
+
     /// Takes the next request's worth, its gate done at once.
     fn next(b: &Batcher) -> Option<Work> {
         let work = b.take()?;
@@ -455,15 +468,7 @@ mod tests {
     async fn transactional_mail_takes_the_next_slot_before_resends_and_full_digests() {
         let b = Batcher::new(2, 100, 300);
         b.push(0, Lane::Digest, ready(300)).await.unwrap();
-        b.push_resend(Sealed {
-            partition: 1,
-            id: "b1".into(),
-            key: "k".into(),
-            body: Bytes::new(),
-            members: Vec::new(),
-            tries: 1,
-            maybe_sent: false,
-        });
+        b.push_resend(resend_of(1, "b1"));
         tokio::time::advance(Duration::from_millis(5)).await;
         // A digest backlog does not hold a receipt's reader back: each lane has its room.
         b.try_push(1, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 3)).unwrap();
@@ -556,15 +561,7 @@ mod tests {
     async fn a_held_partition_s_resend_waits_and_waiting_for_work_ends_with_its_backoff() {
         let b = Arc::new(Batcher::new(2, 100, 100));
         b.replicas_failed(1);
-        b.push_resend(Sealed {
-            partition: 1,
-            id: "b1".into(),
-            key: "k".into(),
-            body: Bytes::new(),
-            members: Vec::new(),
-            tries: 1,
-            maybe_sent: false,
-        });
+        b.push_resend(resend_of(1, "b1"));
         assert!(b.take().is_none(), "its partition is held");
         let waiting = {
             let b = b.clone();

@@ -105,6 +105,11 @@ pub enum Mutant {
     AcknowledgedWritesNotWaited,
     /// After WAIT, the holder does not check that its gate's write is still there.
     WaitWithoutRecheck,
+    /// WAIT is answered by a node that does not hold the partition (the cluster
+    /// client's fallback just after a failover): it counts nothing written there and
+    /// acknowledges, while the gate's write is on no replica. The code sends WAIT in one
+    /// pipeline with EXISTS of the key, which only the partition's node answers.
+    WaitAnsweredElsewhere,
     /// settle.lua: a verdict is recorded by a holder that no longer holds the batch.
     VerdictWithoutHolder,
     /// gate.lua and reschedule.lua read "may have been sent" from the record only, not
@@ -114,7 +119,7 @@ pub enum Mutant {
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 12] = [
+    pub const ALL: [Mutant; 13] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -125,6 +130,7 @@ impl Mutant {
         Mutant::ClaimIgnoresLease,
         Mutant::AcknowledgedWritesNotWaited,
         Mutant::WaitWithoutRecheck,
+        Mutant::WaitAnsweredElsewhere,
         Mutant::VerdictWithoutHolder,
         Mutant::GateForgetsWhatTheHolderKnows,
     ];
@@ -141,6 +147,7 @@ impl Mutant {
             Mutant::ClaimIgnoresLease => "claim_ignores_live_lease",
             Mutant::AcknowledgedWritesNotWaited => "acknowledged_writes_not_waited_for",
             Mutant::WaitWithoutRecheck => "wait_without_recheck",
+            Mutant::WaitAnsweredElsewhere => "wait_answered_elsewhere",
             Mutant::VerdictWithoutHolder => "verdict_without_holder",
             Mutant::GateForgetsWhatTheHolderKnows => "gate_forgets_what_the_holder_knows",
         }
@@ -733,7 +740,10 @@ impl Model for Protocol {
                 let hand = s.holders[usize::from(h)].hand.clone().expect("a hand");
                 let node = &mut s.nodes[usize::from(hand.partition)];
                 if acked {
-                    node.safe = node.live.clone();
+                    // Answered by the partition's node: its replica has every write so far.
+                    if !self.on(Mutant::WaitAnsweredElsewhere) {
+                        node.safe = node.live.clone();
+                    }
                     // The gate's write must still be there: a failover between the gate and
                     // WAIT leaves a new primary whose WAIT acknowledges without it.
                     let held = node.live.batches.iter().any(|b| {
