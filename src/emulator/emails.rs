@@ -124,6 +124,11 @@ impl Emails {
         });
     }
 
+    /// Every email remembered, oldest first, as `GET /emails/{id}` shows it.
+    pub(crate) fn all(&self) -> Vec<Value> {
+        self.sent.iter().map(|s| s.to_json(true)).collect()
+    }
+
     fn position(&self, id: &str) -> Option<usize> {
         self.by_id.get(id).map(|seq| (seq - self.first) as usize)
     }

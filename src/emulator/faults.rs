@@ -31,6 +31,9 @@ pub struct Faults {
     pub quota_refusal: QuotaRefusal,
     /// Senders (`from` domains) refused with 403 `validation_error` (an unverified domain).
     pub rejected_sender_domains: Vec<String>,
+    /// Hold the answer of such a refusal for `hang_ms` (the client times out, so it
+    /// cannot know the request was refused).
+    pub hang_refusals: f64,
 }
 
 /// A quota's refusal, by the name Resend gives it. Every answer to a sending request

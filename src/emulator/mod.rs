@@ -123,6 +123,8 @@ pub struct Seen {
     /// The `campaign` tag of the first email (which lane a batch came from).
     pub campaign: Option<String>,
     pub status: u16,
+    /// Its answer was held past the client's patience (an injected hang).
+    pub hung: bool,
 }
 
 /// Requests remembered by [`Emulator::seen`]; older ones are forgotten.
@@ -191,6 +193,12 @@ impl Emulator {
     /// Removes the quota from now on (the team moved to a larger plan).
     pub fn lift_quota(&self) {
         self.lock().faults.lift();
+    }
+
+    /// The emails accepted so far (the newest `GET /emails` keeps), oldest first, as
+    /// `GET /emails/{id}` shows each.
+    pub fn accepted(&self) -> Vec<Value> {
+        self.lock().emails.all()
     }
 
     /// The requests seen so far to the sending endpoints, oldest first.
@@ -297,7 +305,7 @@ impl Emulator {
 
     async fn send(&self, req: HttpRequest, batch: bool) -> HttpResponse {
         let Processed { result, rate, hang, accepted, quota } = self.process(&req, batch);
-        self.remember(&req, &result);
+        self.remember(&req, &result, hang.is_some());
         if let Some(outbox) = &self.outbox {
             for (id, email) in &accepted {
                 outbox.accepted(id, email);
@@ -312,7 +320,7 @@ impl Emulator {
             response.headers_mut().insert(header, used.into());
         }
         if let Some(hang) = hang {
-            // The email left; the answer arrives after the client gave up.
+            // The answer (the email left, or it was refused) arrives after the client gave up.
             tokio::time::sleep(hang).await;
         }
         response
@@ -397,6 +405,10 @@ impl Emulator {
                 inner.stats.injected_hangs += 1;
                 Some(Duration::from_millis(faults.hang_ms))
             }
+            Err(e) if e.status == 403 && inner.rng.random_bool(faults.hang_refusals.clamp(0.0, 1.0)) => {
+                inner.stats.injected_hangs += 1;
+                Some(Duration::from_millis(faults.hang_ms))
+            }
             _ => None,
         };
         if let (Some(key), Ok(value)) = (key, &result) {
@@ -406,7 +418,7 @@ impl Emulator {
         (result, rate, hang, accepted)
     }
 
-    fn remember(&self, req: &HttpRequest, result: &Result<Value, ApiError>) {
+    fn remember(&self, req: &HttpRequest, result: &Result<Value, ApiError>, hung: bool) {
         let body = serde_json::from_slice::<Value>(req.body()).unwrap_or_default();
         let emails = match &body {
             Value::Array(items) => items.len(),
@@ -422,6 +434,7 @@ impl Emulator {
             emails,
             campaign,
             status: result.as_ref().map_or_else(|e| e.status.as_u16(), |_| 200),
+            hung,
         };
         let mut inner = self.lock();
         if inner.seen.len() == SEEN_LIMIT {
@@ -464,6 +477,12 @@ impl Inner {
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"permissive"));
 
         let checked: Vec<_> = emails.iter().map(|e| validate::email(e, batch, faults)).collect();
+        // A sender's domain that is not verified is not a per-email validation error: the
+        // whole request is refused (403), permissive or not, as a single email would be.
+        let refused_sender = |c: &&Result<_, ApiError>| c.as_ref().is_err_and(|e| e.status.as_u16() == 403);
+        if let Some(Err(first)) = checked.iter().find(refused_sender) {
+            return Err(ApiError::new(first.status.as_u16(), first.name, first.message.clone()));
+        }
         if !permissive && let Some(Err(first)) = checked.iter().find(|c| c.is_err()) {
             return Err(ApiError::new(first.status.as_u16(), first.name, first.message.clone()));
         }
