@@ -62,7 +62,15 @@ impl Sender {
 
     /// Sends a batch that passed the last gate (the caller has just taken its slot) and
     /// records what happened; `on_wire` is told when the request's bytes can go out.
-    pub async fn attempt(&self, ctx: &Ctx, b: Sealed, on_wire: tokio::sync::oneshot::Sender<()>) -> PacingNews {
+    /// Returns what the provider said about pacing and, when Resend refused the sender of
+    /// operator mail and it was sealed again from its fallback sender, that batch: the
+    /// caller sends it at the next slot (no backoff: nothing of it was sent).
+    pub async fn attempt(
+        &self,
+        ctx: &Ctx,
+        b: Sealed,
+        on_wire: tokio::sync::oneshot::Sender<()>,
+    ) -> (PacingNews, Option<Sealed>) {
         ctx.failpoints.at(Failpoint::Gated).await;
         let started = std::time::Instant::now();
         let emails = b.members.len();
@@ -70,28 +78,44 @@ impl Sender {
             self.client.send_batch_telling(&b.key, b.body.clone(), emails, Some(on_wire)).await;
         let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
+        // A fallback request's record says which refusal it follows (read before it settles).
+        let refusal = batch::refusal_of(ctx, &b).await;
         match answer {
             Ok(accepted) => {
                 self.health(ctx, &b.id, None).await;
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
+                let news = PacingNews { rate: accepted.rate, pause: None, late_arrival };
+                // Permissive validation may report a refused sender per email: for a request
+                // of one email, that is the request refused, and nothing of it was sent.
+                if let Some(e) = refused_sender(&accepted.items).filter(|_| refusal.is_none() && !b.maybe_sent)
+                    && let Some(again) = batch::fall_back(ctx, &b, &e).await
+                {
+                    return (news, Some(again));
+                }
+                // A fallback refused too records the refusal it followed.
+                let invalid = refusal.as_ref().map_or(ErrorName::ValidationError, |r| r.error.clone());
                 let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
                     .items
                     .iter()
                     .map(|item| match item {
                         ItemResult::Sent(id) => (Verdict::Sent(id.clone()), None),
                         ItemResult::Invalid(said) => {
-                            (Verdict::Failed(Reason::Provider(ErrorName::ValidationError)), said.as_deref())
+                            (Verdict::Failed(Reason::Provider(invalid.clone())), said.as_deref())
                         }
                     })
                     .unzip();
+                let any_sent = verdicts.iter().any(|v| matches!(v, Verdict::Sent(_)));
                 batch::settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts, &said).await;
-                PacingNews { rate: accepted.rate, pause: None, late_arrival }
+                if let Some(r) = refusal.filter(|_| any_sent) {
+                    ctx.metrics.sender_fallback(&r.template, &r.error, r.status, b.tries + 1);
+                }
+                (news, None)
             }
             Err((e, rate)) => {
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), emails, took);
                 let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
-                self.failed(ctx, b, e).await;
-                PacingNews { rate, pause, late_arrival }
+                let again = self.failed(ctx, b, e, refusal).await;
+                (PacingNews { rate, pause, late_arrival }, again)
             }
         }
     }
@@ -126,13 +150,28 @@ impl Sender {
         ctx.metrics.set_provider_down(ctx.health.is_down());
     }
 
-    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError) {
+    /// Acts on a failed request of `b` (`refusal`: the one it is the fallback of); returns
+    /// the batch to send at once when it fell back to another sender.
+    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<batch::Refusal>) -> Option<Sealed> {
         self.health(ctx, &b.id, Some(&e)).await;
+        // Once, and only when nothing can have been sent: a refusal now does not prove an
+        // earlier request was refused too.
+        let first_refusal = e.action == Action::SenderRejected && !e.maybe_sent && !b.maybe_sent;
+        if first_refusal
+            && refusal.is_none()
+            && let Some(again) = batch::fall_back(ctx, &b, &e).await
+        {
+            return Some(again);
+        }
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, ctx.health.retry_cap(), &mut *rng, Utc::now())
         };
-        let error = Reason::Provider(e.name.clone());
+        // A fallback that is given up records the refusal it followed.
+        let error = match (&next, refusal) {
+            (Plan::Settle(_), Some(r)) => Reason::Provider(r.error),
+            _ => Reason::Provider(e.name.clone()),
+        };
         match next {
             Plan::Retry { delay } => {
                 // What this holder knows of earlier requests counts too: a failover may have
@@ -166,7 +205,16 @@ impl Sender {
                 batch::settle_all(ctx, &b, verdict, e.said.as_deref()).await;
             }
         }
+        None
     }
+}
+
+/// The refusal of a request of one email whose answer (permissive validation: a 200)
+/// refused that email for its sender, as the error of the request.
+fn refused_sender(items: &[ItemResult]) -> Option<ProviderError> {
+    let [ItemResult::Invalid(said)] = items else { return None };
+    let e = ProviderError::from_response(200, Some("validation_error"), said.as_deref().unwrap_or(""), None);
+    (e.action == Action::SenderRejected).then_some(e)
 }
 
 /// What to do after a failed request.
@@ -288,6 +336,16 @@ mod tests {
         }
         let garbled = ProviderError::local(ErrorName::UnexpectedResponse, true);
         assert_eq!(decide(&garbled, 0, false), Plan::Settle(Outcome::OutcomeUnknown));
+    }
+
+    #[test]
+    fn a_lone_email_refused_for_its_sender_in_a_200_is_the_request_refused() {
+        let refused = Some("The acme.example domain is not verified. Please, add and verify your domain.".to_string());
+        let e = refused_sender(&[ItemResult::Invalid(refused.clone())]).expect("a sender refusal");
+        assert_eq!((e.action, e.status, e.maybe_sent), (Action::SenderRejected, Some(200), false));
+        assert!(refused_sender(&[ItemResult::Invalid(Some("The `to` field is missing.".into()))]).is_none());
+        assert!(refused_sender(&[ItemResult::Invalid(refused.clone()), ItemResult::Sent("id".into())]).is_none());
+        assert!(refused_sender(&[ItemResult::Sent("id".into())]).is_none());
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! A batch record's life around its request: seal (seal.lua), the last gate
 //! (gate.lua, in the few milliseconds before its slot, then WAIT with replicas),
-//! settle (settle.lua) or reschedule and put back (reschedule.lua). Any failure to
+//! settle (settle.lua) or reschedule and put back (reschedule.lua), and for operator
+//! mail whose sender was refused, sealing it once again from its fallback sender
+//! (fallback.lua). Any failure to
 //! record an outcome leaves the batch sealed under a lease that expires, and
 //! whoever takes it over resends the same bytes with the same key.
 
@@ -13,11 +15,13 @@ use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::Conn;
 use crate::db::scripts::{
-    self, BatchFound, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Verdict,
+    self, BatchFound, Fallback, FallbackRequest, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement,
+    Settler, Verdict,
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
-use crate::work::{DeliveryRef, Ready, Sealed};
+use crate::resend::{ErrorName, ProviderError};
+use crate::work::{Audience, DeliveryRef, Lane, Ready, Sealed};
 
 /// The gate's limits from the config.
 fn gate_limits(config: &Config) -> GateLimits {
@@ -218,6 +222,135 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
     format!("{prefix}-{batch}")
 }
 
+/// What ends the Idempotency-Key of a fallback request (no key of ours ends so otherwise).
+const FALLBACK_SUFFIX: &str = ".fallback";
+
+/// Resend's longest Idempotency-Key, in characters.
+const MAX_KEY: usize = 256;
+
+/// The Idempotency-Key of the fallback request that follows a request under `key` whose
+/// sender Resend refused: `key`, cut so that the whole never exceeds Resend's 256
+/// characters, then a fixed suffix. Derived, not drawn, so whoever seals it names the
+/// same request. (Our keys are at most 155 characters: none is cut in practice.)
+pub fn fallback_key(key: &str) -> String {
+    let keep: String = key.chars().take(MAX_KEY - FALLBACK_SUFFIX.len()).collect();
+    format!("{keep}{FALLBACK_SUFFIX}")
+}
+
+/// Whether a request under `key` is the fallback of a refused one.
+pub(crate) fn is_fallback_key(key: &str) -> bool {
+    key.ends_with(FALLBACK_SUFFIX)
+}
+
+/// The refusal a fallback request follows, as its batch record keeps it.
+#[derive(Debug, Clone)]
+pub(crate) struct Refusal {
+    pub template: String,
+    pub error: ErrorName,
+    pub status: u16,
+}
+
+/// The refusal that batch `b` is the fallback of, or `None` when it is not a fallback
+/// (one read, and only for a fallback: the record goes once it is settled).
+pub(crate) async fn refusal_of(ctx: &Ctx, b: &Sealed) -> Option<Refusal> {
+    if !is_fallback_key(&b.key) {
+        return None;
+    }
+    let read = async {
+        let mut conn = ctx.store.conn().await?;
+        let (template, error, status): (Option<String>, Option<String>, Option<u16>) = redis::cmd("HMGET")
+            .arg(ctx.store.keys.batch(b.partition, &b.id))
+            .arg("fallback_template")
+            .arg("fallback_error")
+            .arg("fallback_status")
+            .query_async(&mut conn)
+            .await?;
+        anyhow::Ok(template.zip(error).map(|(template, error)| Refusal {
+            template,
+            error: ErrorName::parse(&error),
+            status: status.unwrap_or_default(),
+        }))
+    };
+    read.await.unwrap_or_else(|e| {
+        ctx.metrics.redis_error("fallback", &e);
+        None
+    })
+}
+
+/// The operator template of `b` and its fallback sender: `Some` only for a request of
+/// one operator email whose template names `fallback_from` (read from its record).
+async fn fallback_sender(ctx: &Ctx, conn: &mut Conn, b: &Sealed) -> anyhow::Result<Option<(String, String)>> {
+    let [member] = b.members.as_slice() else { return Ok(None) };
+    if member.lane() != Lane::Transactional {
+        return Ok(None);
+    }
+    let request: Option<String> = redis::cmd("HGET")
+        .arg(ctx.store.keys.delivery(b.partition, &member.id()))
+        .arg("request")
+        .query_async(conn)
+        .await?;
+    let template = request.and_then(|r| serde_json::from_str::<crate::ingest::Request>(&r).ok()?.template);
+    Ok(template.and_then(|name| {
+        let t = ctx.config.templates.get(&name).filter(|t| t.audience == Audience::Operators)?;
+        Some((name, t.fallback_from.clone()?))
+    }))
+}
+
+/// The emails of a sealed body, each from `from` instead.
+fn from_sender(body: &[u8], from: &str) -> Option<Vec<String>> {
+    let emails: Vec<serde_json::Map<String, serde_json::Value>> = serde_json::from_slice(body).ok()?;
+    let swap = |mut email: serde_json::Map<String, serde_json::Value>| {
+        email.insert("from".into(), from.into());
+        serde_json::to_string(&email).expect("an email serializes")
+    };
+    Some(emails.into_iter().map(swap).collect())
+}
+
+/// Resend refused the sender of `b` (`e`, an answer: nothing of this request was sent)
+/// and no earlier request of it may have been processed: if it is operator mail whose
+/// template names a fallback sender, seals it again from that sender under
+/// [`fallback_key`], still held, and returns it to send at the next slot. `None` otherwise
+/// (customer mail, a fallback already, or the record says it may have been sent):
+/// the refusal is then settled as it is.
+pub(crate) async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> Option<Sealed> {
+    let result = async {
+        let mut conn = ctx.store.conn().await?;
+        let Some((template, from)) = fallback_sender(ctx, &mut conn, b).await? else { return Ok(None) };
+        let emails = from_sender(&b.body, &from).ok_or_else(|| anyhow::anyhow!("a sealed body is not emails"))?;
+        let key = fallback_key(&b.key);
+        let request = FallbackRequest {
+            partition: b.partition,
+            batch: &b.id,
+            owner: &ctx.owner,
+            refused_key: &b.key,
+            key: &key,
+            template: &template,
+            error: e.name.as_str(),
+            status: e.status.unwrap_or_default(),
+            lease_ms: ctx.config.lease().as_millis() as u64,
+        };
+        let sealed = match scripts::fallback(&mut conn, &ctx.store.keys, &request, &b.members, &emails).await? {
+            Fallback::Sealed { body } => body,
+            other => {
+                tracing::info!(template, outcome = ?other, "no sender fallback for this request");
+                return Ok(None);
+            }
+        };
+        tracing::info!(
+            template,
+            error = e.name.as_str(),
+            "sender refused: operator mail sealed again from fallback_from"
+        );
+        ctx.failpoints.at(Failpoint::FellBack).await;
+        let again = Sealed { key, body: Bytes::from(sealed), tries: b.tries + 1, maybe_sent: false, ..b.clone() };
+        anyhow::Ok(Some(again))
+    };
+    result.await.unwrap_or_else(|err| {
+        ctx.metrics.redis_error("fallback", &err);
+        None
+    })
+}
+
 /// Seals the emails of partition `p` into a new batch (those still held by this
 /// instance); `None` when nothing was sealed.
 pub(crate) async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
@@ -371,5 +504,38 @@ fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<O
     }
     for ((campaign, outcome, reason), n) in tally {
         ctx.metrics.settled(campaign, outcome, reason, n);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fallback_key_never_exceeds_resend_s_256_characters() {
+        let key = idempotency_key("mailstream", "01JD0000000000000000000000");
+        assert_eq!(fallback_key(&key), format!("{key}.fallback"));
+        assert!(is_fallback_key(&fallback_key(&key)) && !is_fallback_key(&key));
+        for len in [1, 246, 247, 248, 255, 256] {
+            let key = "k".repeat(len);
+            let derived = fallback_key(&key);
+            assert!(derived.chars().count() <= MAX_KEY, "{len}: {}", derived.len());
+            assert!(derived.ends_with(FALLBACK_SUFFIX) && derived != key, "{len}");
+            assert!(key.starts_with(derived.trim_end_matches(FALLBACK_SUFFIX)), "{len}");
+        }
+        assert_eq!(fallback_key(&"k".repeat(256)).len(), 256);
+        assert_eq!(fallback_key(&"k".repeat(255)).len(), 256);
+        // Characters, not bytes: a key of 256 multi-byte characters is cut on one.
+        assert_eq!(fallback_key(&"é".repeat(256)).chars().count(), 256);
+    }
+
+    #[test]
+    fn a_fallback_body_changes_the_sender_only() {
+        let body = br#"[{"from":"Acme <digest@acme.example>","to":["oncall@acme.example"],"subject":"s","text":"t"}]"#;
+        let emails = from_sender(body, "Alerts <alerts@fallback.example>").unwrap();
+        let email: serde_json::Value = serde_json::from_str(&emails[0]).unwrap();
+        assert_eq!(email["from"], "Alerts <alerts@fallback.example>");
+        assert_eq!((email["to"][0].as_str(), email["subject"].as_str()), (Some("oncall@acme.example"), Some("s")));
+        assert!(from_sender(b"not json", "a@b.example").is_none());
     }
 }

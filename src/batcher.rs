@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::work::{DeliveryRef, Lane, Ready, Sealed, Work};
+use crate::work::{Audience, DeliveryRef, Lane, Ready, Sealed, Work};
 
 /// A batch in hand, for as long as this lives ([`Batcher::hold`]).
 pub(crate) struct InHand {
@@ -364,13 +364,21 @@ impl Batcher {
         };
         q.trouble[p].trying(now);
         // The partition's receipts first, the spare room filled with its digest emails:
-        // a receipt costs the digest no request slot.
-        let mut items = Vec::with_capacity(self.batch_size);
-        for lane in [tx, digest] {
-            let queue = &mut q.fresh[lane][p];
+        // a receipt costs the digest no request slot. Operator mail goes in a request of
+        // its own: never beside customer mail, whose sender a fallback must not touch.
+        let operator = |r: &Ready| r.audience == Audience::Operators;
+        let queue = &mut q.fresh[tx][p];
+        let n = match queue.front() {
+            Some((_, first)) if operator(first) => 1,
+            _ => queue.iter().take(self.batch_size).take_while(|(_, r)| !operator(r)).count(),
+        };
+        let mut items: Vec<Ready> = queue.drain(..n).map(|(_, r)| r).collect();
+        self.space[tx][p].add_permits(n);
+        if !items.first().is_some_and(operator) {
+            let queue = &mut q.fresh[digest][p];
             let n = queue.len().min(self.batch_size - items.len());
             items.extend(queue.drain(..n).map(|(_, r)| r));
-            self.space[lane][p].add_permits(n);
+            self.space[digest][p].add_permits(n);
         }
         Some(Work::Fresh(p as u16, items))
     }
@@ -397,6 +405,7 @@ mod tests {
                 delivery: DeliveryRef::new(campaign, "p", &format!("s{i}"), "t"),
                 json: "{}".into(),
                 variant: None,
+                audience: Audience::Customers,
             })
             .collect()
     }
@@ -482,6 +491,29 @@ mod tests {
         let lanes: Vec<Lane> = items.iter().map(|r| r.delivery.lane()).collect();
         assert_eq!((lanes.len(), lanes[..2].iter().all(|l| *l == Lane::Transactional)), (100, true));
         assert_eq!(b.queued(), (102, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn operator_mail_goes_in_a_request_of_its_own() {
+        let b = Batcher::new(1, 100, 300);
+        b.push(0, Lane::Digest, ready(50)).await.unwrap();
+        let mut tx = lane_ready(crate::work::TRANSACTIONAL, 5);
+        for i in [2, 3] {
+            tx[i].audience = Audience::Operators;
+        }
+        b.try_push(0, Lane::Transactional, tx).unwrap();
+        let audiences = |items: &[Ready]| items.iter().map(|r| r.audience).collect::<Vec<_>>();
+        // The receipts before the first operator email, with no operator mail beside them.
+        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
+        assert_eq!((items.len(), items[..2].iter().all(|r| r.audience == Audience::Customers)), (52, true));
+        // Then each operator email alone: no receipt, no digest email with it.
+        for _ in 0..2 {
+            let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
+            assert_eq!(audiences(&items), [Audience::Operators]);
+        }
+        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
+        assert_eq!((items.len(), items[0].delivery.lane()), (1, Lane::Transactional));
+        assert!(next(&b).is_none());
     }
 
     #[tokio::test]

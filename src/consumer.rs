@@ -28,7 +28,7 @@ use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::render::{self, RenderInput, Renderer};
 use crate::subscribers::{self, Resolved, field};
 use crate::tokens::{self, Tokens};
-use crate::work::{DeliveryRef, Lane, Ready, TRANSACTIONAL};
+use crate::work::{Audience, DeliveryRef, Lane, Ready, TRANSACTIONAL};
 
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
 /// campaign's template (or its variant's parts) over the subscriber's data, with
@@ -91,6 +91,7 @@ enum Fate {
     Ready {
         json: String,
         variant: Option<String>,
+        audience: Audience,
     },
     Decide(Outcome, Reason),
     /// Its render hook gave no answer for it: put off, asked again later.
@@ -261,8 +262,9 @@ impl Consumer {
         let mut deferred: Vec<(&str, &DeliveryRef)> = Vec::new();
         for ((entry, delivery), fate) in live.iter().zip(fates) {
             match fate {
-                Fate::Ready { json, variant } => {
-                    ready.push(Ready { entry: entry.to_string(), delivery: (*delivery).clone(), json, variant });
+                Fate::Ready { json, variant, audience } => {
+                    let delivery = (*delivery).clone();
+                    ready.push(Ready { entry: entry.to_string(), delivery, json, variant, audience });
                 }
                 Fate::Decide(outcome, reason) => {
                     decisions.push(Decision { entry, delivery, outcome, reason, lost: false });
@@ -352,7 +354,7 @@ impl Consumer {
     fn render(&self, d: &DeliveryRef, to: &str, data: &serde_json::Value, chosen: Option<&str>) -> Fate {
         let variant = variant_of(&self.ctx.config, d, chosen);
         match compose(&self.ctx.config, &self.renderer, &self.tokens, d, to, data, variant.as_deref()) {
-            Ok(json) => Fate::Ready { json, variant },
+            Ok(json) => Fate::Ready { json, variant, audience: Audience::Customers },
             Err(reason) => Fate::Decide(Outcome::Failed, reason),
         }
     }
@@ -433,8 +435,9 @@ impl Consumer {
                 }
                 (None, None) => Err(Reason::RenderError),
             };
+            let audience = request.template.as_ref().and_then(|t| config.templates.get(t)).map(|t| t.audience);
             fates.push(match json {
-                Ok(json) => Fate::Ready { json, variant: None },
+                Ok(json) => Fate::Ready { json, variant: None, audience: audience.unwrap_or_default() },
                 Err(reason) => Fate::Decide(Outcome::Failed, reason),
             });
         }

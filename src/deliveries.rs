@@ -64,6 +64,9 @@ pub struct Row {
     pub events: BTreeMap<String, String>,
     /// The subscriber's address, masked (`a***@acme.example`).
     pub address: Option<String>,
+    /// Operator mail whose sender Resend refused, sealed again from its template's
+    /// fallback sender (sent so, or failed with the first refusal).
+    pub used_fallback_sender: bool,
 }
 
 /// A page of rows and where the next one starts.
@@ -106,6 +109,7 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
         claims: number("claims"),
         events: fields.iter().filter_map(|(k, v)| Some((k.strip_prefix("ev_")?.to_string(), time(v)?))).collect(),
         address: email.map(mask),
+        used_fallback_sender: fields.get("fallback").is_some_and(|f| f == "1"),
     }
 }
 

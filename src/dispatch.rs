@@ -256,11 +256,15 @@ impl Dispatcher {
             let _ = wired.await;
             self.limiter.departed(slot).await;
         };
-        let (news, ()) = tokio::join!(self.sender.attempt(ctx, sealed, on_wire), departed);
+        let ((news, fallback), ()) = tokio::join!(self.sender.attempt(ctx, sealed, on_wire), departed);
         if news.late_arrival {
             self.limiter.departed(slot).await;
         }
         self.obey(&news).await;
+        // Sealed again from its fallback sender: at the next slot, still in hand.
+        if let Some(again) = fallback {
+            self.batcher.push_resend(again);
+        }
     }
 
     /// Applies what the provider said about pacing, team-wide.

@@ -17,7 +17,7 @@ use crate::config::{Config, is_name};
 use crate::db::Store;
 use crate::db::scripts::{self, IngestItem, Ingested};
 use crate::subscribers::is_plain_address;
-use crate::work::{DeliveryRef, Lane, TRANSACTIONAL};
+use crate::work::{Audience, DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The most items one request (or one `enqueue` call) may carry.
 pub(crate) const MAX_ITEMS: usize = 1000;
@@ -98,6 +98,16 @@ impl Request {
                 return Err(refuse("to", "give exactly one of to (an address) or subscriber (an id)"));
             }
             _ => {}
+        }
+        // Operator mail goes to the team's own addresses and no others.
+        let operators = self.template.as_ref().and_then(|t| config.templates.get(t)).map(|t| t.audience);
+        if operators == Some(Audience::Operators) {
+            match &self.to {
+                Some(to) if config.operators.includes(to) => {}
+                _ => {
+                    return Err(refuse("to", "an operator template mails only the addresses of [operators] to"));
+                }
+            }
         }
         let ready = self.subject.is_some() || self.html.is_some() || self.text.is_some();
         match (&self.template, ready) {
@@ -334,6 +344,22 @@ mod tests {
             "data"
         );
         assert_eq!(check(json!([1])).unwrap_err().error, "each delivery must be a JSON object");
+    }
+
+    #[test]
+    fn operator_mail_goes_only_to_the_operators() {
+        let ok = check(json!({"idempotency_key": "lead-1", "to": "OnCall@acme.example", "template": "new_lead"}));
+        assert!(ok.is_ok(), "{ok:?}");
+        for item in [
+            json!({"idempotency_key": "lead-2", "to": "ann@acme.example", "template": "new_lead"}),
+            json!({"idempotency_key": "lead-3", "subscriber": "u1", "template": "new_lead"}),
+        ] {
+            let e = check(item).unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.error.as_str()),
+                ("to", "an operator template mails only the addresses of [operators] to")
+            );
+        }
     }
 
     #[test]

@@ -37,6 +37,7 @@ pub mod public;
 pub mod reclaim;
 pub mod redis_server;
 pub mod render;
+pub mod report;
 pub mod resend;
 pub mod retry;
 pub mod schedule;

@@ -9,8 +9,8 @@ use clap::{Parser, Subcommand};
 
 use mailstream::config::{Config, LogConfig, LogFormat};
 use mailstream::{
-    consumer, daemon, dead_letters, deliveries, demo, emulator, ingest, kick, pause, schedule, slo, subscribers,
-    suppression,
+    consumer, daemon, dead_letters, deliveries, demo, emulator, ingest, kick, pause, report, schedule, slo,
+    subscribers, suppression,
 };
 
 /// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
@@ -131,7 +131,8 @@ enum Command {
     /// Report the delivery SLO per campaign period (failure rate against slo.failure_rate,
     /// outcome unknown, stuck). Exit 0: within; 3: objective breached (a warning; stuck
     /// alone counts); 4: could not evaluate (Redis unreachable, no such campaign, no campaign
-    /// period under this prefix: a mistyped prefix or Redis).
+    /// period under this prefix: a mistyped prefix or Redis). --mail also enqueues it by
+    /// email to [operators] to.
     Slo {
         #[command(flatten)]
         at: At,
@@ -240,6 +241,7 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
         Command::Resume { json, .. } => pause::command(&config(), json).await,
         Command::Upgrade(_) => daemon::upgrade(&config()).await,
         Command::Suppressions { action, .. } => suppression::command(&config(), action).await,
+        Command::Slo { args, .. } if args.mail => report::command(&config(), args.json).await,
         Command::Slo { args, .. } => slo::command(&config(), args).await,
         Command::Emulator(args) => emulator::command(args).await,
         Command::Demo(args) => demo::command(args).await,

@@ -214,6 +214,9 @@ names! {
         Answered = "answered",
         /// The answer recorded.
         Settled = "settled",
+        /// Resend refused the sender of operator mail, and it is sealed again from its
+        /// fallback sender; that request has not left yet.
+        FellBack = "fell_back",
         /// One pass of the reclaimer's loop (the loop the watchdog follows).
         ReclaimTick = "reclaim_tick",
     }

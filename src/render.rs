@@ -11,16 +11,28 @@ use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::work::DeliveryRef;
+use crate::work::{Audience, DeliveryRef};
 
 /// A template: minijinja sources for the subject and the two bodies
-/// (`[templates.NAME]` in the config).
+/// (`[templates.NAME]` in the config), whom its mail is for, and, for operator mail
+/// only, the sender it falls back to once when Resend refuses the first.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
     pub subject: String,
     pub html: String,
     pub text: String,
+    #[serde(default)]
+    pub audience: Audience,
+    #[serde(default)]
+    pub fallback_from: Option<String>,
+}
+
+impl TemplateConfig {
+    /// A customer template of these parts (templates read from files are).
+    pub fn new(subject: String, html: String, text: String) -> TemplateConfig {
+        TemplateConfig { subject, html, text, audience: Audience::Customers, fallback_from: None }
+    }
 }
 
 /// An A/B variant of a campaign: a name and the parts it overrides (minijinja
@@ -227,11 +239,11 @@ mod tests {
     }
 
     fn templates() -> BTreeMap<String, TemplateConfig> {
-        let t = TemplateConfig {
-            subject: "Digest for {{ target }}, {{ period }}".into(),
-            html: "<p>Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},</p>".into(),
-            text: "Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},".into(),
-        };
+        let t = TemplateConfig::new(
+            "Digest for {{ target }}, {{ period }}".into(),
+            "<p>Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},</p>".into(),
+            "Hello{% if subscriber.data.name %} {{ subscriber.data.name }}{% endif %},".into(),
+        );
         BTreeMap::from([("digest".to_string(), t)])
     }
 
@@ -341,7 +353,7 @@ mod tests {
 
     #[test]
     fn broken_template_is_reported() {
-        let t = TemplateConfig { subject: "{{ oops".into(), html: String::new(), text: String::new() };
+        let t = TemplateConfig::new("{{ oops".into(), String::new(), String::new());
         assert!(Renderer::check("x", &t).is_err());
     }
 }

@@ -7,7 +7,8 @@
 //! (logged and counted once, while its period is still within the retention). A due fire kicks its period through the period's
 //! fan-out record, so of several instances one fans out and the others stand by,
 //! and a fan-out that died halfway resumes. Also the release time of a delivery
-//! sent at its recipient's local hour.
+//! sent at its recipient's local hour. And the SLO report by email, once per fire of
+//! `[slo.report] schedule` (`report.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -18,10 +19,14 @@ use chrono_tz::Tz;
 use croner::Cron;
 use serde::Serialize;
 
-use crate::config::{CampaignConfig, parse_cron};
+use crate::config::{CampaignConfig, SloReportConfig, parse_cron};
 use crate::ctx::Ctx;
 use crate::db::scripts::{Fanout, FanoutOf};
 use crate::kick::{self, FanoutOptions};
+use crate::report;
+
+/// The name the SLO report's fires are remembered under.
+const SLO_REPORT: &str = "slo.report";
 
 /// A campaign's schedule in its zone.
 pub struct Schedule {
@@ -55,6 +60,12 @@ impl Schedule {
     pub fn of(campaign: &CampaignConfig) -> anyhow::Result<Option<Schedule>> {
         let Some(expr) = campaign.schedule.as_deref() else { return Ok(None) };
         Ok(Some(Schedule { cron: parse_cron(expr)?, tz: campaign.tz() }))
+    }
+
+    /// The SLO report's schedule; `None` without one.
+    fn of_report(report: &SloReportConfig) -> anyhow::Result<Option<Schedule>> {
+        let Some(expr) = report.schedule.as_deref() else { return Ok(None) };
+        Ok(Some(Schedule { cron: parse_cron(expr)?, tz: report.tz() }))
     }
 
     /// The first fire after `t` (`inclusive`: at `t` counts).
@@ -126,12 +137,18 @@ impl Scheduler {
             .iter()
             .filter_map(|c| Schedule::of(c).ok().flatten().map(|s| (c.name.clone(), s)))
             .collect();
-        if schedules.is_empty() {
+        let report = Schedule::of_report(&self.ctx.config.slo.report).ok().flatten();
+        if schedules.is_empty() && report.is_none() {
             return;
         }
         let mut shutdown = self.ctx.shutdown.clone();
         loop {
             if let Err(e) = self.look(&schedules).await {
+                self.ctx.metrics.redis_error("schedule", &e);
+            }
+            if let Some(report) = &report
+                && let Err(e) = self.report(report).await
+            {
                 self.ctx.metrics.redis_error("schedule", &e);
             }
             if !shutdown.sleep(tick).await {
@@ -173,6 +190,33 @@ impl Scheduler {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Enqueues the SLO report of the latest fire, while it is within the catch-up window
+    /// and this process has not done so yet (another instance may have: the report's
+    /// keys are named by the fire, so the second enqueue adds nothing).
+    async fn report(&mut self, schedule: &Schedule) -> anyhow::Result<()> {
+        let ctx = self.ctx.clone();
+        let now = ctx.store.time().await?;
+        let Some(at) = schedule.latest_at_or_before(now) else { return Ok(()) };
+        if now - at > chrono::Duration::hours(i64::from(ctx.config.slo.report.catch_up_hours)) {
+            return Ok(());
+        }
+        let name = at.format("%Y%m%dT%H%M%SZ").to_string();
+        let done = (SLO_REPORT.to_string(), name.clone(), "enqueued");
+        if self.reported.contains(&done) {
+            return Ok(());
+        }
+        let enqueued = report::enqueue(&ctx.store, &ctx.config, &name).await?;
+        tracing::info!(
+            report = %name,
+            status = enqueued.report.status,
+            operators = ctx.config.operators.to.len(),
+            enqueued_now = enqueued.accepted(),
+            "SLO report for this fire enqueued (by this instance or another)"
+        );
+        self.reported.insert(done);
         Ok(())
     }
 

@@ -18,7 +18,7 @@ const EXIT_WITHIN: u8 = 0;
 /// not a failure of the check itself.
 const EXIT_BREACHED: u8 = 3;
 /// The SLO could not be evaluated (Redis unreachable, no such campaign).
-const EXIT_UNEVALUATED: u8 = 4;
+pub(crate) const EXIT_UNEVALUATED: u8 = 4;
 
 /// One campaign period's standing.
 #[derive(Debug, Clone, Serialize)]
@@ -31,6 +31,8 @@ pub struct PeriodReport {
     pub skipped: u64,
     pub outcome_unknown: u64,
     pub pending: u64,
+    /// Operator mail sealed again from its fallback sender (a warning: a domain is refused).
+    pub fallbacks: u64,
     /// `None` while nothing is sent or failed.
     pub failure_rate: Option<f64>,
     /// Stuck deliveries by kind (unclaimed, lease_expired, past_deadline).
@@ -50,7 +52,7 @@ pub struct Report {
 }
 
 impl Report {
-    fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         if self.status == "within" { EXIT_WITHIN } else { EXIT_BREACHED }
     }
 }
@@ -74,6 +76,7 @@ fn judge(campaign: &str, period: &str, c: &Counts, stuck: BTreeMap<&'static str,
         skipped: c.skipped,
         outcome_unknown: c.outcome_unknown,
         pending: c.pending(),
+        fallbacks: c.fallbacks,
         failure_rate,
         stuck,
         breached,
@@ -142,6 +145,9 @@ pub fn render(report: &Report) -> String {
             r.skipped,
             r.pending,
         );
+        if r.fallbacks > 0 {
+            out += &format!("    sent from a fallback sender: {} (a sender's domain is refused)\n", r.fallbacks);
+        }
         if stuck > 0 {
             let kinds: Vec<String> = r.stuck.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();
             out += &format!("    stuck: {}\n", kinds.join(", "));
@@ -166,7 +172,11 @@ pub struct Args {
     /// One JSON object on stdout, also when the SLO cannot be evaluated (`status`
     /// "unevaluated" and `error`); the lines for people go to stderr.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
+    /// Also enqueue the report by email now, to `[operators] to` with the
+    /// `[slo.report]` template (this writes; without it `slo` only reads).
+    #[arg(long, conflicts_with_all = ["campaign", "period"])]
+    pub mail: bool,
 }
 
 /// Prints the report; the exit code says within (0), breached (3) or not evaluated (4):
@@ -205,7 +215,7 @@ mod tests {
     use super::*;
 
     fn counts(sent: u64, failed: u64, skipped: u64, unknown: u64, enqueued: u64) -> Counts {
-        Counts { enqueued, sent, failed, skipped, outcome_unknown: unknown, duplicates: 0 }
+        Counts { enqueued, sent, failed, skipped, outcome_unknown: unknown, ..Default::default() }
     }
 
     #[test]

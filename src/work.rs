@@ -31,6 +31,20 @@ impl Lane {
     }
 }
 
+names! {
+    /// Whom a template's mail is for (`audience` of `[templates.NAME]`). Customer mail is
+    /// the default. Operator mail goes only to the addresses of `[operators] to`, always
+    /// in a request of its own (never batched with customer mail), and only it may fall
+    /// back once to another sender when Resend refuses the first.
+    #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Deserialize)]
+    #[serde(rename_all = "snake_case")]
+    pub enum Audience {
+        #[default]
+        Customers = "customers",
+        Operators = "operators",
+    }
+}
+
 /// The id of a delivery, [`DeliveryRef::id`], from its parts (for a fan-out, which
 /// builds ids by the million and needs no `DeliveryRef` for them).
 pub(crate) fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
@@ -126,6 +140,8 @@ pub struct Ready {
     pub json: String,
     /// Its A/B variant, recorded at sealing and counted as exposed once accepted.
     pub variant: Option<String>,
+    /// Operator mail travels in a request of its own.
+    pub audience: Audience,
 }
 
 impl Ready {
@@ -206,6 +222,7 @@ mod tests {
             delivery: DeliveryRef::new("c", "p", "s", "t"),
             json: json.into(),
             variant: None,
+            audience: Audience::Customers,
         };
         let email = r#"{"to":["a@x.example"],"cc":"b@x.example","bcc":["c@x.example","d@x.example"],"subject":"s"}"#;
         assert_eq!(ready(email).recipients(), ["a@x.example", "b@x.example", "c@x.example", "d@x.example"]);

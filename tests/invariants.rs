@@ -330,7 +330,8 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
 
 #[test]
 fn invariant_8_failure_rate_counts_decided_outcomes_only() {
-    let counts = Counts { enqueued: 1000, sent: 90, failed: 10, skipped: 500, outcome_unknown: 7, duplicates: 0 };
+    let counts =
+        Counts { enqueued: 1000, sent: 90, failed: 10, skipped: 500, outcome_unknown: 7, ..Default::default() };
     // 393 still pending, 500 skipped and 7 unknown are outside the denominator.
     assert_eq!(counts.failure_rate(), Some(0.1));
     assert_eq!(Counts { enqueued: 50, skipped: 50, ..Default::default() }.failure_rate(), None);

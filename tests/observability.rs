@@ -53,6 +53,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("mailstream_schedule_fires_total", &["campaign", "result"]),
     ("mailstream_schedule_last_fire_timestamp_seconds", &["campaign"]),
     ("mailstream_schedule_next_fire_timestamp_seconds", &["campaign"]),
+    ("mailstream_sender_fallbacks_total", &["template"]),
     ("mailstream_sending_paused", &[]),
     ("mailstream_slo_failure_rate_objective", &[]),
     ("mailstream_slo_stuck_after_seconds", &[]),

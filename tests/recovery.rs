@@ -158,7 +158,8 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let again = scripts::claim(&mut conn, keys, 0, &[&id], "new", 60_000).await.unwrap();
     assert_eq!(again[0], Claim::Claimed { claims: 2 });
-    let member = Ready { entry: "0-1".into(), delivery: d, json: "{}".into(), variant: None };
+    let member =
+        Ready { entry: "0-1".into(), delivery: d, json: "{}".into(), variant: None, audience: Default::default() };
     let req = |batch, owner| SealRequest {
         partition: 0,
         batch,

@@ -8,6 +8,7 @@ mod delivery;
 mod features;
 mod http;
 mod log;
+mod operators;
 mod redis;
 mod resend;
 mod slo;
@@ -24,9 +25,10 @@ pub use self::delivery::DeliveryConfig;
 pub use self::features::{Feature, Features, SecretSource};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
 pub use self::log::{LogConfig, LogFormat};
+pub use self::operators::OperatorsConfig;
 pub use self::redis::{Durability, RedisConfig};
 pub use self::resend::{LimiterMode, ResendConfig};
-pub use self::slo::SloConfig;
+pub use self::slo::{SloConfig, SloReportConfig};
 pub use crate::render::TemplateConfig;
 
 /// The documented example config, shipped inside the binary (the demo runs on it).
@@ -65,6 +67,8 @@ pub struct Config {
     pub unsubscribe: UnsubscribeConfig,
     #[serde(default)]
     pub slo: SloConfig,
+    #[serde(default)]
+    pub operators: OperatorsConfig,
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default, rename = "campaign")]
@@ -147,7 +151,7 @@ impl Config {
                 continue;
             }
             let mut take = |s: &str| p.remove(s).unwrap_or_default();
-            let t = TemplateConfig { subject: take("subject"), html: take("html"), text: take("text") };
+            let t = TemplateConfig::new(take("subject"), take("html"), take("text"));
             self.templates.insert(name, t);
         }
         if errors.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(errors)) }
@@ -239,6 +243,7 @@ impl Config {
         self.webhook.validate(&mut errors);
         self.unsubscribe.validate(&mut errors);
         campaign::validate(&self.campaigns, &self.delivery, &self.templates, &mut errors);
+        operators::validate(self, &mut errors);
         for (name, t) in &self.templates {
             if let Err(e) = crate::render::Renderer::check(name, t) {
                 errors.push(format!("templates.{name}: {e}"));

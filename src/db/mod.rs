@@ -451,6 +451,8 @@ pub struct Counts {
     pub failed: u64,
     pub skipped: u64,
     pub outcome_unknown: u64,
+    /// Operator mail sealed again from its fallback sender (its sender refused).
+    pub fallbacks: u64,
 }
 
 impl Counts {
@@ -567,6 +569,7 @@ impl Store {
             c.failed += get("failed");
             c.skipped += get("skipped");
             c.outcome_unknown += get("outcome_unknown");
+            c.fallbacks += get("fallbacks");
             for (field, n) in &part {
                 if let Some(variant) = field.strip_prefix("exposed:") {
                     *exposed.entry(variant.to_string()).or_default() += n;

@@ -43,6 +43,7 @@ pub struct Metrics {
     provider_down: IntGauge,
     unreplicated: IntCounterVec,
     unreplicated_now: IntGaugeVec,
+    sender_fallbacks: IntCounterVec,
     redis_errors: IntCounterVec,
     records_lost: prometheus::IntCounter,
     durability_relaxed: IntGauge,
@@ -219,6 +220,13 @@ impl Metrics {
                  or 8 s after the last try), by partition",
                 &["partition"],
             ),
+            sender_fallbacks: counter(
+                &r,
+                "mailstream_sender_fallbacks_total",
+                "Operator emails sent from their template's fallback_from after Resend refused their sender \
+                 (a warning: the first sender's domain is broken), by template",
+                &["template"],
+            ),
             redis: from_redis::Gauges::new(&r),
             stuck: gauges(
                 &r,
@@ -324,6 +332,9 @@ impl Metrics {
                 self.admin_action(operation, result, 0);
             }
         }
+        for (name, _) in config.templates.iter().filter(|(_, t)| t.fallback_from.is_some()) {
+            self.sender_fallbacks.with_label_values(&[name]).inc_by(0);
+        }
         for p in 0..config.redis.partitions {
             self.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
             self.set_unreplicated(p, false);
@@ -377,6 +388,23 @@ impl Metrics {
     /// The provider is down, or up, as this instance last saw it (scrapes read Redis).
     pub(crate) fn set_provider_down(&self, down: bool) {
         self.provider_down.set(i64::from(down));
+    }
+
+    /// Operator mail of `template` was accepted from its fallback sender, after Resend
+    /// refused the first one (`error`, HTTP `status`) on request `attempts`: a warning,
+    /// since a fallback that works silently hides a broken domain. No address is logged.
+    pub(crate) fn sender_fallback(&self, template: &str, error: &ErrorName, status: u16, attempts: u32) {
+        tracing::warn!(
+            template,
+            class = crate::resend::Action::SenderRejected.as_str(),
+            error = error.as_str(),
+            status,
+            attempts,
+            used_fallback_sender = true,
+            "Resend refused the sender of operator mail; it was sent from the template's fallback_from: \
+             check the first sender's domain (verification, DKIM, SPF)"
+        );
+        self.sender_fallbacks.with_label_values(&[template]).inc();
     }
 
     /// A batch of partition `p` went back unsent: its replicas did not acknowledge.

@@ -390,7 +390,13 @@ pub async fn sealed_batch(
         .map(|(d, s)| {
             let json =
                 format!(r#"{{"from":"a@acme.example","to":["{}"],"subject":"Digest {PERIOD}","text":"x"}}"#, s.email);
-            mailstream::work::Ready { entry: "0-1".into(), delivery: d.clone(), json, variant: None }
+            mailstream::work::Ready {
+                entry: "0-1".into(),
+                delivery: d.clone(),
+                json,
+                variant: None,
+                audience: Default::default(),
+            }
         })
         .collect();
     let req = mailstream::db::scripts::SealRequest {

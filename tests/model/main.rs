@@ -17,25 +17,27 @@ use std::time::{Duration, Instant};
 use protocol::{Budget, Delivery, Env, Lane, Mutant, Protocol};
 use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 
-/// The mutants the bound must catch (the three named ones, and a WAIT answered
-/// by another node, which the redis crate's cluster client could do after a failover).
-const REQUIRED: [Mutant; 4] = [
+/// The mutants the bound must catch (the three named ones, a WAIT answered by
+/// another node, which the redis crate's cluster client could do after a failover, and a
+/// sender fallback after a request that may have been sent).
+const REQUIRED: [Mutant; 5] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
     Mutant::WaitAnsweredElsewhere,
+    Mutant::FallbackAfterMaybeSent,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
-/// supplies, in partition 0; a receipt to an inline address, in partition 1), 2 holders,
+/// supplies, in partition 0; operator mail to an inline address, in partition 1), 2 holders,
 /// 2 partitions on 2 nodes, both environments; at most one crash, one stall, one
 /// failover, one unsubscribe, one suppression, one provider answer other than an
 /// acceptance, and one passing of the resend window.
 fn ci_bound(mutant: Option<Mutant>) -> Protocol {
     Protocol {
         deliveries: vec![
-            Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: false },
-            Delivery { partition: 1, lane: Lane::Transactional, address: 1, registry: false },
+            Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: false, operator: false },
+            Delivery { partition: 1, lane: Lane::Transactional, address: 1, registry: false, operator: true },
         ],
         partitions: 2,
         budget: Budget {
@@ -63,9 +65,10 @@ fn ci_bound(mutant: Option<Mutant>) -> Protocol {
 fn larger_bound() -> Protocol {
     let mut m = ci_bound(None);
     m.deliveries = vec![
-        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true },
-        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false },
-        Delivery { partition: 1, lane: Lane::Digest, address: 2, registry: false },
+        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false },
+        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false, operator: false },
+        Delivery { partition: 1, lane: Lane::Digest, address: 2, registry: false, operator: false },
+        Delivery { partition: 1, lane: Lane::Transactional, address: 3, registry: false, operator: true },
     ];
     m.budget = Budget {
         kicks: 2,
@@ -138,11 +141,11 @@ fn check_mutant(model: Protocol) -> Run {
 fn walk_bound() -> Protocol {
     let mut m = larger_bound();
     m.deliveries = vec![
-        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true },
-        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false },
-        Delivery { partition: 0, lane: Lane::Digest, address: 2, registry: false },
-        Delivery { partition: 1, lane: Lane::Digest, address: 3, registry: true },
-        Delivery { partition: 1, lane: Lane::Transactional, address: 4, registry: false },
+        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false },
+        Delivery { partition: 0, lane: Lane::Transactional, address: 1, registry: false, operator: false },
+        Delivery { partition: 0, lane: Lane::Digest, address: 2, registry: false, operator: false },
+        Delivery { partition: 1, lane: Lane::Digest, address: 3, registry: true, operator: false },
+        Delivery { partition: 1, lane: Lane::Transactional, address: 4, registry: false, operator: true },
     ];
     m.budget = Budget {
         kicks: 2,

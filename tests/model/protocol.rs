@@ -37,14 +37,17 @@ pub enum Lane {
 }
 
 /// One delivery of the bound: its partition, lane, the address its email is sent to
-/// (the registry's, an inline recipient, or the render hook's), and whether that is its
-/// subscriber's registry address (a suppression cascades to the subscriber record then).
+/// (the registry's, an inline recipient, or the render hook's), whether that is its
+/// subscriber's registry address (a suppression cascades to the subscriber record then),
+/// and whether it is operator mail (transactional, always in a request of its own, and
+/// sealed again once from a fallback sender when Resend refuses its sender).
 #[derive(Clone, Copy, Debug)]
 pub struct Delivery {
     pub partition: u8,
     pub lane: Lane,
     pub address: u8,
     pub registry: bool,
+    pub operator: bool,
 }
 
 /// How much of each kind of trouble a path may meet.
@@ -116,10 +119,15 @@ pub enum Mutant {
     /// from the holder that took the batch knowing it (a failover may have taken the
     /// record's mark back).
     GateForgetsWhatTheHolderKnows,
+    /// The sender fallback (attempt.rs and fallback.lua) seals operator mail again under a
+    /// new key though an earlier request of it may have been processed: a refusal now
+    /// (an API key rotated, refused before the idempotency store) does not prove that one
+    /// was refused too.
+    FallbackAfterMaybeSent,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 13] = [
+    pub const ALL: [Mutant; 14] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -133,6 +141,7 @@ impl Mutant {
         Mutant::WaitAnsweredElsewhere,
         Mutant::VerdictWithoutHolder,
         Mutant::GateForgetsWhatTheHolderKnows,
+        Mutant::FallbackAfterMaybeSent,
     ];
 
     pub fn name(self) -> &'static str {
@@ -150,6 +159,7 @@ impl Mutant {
             Mutant::WaitAnsweredElsewhere => "wait_answered_elsewhere",
             Mutant::VerdictWithoutHolder => "verdict_without_holder",
             Mutant::GateForgetsWhatTheHolderKnows => "gate_forgets_what_the_holder_knows",
+            Mutant::FallbackAfterMaybeSent => "fallback_after_maybe_sent",
         }
     }
 }
@@ -180,7 +190,8 @@ pub enum BatchState {
     Retry,
 }
 
-/// A batch record: its key is (id, version); the gate's reseal makes a new version.
+/// A batch record: its key is (id, version); the gate's reseal and the sender fallback
+/// make a new version.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Batch {
     pub id: u8,
@@ -190,6 +201,8 @@ pub struct Batch {
     pub state: BatchState,
     pub owner: u8,
     pub maybe_sent: bool,
+    /// Sealed again from the fallback sender (`fallback_error` on the record).
+    pub fallback: bool,
 }
 
 /// One partition's keys on one copy (the primary's, or what survives it).
@@ -231,6 +244,8 @@ pub enum Answer {
     Timeout,
     Retry,
     Fatal,
+    /// The sender refused (`sender_rejected`): fatal, but operator mail may fall back.
+    Refused,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -257,6 +272,8 @@ pub struct Hand {
     /// A member was no longer wanted (as acknowledged to whoever asked) when the gate
     /// let this body through.
     pub gated_unwanted: bool,
+    /// Its key is a fallback's (the holder tells from the key it holds).
+    pub fallback: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -308,7 +325,9 @@ pub enum Outcome {
     TimedOut,
     /// 429 or a refused connection: not processed.
     RateLimited,
-    /// A refusal: not processed.
+    /// A refusal of the sender (a domain not verified): not processed. Also possible for
+    /// a key the provider knows: a refusal before the idempotency store is consulted (an
+    /// API key rotated) proves nothing about the earlier request.
     Refused,
 }
 
@@ -352,7 +371,9 @@ impl fmt::Display for Action {
                 write!(f, "{}: WAIT 1 -> not acknowledged, reschedule.lua (put back)", holder_name(h))
             }
             Action::Send(h, o) => write!(f, "{}: POST /emails/batch -> {o:?}", holder_name(h)),
-            Action::Record(h) => write!(f, "{}: record the answer (settle.lua / reschedule.lua)", holder_name(h)),
+            Action::Record(h) => {
+                write!(f, "{}: record the answer (settle.lua / reschedule.lua / fallback.lua)", holder_name(h))
+            }
             Action::Take(h, p, b) => write!(f, "{}: take.lua(partition {p}, batch {b})", holder_name(h)),
             Action::Crash(h) => write!(f, "{} crashes (kill -9)", holder_name(h)),
             Action::Stall(h) => write!(f, "{} stalls (leases run out)", holder_name(h)),
@@ -444,6 +465,24 @@ impl Protocol {
 
     pub fn partition(&self, d: u8) -> usize {
         usize::from(self.deliveries[usize::from(d)].partition)
+    }
+
+    fn operator(&self, d: u8) -> bool {
+        self.deliveries[usize::from(d)].operator
+    }
+
+    /// What seal.lua is given for partition `p` from what a holder claimed (the batcher's
+    /// take): one operator email alone, or else every other email of the partition; the
+    /// rest stays claimed.
+    pub fn sealable(&self, claimed: &[Member], p: u8) -> (Vec<Member>, Vec<Member>) {
+        let (mut mine, mut rest): (Vec<Member>, Vec<Member>) =
+            claimed.iter().partition(|&&(d, _)| self.partition(d) == usize::from(p));
+        if let Some(i) = mine.iter().position(|&(d, _)| self.operator(d)) {
+            let alone = mine.remove(i);
+            rest.extend(mine);
+            mine = vec![alone];
+        }
+        (mine, rest)
     }
 
     /// Whether a member was no longer wanted as acknowledged: its subscriber unsubscribed
@@ -589,9 +628,15 @@ impl Model for Protocol {
                     }
                     Phase::Ready => {
                         actions.push(Action::Send(h, Outcome::Accepted));
-                        if s.left.failures > 0 && !s.provider.iter().any(|(k, _)| *k == (hand.batch, hand.version)) {
-                            for o in [Outcome::AnswerLost, Outcome::TimedOut, Outcome::RateLimited, Outcome::Refused] {
-                                actions.push(Action::Send(h, o));
+                        if s.left.failures > 0 {
+                            if s.provider.iter().any(|(k, _)| *k == (hand.batch, hand.version)) {
+                                actions.push(Action::Send(h, Outcome::Refused));
+                            } else {
+                                for o in
+                                    [Outcome::AnswerLost, Outcome::TimedOut, Outcome::RateLimited, Outcome::Refused]
+                                {
+                                    actions.push(Action::Send(h, o));
+                                }
                             }
                         }
                     }
@@ -703,8 +748,7 @@ impl Model for Protocol {
             Action::Seal(h, p) => {
                 let id = s.next_batch;
                 let holder = &mut s.holders[usize::from(h)];
-                let (mine, rest): (Vec<Member>, Vec<Member>) =
-                    holder.claimed.iter().partition(|&&(d, _)| self.partition(d) == usize::from(p));
+                let (mine, rest) = self.sealable(&holder.claimed, p);
                 holder.claimed = rest;
                 let live = &mut s.nodes[usize::from(p)].live;
                 let body: Vec<(u8, u8)> =
@@ -721,6 +765,7 @@ impl Model for Protocol {
                         state: BatchState::Sealed,
                         owner: h,
                         maybe_sent: false,
+                        fallback: false,
                     });
                     s.next_batch += 1;
                     let hand = Hand {
@@ -731,6 +776,7 @@ impl Model for Protocol {
                         maybe_sent: false,
                         phase: Phase::ToGate,
                         gated_unwanted: false,
+                        fallback: false,
                     };
                     s.holders[usize::from(h)].hand = Some(hand);
                 }
@@ -776,6 +822,11 @@ impl Model for Protocol {
                     s.ghost.left.push(key);
                 }
                 let answer = match s.provider.iter().find(|(k, _)| *k == key) {
+                    // Refused before the idempotency store is consulted.
+                    Some(_) if outcome == Outcome::Refused => {
+                        s.left.failures -= 1;
+                        Answer::Refused
+                    }
                     // A replay: the same key and body answer as before, no new send.
                     Some((_, body)) if *body == hand.body => Answer::Accepted,
                     // 409 invalid_idempotent_request.
@@ -798,7 +849,7 @@ impl Model for Protocol {
                             Outcome::Accepted => Answer::Accepted,
                             Outcome::AnswerLost | Outcome::TimedOut => Answer::Timeout,
                             Outcome::RateLimited => Answer::Retry,
-                            Outcome::Refused => Answer::Fatal,
+                            Outcome::Refused => Answer::Refused,
                         }
                     }
                 };
@@ -809,6 +860,13 @@ impl Model for Protocol {
                 let Phase::Answered(answer) = hand.phase else { unreachable!("recorded after an answer") };
                 let live = &mut s.nodes[usize::from(hand.partition)].live;
                 let present = live.batches.iter().any(|b| b.id == hand.batch);
+                if answer == Answer::Refused && self.fall_back(live, &hand, h) {
+                    // Sealed again, still in hand: its gate is next.
+                    let version = hand.version + 1;
+                    let hand = Hand { version, phase: Phase::ToGate, fallback: true, ..hand };
+                    s.holders[usize::from(h)].hand = Some(hand);
+                    return Some(s).map(|s| self.replicate(s));
+                }
                 match answer {
                     Answer::Accepted if present => Self::settle_members(live, hand.batch, |_| Rec::Sent),
                     Answer::Accepted => {
@@ -826,7 +884,7 @@ impl Model for Protocol {
                     }
                     Answer::Timeout => Self::reschedule(live, hand.batch, h, true),
                     Answer::Retry => Self::reschedule(live, hand.batch, h, hand.maybe_sent && !self.forgets()),
-                    Answer::Fatal => {
+                    Answer::Fatal | Answer::Refused => {
                         let holds = live.batches.iter().any(|b| b.id == hand.batch && b.owner == h);
                         if holds || self.on(Mutant::VerdictWithoutHolder) {
                             let maybe =
@@ -844,7 +902,7 @@ impl Model for Protocol {
                 let sending = b.state == BatchState::Sending && !self.on(Mutant::TakeIgnoresSending);
                 b.maybe_sent |= sending;
                 b.owner = h;
-                let (version, body, maybe_sent) = (b.version, b.body.clone(), b.maybe_sent);
+                let (version, body, maybe_sent, fallback) = (b.version, b.body.clone(), b.maybe_sent, b.fallback);
                 if maybe_sent && s.ghost.old.contains(&(id, version)) && !self.on(Mutant::NoResendWindow) {
                     // Expired: never resent blind; every member outcome_unknown.
                     Self::settle_members(live, id, |_| Rec::Unknown);
@@ -858,6 +916,7 @@ impl Model for Protocol {
                         maybe_sent,
                         phase: Phase::ToGate,
                         gated_unwanted: false,
+                        fallback,
                     };
                     s.holders[usize::from(h)].hand = Some(hand);
                 }
@@ -925,16 +984,7 @@ impl Model for Protocol {
                 s.provider.retain(|(k, _)| *k != (id, version));
             }
         }
-        // Replicas have every write but while replication is behind (with relaxed
-        // durability, but while a batch is on its way: the restart checked against loses
-        // only that batch's writes).
-        let idle = s.holders.iter().all(|x| x.hand.is_none());
-        for node in &mut s.nodes {
-            if (!node.lagging || (s.env == Env::LostWrites && idle)) && node.safe != node.live {
-                node.safe = node.live.clone();
-            }
-        }
-        Some(s)
+        Some(self.replicate(s))
     }
 
     fn format_action(&self, action: &Action) -> String {
@@ -963,6 +1013,43 @@ impl Model for Protocol {
             }));
         }
         properties
+    }
+}
+
+impl Protocol {
+    /// Replicas have every write but while replication is behind (with relaxed
+    /// durability, but while a batch is on its way: the restart checked against loses
+    /// only that batch's writes).
+    fn replicate(&self, mut s: State) -> State {
+        let idle = s.holders.iter().all(|x| x.hand.is_none());
+        for node in &mut s.nodes {
+            if (!node.lagging || (s.env == Env::LostWrites && idle)) && node.safe != node.live {
+                node.safe = node.live.clone();
+            }
+        }
+        s
+    }
+
+    /// The sender fallback after a refusal of `hand`'s request by holder `h`: for a request
+    /// of operator mail that is no fallback already, that neither the holder nor the record
+    /// says may have been processed before, and whose record is still this request
+    /// 'sending' (fallback.lua), a new version from the fallback sender, sealed and held.
+    /// True when it fell back.
+    fn fall_back(&self, live: &mut Data, hand: &Hand, h: u8) -> bool {
+        let operator = hand.body.iter().all(|&(d, _)| self.operator(d));
+        let guard = self.on(Mutant::FallbackAfterMaybeSent);
+        if !operator || hand.fallback || (hand.maybe_sent && !guard) {
+            return false;
+        }
+        let Some(b) = live.batches.iter_mut().find(|b| b.id == hand.batch) else { return false };
+        let mine = b.owner == h && b.state == BatchState::Sending && b.version == hand.version;
+        if !mine || (b.maybe_sent && !guard) || b.fallback {
+            return false;
+        }
+        b.version += 1;
+        b.fallback = true;
+        b.state = BatchState::Sealed;
+        true
     }
 }
 

@@ -1,6 +1,6 @@
 //! Conformance: seeded random walks of the model, each step executed for real against a
 //! `redis-server` with the real Lua scripts, through the typed calls the daemon makes
-//! (`scripts::claim`, `seal`, `gate`, `settle`, `reschedule`, `take`, `decide`,
+//! (`scripts::claim`, `seal`, `gate`, `settle`, `reschedule`, `fallback`, `take`, `decide`,
 //! `subscribers::upsert`, `suppression::apply`, the quota pause). After every step Redis
 //! is read back, projected onto the model's state, and must equal it.
 //!
@@ -18,7 +18,8 @@ use std::collections::BTreeMap;
 use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
 use mailstream::db::scripts::{
-    self, Claim, Decision, Gate, GateLimits, GateRequest, Reschedule, SealRequest, Settlement, Settler, Take, Verdict,
+    self, Claim, Decision, Fallback, FallbackRequest, Gate, GateLimits, GateRequest, Reschedule, SealRequest,
+    Settlement, Settler, Take, Verdict,
 };
 use mailstream::outcome::{Outcome, Reason};
 use mailstream::redis_server::RedisServer;
@@ -68,6 +69,11 @@ fn batch_name(id: u8) -> String {
 
 fn key_name(id: u8, version: u8) -> String {
     format!("k{id}.{version}")
+}
+
+/// A member's email object, as sealed, from `from`.
+fn email(from: &str, to: &str) -> String {
+    format!(r#"{{"from":"{from}","to":["{to}"],"subject":"s","text":"t"}}"#)
 }
 
 /// A mismatch between the model and Redis after a step.
@@ -303,19 +309,19 @@ impl Walker {
             Action::Seal(h, p) => {
                 let holder = &s.holders[usize::from(h)];
                 let entries = self.entries(conn, u16::from(p)).await?;
-                let items: Vec<Ready> = holder
-                    .claimed
+                let (sealable, _) = self.model.sealable(&holder.claimed, p);
+                let items: Vec<Ready> = sealable
                     .iter()
-                    .filter(|&&(d, _)| self.model.partition(d) == usize::from(p))
                     .map(|&(d, a)| {
                         let dref = self.names.deliveries[usize::from(d)].clone();
                         let to = &self.names.addresses[usize::from(d)];
                         let _ = a;
                         Ready {
                             entry: entries.get(&dref.id()).cloned().unwrap_or_default(),
-                            json: format!(r#"{{"from":"a@acme.example","to":["{to}"],"subject":"s","text":"t"}}"#),
+                            json: email("a@acme.example", to),
                             delivery: dref,
                             variant: None,
+                            audience: Default::default(),
                         }
                     })
                     .collect();
@@ -379,7 +385,35 @@ impl Walker {
                     }
                     Answer::Timeout => self.reschedule(conn, p, &batch, &who, true, true).await?,
                     Answer::Retry => self.reschedule(conn, p, &batch, &who, true, hand.maybe_sent).await?,
-                    Answer::Fatal => {
+                    Answer::Fatal | Answer::Refused => {
+                        // The sender fallback first, as attempt.rs tries it: operator mail, no
+                        // fallback already, and nothing the holder knows may have been sent.
+                        let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
+                        if answer == Answer::Refused && operator && !hand.fallback && !hand.maybe_sent {
+                            let emails: Vec<String> = hand
+                                .body
+                                .iter()
+                                .map(|&(d, _)| email("alerts@fallback.example", &self.names.addresses[usize::from(d)]))
+                                .collect();
+                            let (refused_key, key) =
+                                (key_name(hand.batch, hand.version), key_name(hand.batch, hand.version + 1));
+                            let request = FallbackRequest {
+                                partition: p,
+                                batch: &batch,
+                                owner: &who,
+                                refused_key: &refused_key,
+                                key: &key,
+                                template: "new_lead",
+                                error: "validation_error",
+                                status: 403,
+                                lease_ms: LEASE_MS,
+                            };
+                            if let Fallback::Sealed { .. } =
+                                scripts::fallback(conn, &self.store.keys, &request, &members, &emails).await?
+                            {
+                                return Ok(());
+                            }
+                        }
                         let error = Reason::Provider(mailstream::resend::ErrorName::InvalidParameter);
                         let verdict = if hand.maybe_sent { Verdict::Unknown(error) } else { Verdict::Failed(error) };
                         let verdicts = vec![verdict; members.len()];
@@ -615,6 +649,7 @@ impl Walker {
                     state: BatchState::Retry,
                     owner: u8::MAX,
                     maybe_sent: false,
+                    fallback: false,
                 });
                 continue;
             }
@@ -643,6 +678,7 @@ impl Walker {
                 state,
                 owner: fields.get("owner").and_then(|o| holder(o)).unwrap_or(u8::MAX),
                 maybe_sent: fields.get("maybe_sent").map(String::as_str) == Some("1"),
+                fallback: fields.contains_key("fallback_error"),
             });
         }
         data.batches.sort_by_key(|b| b.id);

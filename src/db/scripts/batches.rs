@@ -1,4 +1,4 @@
-//! Batches: seal, the last gate, take, reschedule, settle.
+//! Batches: seal, the last gate, take, reschedule, the sender fallback, settle.
 
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
@@ -303,6 +303,82 @@ pub(super) fn read_reschedule(tries: i64) -> RedisResult<Option<u32>> {
         -1 => Ok(None),
         n => u32::try_from(n).map(Some).map_err(|_| unexpected("reschedule.lua", &n.to_string())),
     }
+}
+
+/// A request of operator mail whose sender Resend refused, to seal again from its
+/// template's fallback sender (fallback.lua).
+#[derive(Debug, Clone)]
+pub struct FallbackRequest<'a> {
+    pub partition: u16,
+    pub batch: &'a str,
+    pub owner: &'a str,
+    /// The key of the refused request.
+    pub refused_key: &'a str,
+    /// The key derived from it, for the fallback request.
+    pub key: &'a str,
+    pub template: &'a str,
+    /// The refusal's error name and HTTP status (kept on the record: the delivery records
+    /// the original error if the fallback fails too).
+    pub error: &'a str,
+    pub status: u16,
+    /// The holder's lease on the fallback (sealed, it sends it at its next slot).
+    pub lease_ms: u64,
+}
+
+/// What fallback.lua did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fallback {
+    /// Sealed again, held by the caller, with this body (the members' emails, in order).
+    Sealed { body: String },
+    /// Another holder has the batch, or the refused request is no longer its own.
+    NotHeld,
+    /// An earlier request may have been processed: no fallback.
+    MaybeSent,
+    /// It is a fallback already: one swap only.
+    Again,
+}
+
+/// Seals a batch again from its fallback sender: `emails` are its members' email objects
+/// (in the batch's order) with the fallback's `from`.
+pub async fn fallback(
+    conn: &mut impl ConnectionLike,
+    keys: &Keys,
+    req: &FallbackRequest<'_>,
+    members: &[DeliveryRef],
+    emails: &[String],
+) -> RedisResult<Fallback> {
+    let p = req.partition;
+    let body = format!("[{}]", emails.join(","));
+    let sizes: Vec<String> = emails.iter().map(|e| e.len().to_string()).collect();
+    let mut call = SCRIPTS.fallback.prepare_invoke();
+    let Some(first) = members.first() else { return Ok(Fallback::NotHeld) };
+    call.key(keys.batch(p, req.batch)).key(keys.batches(p)).key(keys.counts(p, &first.campaign, &first.period));
+    for m in members {
+        call.key(keys.delivery(p, &m.id()));
+    }
+    call.arg(req.batch)
+        .arg(req.owner)
+        .arg(req.refused_key)
+        .arg(req.key)
+        .arg(&body)
+        .arg(sizes.join(" "))
+        .arg(req.template)
+        .arg(req.error)
+        .arg(req.status)
+        .arg(req.lease_ms);
+    let reply: String = call.invoke_async(conn).await?;
+    read_fallback(&reply, body)
+}
+
+/// fallback.lua's answer.
+pub(super) fn read_fallback(reply: &str, body: String) -> RedisResult<Fallback> {
+    Ok(match reply {
+        "sealed" => Fallback::Sealed { body },
+        "not_held" => Fallback::NotHeld,
+        "maybe_sent" => Fallback::MaybeSent,
+        "again" => Fallback::Again,
+        other => return Err(unexpected("fallback.lua", other)),
+    })
 }
 
 /// What became of one member of a batch.

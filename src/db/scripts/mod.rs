@@ -1,6 +1,6 @@
 //! The Lua scripts (embedded with `include_str!`, each behind `lua/prelude.lua`) as
 //! typed calls, one file per aggregate: `deliveries` (enqueue, claim, decide, hand
-//! back, renew), `batches` (seal, last gate, take, reschedule, settle), `fanout`,
+//! back, renew), `batches` (seal, last gate, take, reschedule, fallback, settle), `fanout`,
 //! `suppression` (and webhook events, one-click opt-out), `ops` (the quota pause, idle
 //! consumers). Each call touches the keys of one partition only; `EVALSHA` falls back
 //! to loading the script after `NOSCRIPT` (a restarted Redis), which the redis crate
@@ -50,7 +50,7 @@ macro_rules! scripts {
 
 scripts!(
     enqueue, ingest, defer, claim, seal, gate, take, reschedule, settle, decide, requeue, release, renew, pause,
-    forget, suppress, cascade, event, optout, due, fanout, health, wake,
+    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback,
 );
 
 /// The prelude every script of `lua/` is joined to (for a script run by another tool,
@@ -132,6 +132,7 @@ mod tests {
         assert!(batches::read_gate(strings(&["sideways"])).is_err(), "gate");
         assert!(batches::read_take(strings(&["take", "k", "body"])).is_err(), "take");
         assert!(batches::read_reschedule(-2).is_err(), "reschedule");
+        assert!(batches::read_fallback("sideways", String::new()).is_err(), "fallback");
         assert!(batches::read_settle("partly".into(), Vec::new()).is_err(), "settle");
         assert!(batches::read_settle("ok".into(), strings(&["delivered"])).is_err(), "settle");
         assert!(suppression::read_suppress(strings(&["maybe"])).is_err(), "suppress");
