@@ -6,13 +6,16 @@
 //! unsubscribe. Then it counts, from Redis and from the emulator, what was
 //! sent, failed, unknown, never settled, sent twice, or sent after an unsubscribe.
 
+#[path = "process.rs"]
+mod process;
+
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::kick;
@@ -115,36 +118,15 @@ fn say(opts: &ChaosOptions, line: &str) {
 const PARTITIONS: u16 = 1;
 
 fn config_text(redis_url: &str, emulator_url: &str, rps: u32) -> String {
-    // The benchmark kicks by hand; the shipped schedule would fire by the wall clock.
-    let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
-    for (from, to) in [
-        ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis_url}\"")),
-        ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator_url}\"")),
-        ("requests_per_second = 10".into(), format!("requests_per_second = {rps}")),
-        ("partitions = 1".into(), format!("partitions = {PARTITIONS}")),
-        ("timeout_seconds = 30".into(), "timeout_seconds = 2".into()),
-        ("lease_seconds = 15".into(), "lease_seconds = 6".into()),
-        ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
-    ] {
-        assert!(text.contains(&from), "config.toml lost {from}");
-        text = text.replacen(&from, &to, 1);
-    }
-    text
+    let more = [
+        ("requests_per_second = 10", format!("requests_per_second = {rps}")),
+        ("partitions = 1", format!("partitions = {PARTITIONS}")),
+    ];
+    process::config_text(redis_url, emulator_url, &more)
 }
 
 fn spawn_daemon(binary: &Path, config: &Path, log: &Path) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    Command::new(binary)
-        .arg("run")
-        .arg("--config")
-        .arg(config)
-        .env("RESEND_API_KEY", "re_chaos")
-        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))
+    process::spawn_daemon(binary, config, log, "re_chaos")
 }
 
 /// The emulator, which can be taken off the network and brought back on the same port.

@@ -13,13 +13,16 @@
 //! exercise what it is for (no fallback, no customer refusal, no kill between a
 //! refusal and its fallback, no refusal after a timeout).
 
+#[path = "process.rs"]
+mod process;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use mailstream::config::{Config, EXAMPLE, Secret};
+use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults};
 use mailstream::redis_server::{RedisOptions, RedisServer};
@@ -28,6 +31,7 @@ use mailstream::work::TRANSACTIONAL;
 use serde::Serialize;
 
 const OPERATOR: &str = "oncall@acme.example";
+const API_KEY: &str = "re_fallback_bench";
 const FALLBACK_DOMAIN: &str = "acme-mail.example";
 
 struct Options {
@@ -90,36 +94,6 @@ impl Report {
     }
 }
 
-fn config_text(redis_url: &str, emulator_url: &str) -> String {
-    // The benchmark enqueues by hand; the shipped schedule would fire by the wall clock.
-    let mut text = EXAMPLE.replacen("schedule = \"0 9 * * MON\"", "", 1);
-    for (from, to) in [
-        ("url = \"redis://127.0.0.1:6379\"".to_string(), format!("url = \"{redis_url}\"")),
-        ("base_url = \"https://api.resend.com\"".into(), format!("base_url = \"{emulator_url}\"")),
-        ("timeout_seconds = 30".into(), "timeout_seconds = 2".into()),
-        ("lease_seconds = 15".into(), "lease_seconds = 6".into()),
-        ("metrics_listen = \"127.0.0.1:9464\"".into(), "metrics_listen = \"127.0.0.1:0\"".into()),
-    ] {
-        assert!(text.contains(&from), "config.toml lost {from}");
-        text = text.replacen(&from, &to, 1);
-    }
-    text
-}
-
-fn spawn_daemon(binary: &Path, config: &Path, log: &Path) -> anyhow::Result<Child> {
-    let log = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    Command::new(binary)
-        .args(["run", "--config"])
-        .arg(config)
-        .env("RESEND_API_KEY", "re_fallback_bench")
-        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))
-}
-
 /// An operator request sealed again from its fallback sender whose request has not
 /// left yet (`sealed`, with the refusal it follows), other than those in `seen`.
 async fn fallback_waiting(store: &Store, seen: &BTreeSet<String>) -> anyhow::Result<Option<String>> {
@@ -154,7 +128,7 @@ async fn long_keys_taken(emulator_url: &str) -> anyhow::Result<bool> {
         let email = serde_json::json!({"from": format!("Ops <ops@{FALLBACK_DOMAIN}>"), "to": "delivered@resend.dev", "subject": format!("key {len}"), "text": "t"});
         let answer = http
             .post(format!("{emulator_url}/emails"))
-            .bearer_auth("re_fallback_bench")
+            .bearer_auth(API_KEY)
             .header("idempotency-key", key)
             .json(&email)
             .send()
@@ -186,9 +160,9 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     std::fs::create_dir_all(&dir)?;
     let (config_path, log_path) = (dir.join("config.toml"), dir.join("daemon.log"));
     let _ = std::fs::remove_file(&log_path);
-    std::fs::write(&config_path, config_text(&redis.url(), &emulator_url))?;
+    std::fs::write(&config_path, process::config_text(&redis.url(), &emulator_url, &[]))?;
     let mut config = Config::load(&config_path)?;
-    config.resend.api_key = Some(Secret::new("re_fallback_bench"));
+    config.resend.api_key = Some(Secret::new(API_KEY));
     let store = Store::open(&config).await?;
 
     let subs: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
@@ -217,7 +191,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
 
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
     let started = Instant::now();
-    let mut daemon = spawn_daemon(&binary, &config_path, &log_path)?;
+    let mut daemon = process::spawn_daemon(&binary, &config_path, &log_path, API_KEY)?;
     let (mut kills, mut killed_at) = (0, BTreeSet::new());
     let deadline = Instant::now() + Duration::from_secs(300);
     let (digest, tx) = loop {
@@ -240,7 +214,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
                     started.elapsed().as_secs_f64()
                 );
             }
-            daemon = spawn_daemon(&binary, &config_path, &log_path)?;
+            daemon = process::spawn_daemon(&binary, &config_path, &log_path, API_KEY)?;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     };

@@ -7,14 +7,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use mailstream::RunOptions;
 use mailstream::emulator::{EmulatorConfig, Stats};
 use mailstream::outcome::Failpoint;
-use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(180);
 const DELIVERIES: usize = 400;
@@ -36,12 +33,8 @@ async fn fail_over_at(point: Failpoint) -> Stats {
     world.subscribers(DELIVERIES).await;
     world.kick().await;
 
-    let reached = Arc::new(Notify::new());
-    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
-    let holder = Daemon::start(world.config.clone(), options);
-    tokio::time::timeout(SETTLE, reached.notified()).await.expect("a batch passed its gate and WAIT");
-    holder.task.abort();
-    let _ = holder.task.await;
+    // Until a batch passed its gate and WAIT.
+    crash_at(&world.config, point, SETTLE).await;
 
     // The batch it held: the one past its last gate and not settled.
     let (keys, mut conn) = (world.store.keys.clone(), world.store.conn().await.unwrap());

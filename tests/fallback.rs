@@ -7,17 +7,14 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use mailstream::RunOptions;
 use mailstream::emulator::{EmulatorConfig, Faults};
 use mailstream::ingest::ItemResult;
 use mailstream::outcome::Failpoint;
 use mailstream::redis_server::RedisOptions;
 use serde_json::json;
-use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(90);
 const FALLBACK_FROM: &str = "Acme alerts <alerts@acme-mail.example>";
@@ -144,15 +141,12 @@ async fn a_fallback_refused_too_records_the_first_refusal() {
 
 /// Runs a daemon that stops for good at `point` the first time (its tasks then aborted,
 /// as by kill -9), then another; the operator mail's record and the emulator after.
-async fn crash_at(point: Failpoint) -> (std::collections::HashMap<String, String>, mailstream::emulator::Emulator) {
+async fn crash_then_take_over(
+    point: Failpoint,
+) -> (std::collections::HashMap<String, String>, mailstream::emulator::Emulator) {
     let (world, emulator, _stop) = refusing(&["acme.example"]).await;
     let id = accepted(&enqueue(&world, vec![lead("lead-1")]).await[0]);
-    let reached = Arc::new(Notify::new());
-    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
-    let crashing = Daemon::start(world.config.clone(), options);
-    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the failpoint is reached");
-    crashing.task.abort();
-    let _ = crashing.task.await;
+    crash_at(&world.config, point, Duration::from_secs(30)).await;
     let survivor = world.daemon_as("survivor");
     let record = settled(&world, &id).await;
     survivor.stop().await;
@@ -161,7 +155,7 @@ async fn crash_at(point: Failpoint) -> (std::collections::HashMap<String, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_between_the_refusal_and_the_fallback_sends_the_fallback_once() {
-    let (record, emulator) = crash_at(Failpoint::FellBack).await;
+    let (record, emulator) = crash_then_take_over(Failpoint::FellBack).await;
     assert_eq!(record["state"], "sent", "{record:?}");
     let sent = emulator.accepted();
     assert_eq!((sent.len(), sent[0]["from"].as_str()), (1, Some(FALLBACK_FROM)));
@@ -175,7 +169,7 @@ async fn a_crash_between_the_refusal_and_the_fallback_sends_the_fallback_once() 
 async fn a_refusal_after_a_request_that_may_have_been_sent_never_falls_back() {
     // The refused request's answer is lost with its holder: whoever takes the batch over
     // cannot know the request was refused, so its resend's refusal proves nothing.
-    let (record, emulator) = crash_at(Failpoint::Answered).await;
+    let (record, emulator) = crash_then_take_over(Failpoint::Answered).await;
     assert_eq!((record["state"].as_str(), record["error"].as_str()), ("outcome_unknown", "validation_error"));
     assert!(!record.contains_key("fallback"), "{record:?}");
     let seen = requests(&emulator);

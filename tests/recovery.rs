@@ -4,11 +4,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use mailstream::RunOptions;
 use mailstream::config::Config;
 use mailstream::db::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::emulator::{EmulatorConfig, Faults};
@@ -16,7 +14,6 @@ use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::redis_server::RedisOptions;
 use mailstream::resend::ErrorName;
 use mailstream::work::{DeliveryRef, Ready};
-use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -34,12 +31,7 @@ async fn crash_and_recover(point: Failpoint) -> mailstream::emulator::Stats {
     world.subscribers(250).await;
     world.kick().await;
 
-    let reached = Arc::new(Notify::new());
-    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
-    let crashing = Daemon::start(world.config.clone(), options);
-    tokio::time::timeout(Duration::from_secs(30), reached.notified()).await.expect("the failpoint is reached");
-    crashing.task.abort();
-    let _ = crashing.task.await;
+    crash_at(&world.config, point, Duration::from_secs(30)).await;
 
     let survivor = world.daemon();
     let counts = world.settled(SETTLE).await;

@@ -456,6 +456,17 @@ pub fn freeze_at(
     })
 }
 
+/// Runs a daemon on `config` until it first reaches `point`, waiting at most `within`,
+/// then aborts its tasks there, as kill -9 would.
+pub async fn crash_at(config: &Config, point: mailstream::outcome::Failpoint, within: Duration) {
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
+    let crashing = Daemon::start(config.clone(), options);
+    tokio::time::timeout(within, reached.notified()).await.unwrap_or_else(|_| panic!("{point:?} is reached"));
+    crashing.task.abort();
+    let _ = crashing.task.await;
+}
+
 /// The last gate's limits in tests: a resend window of 23 h, deadlines of 48 h (never
 /// sent) and 6 h (maybe sent), an hour's retention, and a lease of `lease_ms`.
 pub fn gate_limits(lease_ms: u64) -> mailstream::db::scripts::GateLimits {
