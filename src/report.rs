@@ -39,16 +39,6 @@ fn key(store: &Store, name: &str, to: &str) -> String {
     format!("slo-report.{name}.{}", &hash[..hash.len().min(12)])
 }
 
-/// Suppressions made in the last 24 hours, by reason (from the suppression records).
-async fn suppressions_of_the_day(store: &Store) -> anyhow::Result<BTreeMap<String, u64>> {
-    let since = store.time().await?.timestamp_millis() as u64 - 86_400_000;
-    let mut by_reason = BTreeMap::new();
-    for entry in crate::suppression::list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {
-        *by_reason.entry(entry.reason).or_insert(0) += 1;
-    }
-    Ok(by_reason)
-}
-
 /// What the report's template sees as `subscriber.data`.
 fn data(report: &slo::Report, suppressions: &BTreeMap<String, u64>, name: &str) -> serde_json::Value {
     let pct = |r: f64| format!("{:.2}%", r * 100.0);
@@ -95,7 +85,7 @@ pub async fn enqueue(store: &Store, config: &Config, name: &str) -> anyhow::Resu
         r.template
     );
     let report = slo::evaluate(store, config, None, None).await?;
-    let data = data(&report, &suppressions_of_the_day(store).await?, name);
+    let data = data(&report, &crate::suppression::of_the_last_day(store).await?, name);
     let items = config
         .operators
         .to

@@ -129,6 +129,18 @@ pub struct Entry {
     pub event: String,
 }
 
+/// The suppressions made in the last 24 hours (Redis's clock), by reason: a scan of
+/// the suppression records, for an operator's page or report, not a hot path.
+pub(crate) async fn of_the_last_day(store: &Store) -> anyhow::Result<BTreeMap<String, u64>> {
+    let now = store.time().await?;
+    let since = (now.timestamp_millis().max(0) as u64).saturating_sub(24 * 3600 * 1000);
+    let mut by_reason = BTreeMap::new();
+    for e in list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {
+        *by_reason.entry(e.reason).or_insert(0) += 1;
+    }
+    Ok(by_reason)
+}
+
 /// Every suppression (a scan of the suppression records), or only `email`'s.
 pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Entry>> {
     let keys = match email {

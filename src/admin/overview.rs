@@ -42,12 +42,7 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
     let provider_down_since = down
         .and_then(|ms| chrono::DateTime::from_timestamp_millis(ms as i64))
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    // A scan of the suppression records: an operator's page, not a hot path.
-    let since = (now.timestamp_millis().max(0) as u64).saturating_sub(24 * 3600 * 1000);
-    let mut suppressed_last_24h = std::collections::BTreeMap::new();
-    for e in suppression::list(store, None).await?.into_iter().filter(|e| e.at_ms >= since) {
-        *suppressed_last_24h.entry(e.reason).or_insert(0) += 1;
-    }
+    let suppressed_last_24h = suppression::of_the_last_day(store).await?;
     Ok(Overview {
         at: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         slo,
