@@ -7,13 +7,15 @@
 -- 'sending', takes it as maybe sent, and never falls back) or leaves the fallback sealed
 -- like any new batch, sent by whoever takes it after the lease with the same key and body.
 -- The members' records are marked `fallback`, for the delivery log, and the fallback is
--- counted in the period's counts hash (`fallbacks`), for the SLO report.
+-- counted in the period's counts hash (`fallbacks`: sealed again so, whatever came of it),
+-- for the SLO report and the admin overview.
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] the counts hash of its members' campaign
 --   period (operator mail: one member), then per member its delivery key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] the refused key, ARGV[4] the derived key,
 --   ARGV[5] the new body, ARGV[6] its members' sizes, ARGV[7] the template,
---   ARGV[8] the refusal's error name, ARGV[9] its HTTP status, ARGV[10] lease ms
+--   ARGV[8] the refusal's error name, ARGV[9] its HTTP status, ARGV[10] lease ms,
+--   ARGV[11] retention seconds (of the counts hash)
 -- Returns 'sealed', or why not: 'not_held' (another holder has it, or the request the
 -- answer is for is no longer the batch's), 'maybe_sent', 'again' (it is a fallback already).
 local bid, owner = ARGV[1], ARGV[2]
@@ -33,6 +35,7 @@ redis.call('HSET', KEYS[1], 'state', 'sealed', 'key', ARGV[4], 'body', ARGV[5], 
   'last_error', ARGV[8], 'fallback_template', ARGV[7], 'fallback_error', ARGV[8], 'fallback_status', ARGV[9])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[10]), bid)
 redis.call('HINCRBY', KEYS[3], 'fallbacks', 1)
+redis.call('EXPIRE', KEYS[3], tonumber(ARGV[11]))
 for m = 4, #KEYS do
   if redis.call('HGET', KEYS[m], 'batch') == bid then
     redis.call('HSET', KEYS[m], 'fallback', '1')

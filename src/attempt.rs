@@ -12,7 +12,7 @@ use chrono::Utc;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::batch::{self, QUOTA_RECHECK};
+use crate::batch::{self, FellBack, QUOTA_RECHECK};
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::scripts::{Reschedule, Settler, Verdict};
@@ -87,10 +87,16 @@ impl Sender {
                 let news = PacingNews { rate: accepted.rate, pause: None, late_arrival };
                 // Permissive validation may report a refused sender per email: for a request
                 // of one email, that is the request refused, and nothing of it was sent.
-                if let Some(e) = refused_sender(&accepted.items).filter(|_| refusal.is_none() && !b.maybe_sent)
-                    && let Some(again) = batch::fall_back(ctx, &b, &e).await
+                // (Settled as an answer when it does not fall back: a 200 is this request's, or
+                // a replay of the first one's, so 'failed' is true of it.)
+                if let Some(e) = refused_sender(&accepted.items)
+                    && batch::may_fall_back(e.action, e.maybe_sent, b.maybe_sent, refusal.is_some())
                 {
-                    return (news, Some(again));
+                    match batch::fall_back(ctx, &b, &e).await {
+                        FellBack::Sealed(again) => return (news, Some(again)),
+                        FellBack::Unknown => return (news, None),
+                        FellBack::No => {}
+                    }
                 }
                 // A fallback refused too records the refusal it followed.
                 let invalid = refusal.as_ref().map_or(ErrorName::ValidationError, |r| r.error.clone());
@@ -154,14 +160,12 @@ impl Sender {
     /// the batch to send at once when it fell back to another sender.
     async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<batch::Refusal>) -> Option<Sealed> {
         self.health(ctx, &b.id, Some(&e)).await;
-        // Once, and only when nothing can have been sent: a refusal now does not prove an
-        // earlier request was refused too.
-        let first_refusal = e.action == Action::SenderRejected && !e.maybe_sent && !b.maybe_sent;
-        if first_refusal
-            && refusal.is_none()
-            && let Some(again) = batch::fall_back(ctx, &b, &e).await
-        {
-            return Some(again);
+        if batch::may_fall_back(e.action, e.maybe_sent, b.maybe_sent, refusal.is_some()) {
+            match batch::fall_back(ctx, &b, &e).await {
+                FellBack::Sealed(again) => return Some(again),
+                FellBack::Unknown => return None,
+                FellBack::No => {}
+            }
         }
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");

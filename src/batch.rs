@@ -20,7 +20,7 @@ use crate::db::scripts::{
 };
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
-use crate::resend::{ErrorName, ProviderError};
+use crate::resend::{Action, ErrorName, ProviderError};
 use crate::work::{Audience, DeliveryRef, Lane, Ready, Sealed};
 
 /// The gate's limits from the config.
@@ -242,6 +242,28 @@ pub(crate) fn is_fallback_key(key: &str) -> bool {
     key.ends_with(FALLBACK_SUFFIX)
 }
 
+/// Whether a request answered with `action` may fall back to another sender: only a
+/// sender refusal, of a request that is no fallback already, when neither this answer
+/// nor anything its holder knows says a request of it may have been processed (a
+/// refusal now does not prove an earlier request was refused too). The record is asked
+/// too, by fallback.lua; and only operator mail has a sender to fall back to.
+pub fn may_fall_back(action: Action, maybe_sent_now: bool, maybe_sent_before: bool, fallback_already: bool) -> bool {
+    action == Action::SenderRejected && !maybe_sent_now && !maybe_sent_before && !fallback_already
+}
+
+/// What [`fall_back`] did.
+#[derive(Debug)]
+pub(crate) enum FellBack {
+    /// Sealed again from the fallback sender: send this.
+    Sealed(Sealed),
+    /// No fallback (customer mail, none configured, or the record says no): settle the
+    /// refusal as it is.
+    No,
+    /// Redis did not answer: the batch is left as it is, for whoever takes it over after
+    /// its lease (it finds the refused request 'sending', or the fallback sealed).
+    Unknown,
+}
+
 /// The refusal a fallback request follows, as its batch record keeps it.
 #[derive(Debug, Clone)]
 pub(crate) struct Refusal {
@@ -278,19 +300,21 @@ pub(crate) async fn refusal_of(ctx: &Ctx, b: &Sealed) -> Option<Refusal> {
 }
 
 /// The operator template of `b` and its fallback sender: `Some` only for a request of
-/// one operator email whose template names `fallback_from` (read from its record).
+/// one operator email whose template names `fallback_from`, to an address that is one
+/// of `[operators] to` now (read from its record: the config may have changed since it
+/// was enqueued).
 async fn fallback_sender(ctx: &Ctx, conn: &mut Conn, b: &Sealed) -> anyhow::Result<Option<(String, String)>> {
     let [member] = b.members.as_slice() else { return Ok(None) };
-    if member.lane() != Lane::Transactional {
-        return Ok(None);
-    }
     let request: Option<String> = redis::cmd("HGET")
         .arg(ctx.store.keys.delivery(b.partition, &member.id()))
         .arg("request")
         .query_async(conn)
         .await?;
-    let template = request.and_then(|r| serde_json::from_str::<crate::ingest::Request>(&r).ok()?.template);
-    Ok(template.and_then(|name| {
+    let Some(request) = request.and_then(|r| serde_json::from_str::<crate::ingest::Request>(&r).ok()) else {
+        return Ok(None);
+    };
+    let to_operators = request.to.as_deref().is_some_and(|to| ctx.config.operators.includes(to));
+    Ok(request.template.filter(|_| to_operators).and_then(|name| {
         let t = ctx.config.templates.get(&name).filter(|t| t.audience == Audience::Operators)?;
         Some((name, t.fallback_from.clone()?))
     }))
@@ -307,16 +331,22 @@ fn from_sender(body: &[u8], from: &str) -> Option<Vec<String>> {
 }
 
 /// Resend refused the sender of `b` (`e`, an answer: nothing of this request was sent)
-/// and no earlier request of it may have been processed: if it is operator mail whose
-/// template names a fallback sender, seals it again from that sender under
-/// [`fallback_key`], still held, and returns it to send at the next slot. `None` otherwise
-/// (customer mail, a fallback already, or the record says it may have been sent):
-/// the refusal is then settled as it is.
-pub(crate) async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> Option<Sealed> {
+/// and, as far as its holder knows, no earlier request of it may have been processed
+/// ([`may_fall_back`]): if it is operator mail whose template names a fallback sender,
+/// seals it again from that sender under [`fallback_key`], still held, to send as its
+/// holder's next resend.
+pub(crate) async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> FellBack {
+    // Customer mail is never looked up: a request of one transactional email at most.
+    if b.members.len() != 1 || b.members[0].lane() != Lane::Transactional {
+        return FellBack::No;
+    }
     let result = async {
         let mut conn = ctx.store.conn().await?;
-        let Some((template, from)) = fallback_sender(ctx, &mut conn, b).await? else { return Ok(None) };
-        let emails = from_sender(&b.body, &from).ok_or_else(|| anyhow::anyhow!("a sealed body is not emails"))?;
+        let Some((template, from)) = fallback_sender(ctx, &mut conn, b).await? else { return Ok(FellBack::No) };
+        let Some(emails) = from_sender(&b.body, &from) else {
+            tracing::error!(template, "a sealed body is not a list of emails; no sender fallback");
+            return Ok(FellBack::No);
+        };
         let key = fallback_key(&b.key);
         let request = FallbackRequest {
             partition: b.partition,
@@ -328,12 +358,13 @@ pub(crate) async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> Optio
             error: e.name.as_str(),
             status: e.status.unwrap_or_default(),
             lease_ms: ctx.config.lease().as_millis() as u64,
+            retention_secs: ctx.config.retention().as_secs(),
         };
         let sealed = match scripts::fallback(&mut conn, &ctx.store.keys, &request, &b.members, &emails).await? {
             Fallback::Sealed { body } => body,
             other => {
                 tracing::info!(template, outcome = ?other, "no sender fallback for this request");
-                return Ok(None);
+                return Ok(FellBack::No);
             }
         };
         tracing::info!(
@@ -343,11 +374,11 @@ pub(crate) async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> Optio
         );
         ctx.failpoints.at(Failpoint::FellBack).await;
         let again = Sealed { key, body: Bytes::from(sealed), tries: b.tries + 1, maybe_sent: false, ..b.clone() };
-        anyhow::Ok(Some(again))
+        anyhow::Ok(FellBack::Sealed(again))
     };
     result.await.unwrap_or_else(|err| {
         ctx.metrics.redis_error("fallback", &err);
-        None
+        FellBack::Unknown
     })
 }
 
@@ -527,6 +558,17 @@ mod tests {
         assert_eq!(fallback_key(&"k".repeat(255)).len(), 256);
         // Characters, not bytes: a key of 256 multi-byte characters is cut on one.
         assert_eq!(fallback_key(&"é".repeat(256)).chars().count(), 256);
+    }
+
+    #[test]
+    fn only_a_first_sender_refusal_with_nothing_maybe_sent_may_fall_back() {
+        assert!(may_fall_back(Action::SenderRejected, false, false, false));
+        assert!(!may_fall_back(Action::SenderRejected, true, false, false), "this request may have been processed");
+        assert!(!may_fall_back(Action::SenderRejected, false, true, false), "an earlier one may have been");
+        assert!(!may_fall_back(Action::SenderRejected, false, false, true), "once only");
+        for other in [Action::Fatal, Action::Retryable, Action::QuotaExhausted] {
+            assert!(!may_fall_back(other, false, false, false), "{other}");
+        }
     }
 
     #[test]

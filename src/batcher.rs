@@ -173,10 +173,18 @@ impl Batcher {
         Ok(())
     }
 
-    /// Queues a sealed batch for resending.
-    pub(crate) fn push_resend(&self, sealed: Sealed) {
-        self.queues.lock().expect("batcher lock").resend.push_back(sealed);
+    /// Queues a sealed batch for resending; gives it back once closed (stopping: the
+    /// caller puts it back in Redis, so another instance need not wait out its lease).
+    pub(crate) fn push_resend(&self, sealed: Sealed) -> Result<(), Sealed> {
+        let mut q = self.queues.lock().expect("batcher lock");
+        // Checked under the lock `drain` takes, so nothing lands after the last drain.
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(sealed);
+        }
+        q.resend.push_back(sealed);
+        drop(q);
         self.changed.notify_one();
+        Ok(())
     }
 
     /// Stops queueing: waiting and later pushes get their items back.
@@ -477,7 +485,7 @@ mod tests {
     async fn transactional_mail_takes_the_next_slot_before_resends_and_full_digests() {
         let b = Batcher::new(2, 100, 300);
         b.push(0, Lane::Digest, ready(300)).await.unwrap();
-        b.push_resend(resend_of(1, "b1"));
+        b.push_resend(resend_of(1, "b1")).unwrap();
         tokio::time::advance(Duration::from_millis(5)).await;
         // A digest backlog does not hold a receipt's reader back: each lane has its room.
         b.try_push(1, Lane::Transactional, lane_ready(crate::work::TRANSACTIONAL, 3)).unwrap();
@@ -593,7 +601,7 @@ mod tests {
     async fn a_held_partition_s_resend_waits_and_waiting_for_work_ends_with_its_backoff() {
         let b = Arc::new(Batcher::new(2, 100, 100));
         b.replicas_failed(1);
-        b.push_resend(resend_of(1, "b1"));
+        b.push_resend(resend_of(1, "b1")).unwrap();
         assert!(b.take().is_none(), "its partition is held");
         let waiting = {
             let b = b.clone();

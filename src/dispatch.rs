@@ -176,26 +176,34 @@ impl Dispatcher {
         };
         // In hand (whatever its gate leaves of it) until it is sent or given up: its lease
         // is renewed, and the reclaimer leaves it alone.
-        let _held = self.batcher.hold(&sealed.id, p);
+        let held = self.batcher.hold(&sealed.id, p);
         let span = sealed.span();
-        async {
+        let fallback = async {
             // Stopping: back to Redis unsent, before its gate makes it look maybe sent.
             if ctx.shutdown.is_triggered() {
                 batch::put_back(ctx, &sealed, Duration::ZERO).await;
                 self.batcher.gate_done(p);
-                return;
+                return None;
             }
             let go = self.pass_gate(ctx, &mut sealed).await;
             // The partition's next batch may go to its gate (a hold that began stays).
             self.batcher.gate_done(p);
             if !go {
-                return;
+                return None;
             }
             let _ = gated.send(());
-            self.send(ctx, sealed, Instant::now(), asked, taken).await;
+            self.send(ctx, sealed, Instant::now(), asked, taken).await
         }
-        .instrument(span)
+        .instrument(span.clone())
         .await;
+        // Sealed again from its fallback sender: the next resend, in hand again once this
+        // task's hold has ended (the hold is by batch id), lease fresh from fallback.lua.
+        drop(held);
+        if let Some(again) = fallback
+            && let Err(again) = self.batcher.push_resend(again)
+        {
+            batch::put_back(ctx, &again, Duration::ZERO).instrument(span).await;
+        }
     }
 
     /// Runs the last gate; true when the request may leave. A batch its replicas did not
@@ -228,8 +236,16 @@ impl Dispatcher {
     }
 
     /// Takes the slot for a gated batch and sends it; `taken` is told once the slot is
-    /// taken or given up.
-    async fn send(&self, ctx: &Ctx, mut sealed: Sealed, gated: Instant, asked: Instant, taken: Signal) {
+    /// taken or given up. Returns the batch sealed again from its fallback sender, if the
+    /// provider refused its sender and it fell back.
+    async fn send(
+        &self,
+        ctx: &Ctx,
+        mut sealed: Sealed,
+        gated: Instant,
+        asked: Instant,
+        taken: Signal,
+    ) -> Option<Sealed> {
         let mut shutdown = ctx.shutdown.clone();
         let slot = match self.limiter.take(SLOT_PATIENCE, &mut shutdown).await {
             Ok(slot) => slot,
@@ -237,13 +253,13 @@ impl Dispatcher {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
                 let _ = taken.send(());
                 batch::put_back(ctx, &sealed, delay).await;
-                return;
+                return None;
             }
         };
         let _ = taken.send(());
         // The slot moved while the batch waited: look again right before it leaves.
         if gated.elapsed() > GATE_FRESHNESS && !self.pass_gate(ctx, &mut sealed).await {
-            return;
+            return None;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
         // The departure is recorded once the request's bytes can go out on a ready
@@ -261,10 +277,7 @@ impl Dispatcher {
             self.limiter.departed(slot).await;
         }
         self.obey(&news).await;
-        // Sealed again from its fallback sender: at the next slot, still in hand.
-        if let Some(again) = fallback {
-            self.batcher.push_resend(again);
-        }
+        fallback
     }
 
     /// Applies what the provider said about pacing, team-wide.

@@ -133,7 +133,9 @@ impl Reclaimer {
                 Take::Take { key, body, members, tries, maybe_sent } => {
                     tracing::debug!(batch = %batch, tries, "resending sealed batch");
                     let taken = Sealed::new(p, batch, key, Bytes::from(body), members);
-                    self.batcher.push_resend(Sealed { tries, maybe_sent, ..taken });
+                    if let Err(taken) = self.batcher.push_resend(Sealed { tries, maybe_sent, ..taken }) {
+                        batch::put_back(ctx, &taken, Duration::ZERO).await;
+                    }
                 }
                 Take::Expired { members } => {
                     tracing::error!(

@@ -175,7 +175,7 @@ mod tests {
             "10 failed of 100",
             "2 outcome unknown",
             "3 stuck",
-            "1 sent from a fallback sender",
+            "1 fell back to a fallback sender",
             "bounced: 4",
         ] {
             assert!(text.contains(figure), "{figure:?} in {text}");

@@ -31,7 +31,8 @@ pub struct PeriodReport {
     pub skipped: u64,
     pub outcome_unknown: u64,
     pub pending: u64,
-    /// Operator mail sealed again from its fallback sender (a warning: a domain is refused).
+    /// Operator mail whose sender was refused and that was sealed again from its
+    /// fallback sender, whatever came of it (a warning: a sender's domain is refused).
     pub fallbacks: u64,
     /// `None` while nothing is sent or failed.
     pub failure_rate: Option<f64>,
@@ -146,7 +147,7 @@ pub fn render(report: &Report) -> String {
             r.pending,
         );
         if r.fallbacks > 0 {
-            out += &format!("    sent from a fallback sender: {} (a sender's domain is refused)\n", r.fallbacks);
+            out += &format!("    fell back to a fallback sender: {} (a sender's domain is refused)\n", r.fallbacks);
         }
         if stuck > 0 {
             let kinds: Vec<String> = r.stuck.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();

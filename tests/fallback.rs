@@ -139,6 +139,19 @@ async fn a_fallback_refused_too_records_the_first_refusal() {
     assert_eq!(dead.iter().map(|d| d.error.as_str()).collect::<Vec<_>>(), ["validation_error"]);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_no_longer_among_the_operators_gets_no_fallback() {
+    let (mut world, emulator, _stop) = refusing(&["acme.example"]).await;
+    let id = accepted(&enqueue(&world, vec![lead("lead-1")]).await[0]);
+    // The team changed between the enqueue and the refusal.
+    world.config.operators.to = vec!["someone-else@acme.example".into()];
+    let daemon = world.daemon();
+    let record = settled(&world, &id).await;
+    daemon.stop().await;
+    assert_eq!((record["state"].as_str(), record["error"].as_str()), ("failed", "validation_error"), "{record:?}");
+    assert!(!record.contains_key("fallback") && emulator.accepted().is_empty(), "{record:?}");
+}
+
 /// Runs a daemon that stops for good at `point` the first time (its tasks then aborted,
 /// as by kill -9), then another; the operator mail's record and the emulator after.
 async fn crash_then_take_over(

@@ -244,6 +244,7 @@ impl Config {
         self.unsubscribe.validate(&mut errors);
         campaign::validate(&self.campaigns, &self.delivery, &self.templates, &mut errors);
         operators::validate(self, &mut errors);
+        slo::validate_report(self, &mut errors);
         for (name, t) in &self.templates {
             if let Err(e) = crate::render::Renderer::check(name, t) {
                 errors.push(format!("templates.{name}: {e}"));

@@ -40,25 +40,7 @@ fn domain(address: &str) -> Option<String> {
 /// `audience` and `fallback_from`: only operator templates may fall back, to a sender of
 /// another domain than the one refused, and no campaign may mail customers from one.
 pub(super) fn validate(config: &super::Config, errors: &mut Vec<String>) {
-    let (operators, templates) = (&config.operators, &config.templates);
-    check_report(config, errors);
-    check(operators, templates, &config.campaigns, &config.resend.from, errors);
-}
-
-/// `[slo.report]` with a schedule needs its template, an operator one.
-fn check_report(config: &super::Config, errors: &mut Vec<String>) {
-    let r = &config.slo.report;
-    if r.schedule.is_none() {
-        return;
-    }
-    match config.templates.get(&r.template) {
-        None => errors.push(format!("slo.report.template: no [templates.{}] to render the report with", r.template)),
-        Some(t) if t.audience != Audience::Operators => errors.push(format!(
-            "slo.report.template: {:?} must have audience = \"operators\": the report is operator mail",
-            r.template
-        )),
-        Some(_) => {}
-    }
+    check(&config.operators, &config.templates, &config.campaigns, &config.resend.from, errors);
 }
 
 fn check(

@@ -53,6 +53,30 @@ impl SloReportConfig {
     }
 }
 
+/// `[slo.report]` with a schedule needs its template, an operator one, and a retention
+/// that outlives its catch-up window (the fire's idempotency keys guard it that long).
+pub(super) fn validate_report(config: &super::Config, errors: &mut Vec<String>) {
+    let r = &config.slo.report;
+    if r.schedule.is_none() {
+        return;
+    }
+    match config.templates.get(&r.template) {
+        None => errors.push(format!("slo.report.template: no [templates.{}] to render the report with", r.template)),
+        Some(t) if t.audience != crate::work::Audience::Operators => errors.push(format!(
+            "slo.report.template: {:?} must have audience = \"operators\": the report is operator mail",
+            r.template
+        )),
+        Some(_) => {}
+    }
+    if u64::from(r.catch_up_hours) * 3600 >= config.retention().as_secs() {
+        errors.push(format!(
+            "slo.report.catch_up_hours: must be shorter than the retention (delivery.retention_days), or a late \
+             start could send a fire's report twice (got {} h)",
+            r.catch_up_hours
+        ));
+    }
+}
+
 impl SloConfig {
     /// Adds a message, naming its key, for each objective of `[slo]` that is out of range.
     pub(super) fn validate(&self, errors: &mut Vec<String>) {

@@ -451,7 +451,8 @@ pub struct Counts {
     pub failed: u64,
     pub skipped: u64,
     pub outcome_unknown: u64,
-    /// Operator mail sealed again from its fallback sender (its sender refused).
+    /// Operator mail sealed again from its fallback sender (its sender refused), whatever
+    /// came of it.
     pub fallbacks: u64,
 }
 

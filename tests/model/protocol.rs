@@ -1037,13 +1037,13 @@ impl Protocol {
     /// True when it fell back.
     fn fall_back(&self, live: &mut Data, hand: &Hand, h: u8) -> bool {
         let operator = hand.body.iter().all(|&(d, _)| self.operator(d));
-        let guard = self.on(Mutant::FallbackAfterMaybeSent);
-        if !operator || hand.fallback || (hand.maybe_sent && !guard) {
+        let unguarded = self.on(Mutant::FallbackAfterMaybeSent);
+        if !operator || hand.fallback || (hand.maybe_sent && !unguarded) {
             return false;
         }
         let Some(b) = live.batches.iter_mut().find(|b| b.id == hand.batch) else { return false };
         let mine = b.owner == h && b.state == BatchState::Sending && b.version == hand.version;
-        if !mine || (b.maybe_sent && !guard) || b.fallback {
+        if !mine || (b.maybe_sent && !unguarded) || b.fallback {
             return false;
         }
         b.version += 1;

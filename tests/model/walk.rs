@@ -23,6 +23,7 @@ use mailstream::db::scripts::{
 };
 use mailstream::outcome::{Outcome, Reason};
 use mailstream::redis_server::RedisServer;
+use mailstream::resend::Action as Class;
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::suppression::{self, Act, Why};
 use mailstream::work::{DeliveryRef, Lane as WorkLane, Ready};
@@ -389,7 +390,8 @@ impl Walker {
                         // The sender fallback first, as attempt.rs tries it: operator mail, no
                         // fallback already, and nothing the holder knows may have been sent.
                         let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
-                        if answer == Answer::Refused && operator && !hand.fallback && !hand.maybe_sent {
+                        let action = if answer == Answer::Refused { Class::SenderRejected } else { Class::Fatal };
+                        if operator && mailstream::batch::may_fall_back(action, false, hand.maybe_sent, hand.fallback) {
                             let emails: Vec<String> = hand
                                 .body
                                 .iter()
@@ -407,6 +409,7 @@ impl Walker {
                                 error: "validation_error",
                                 status: 403,
                                 lease_ms: LEASE_MS,
+                                retention_secs: RETENTION,
                             };
                             if let Fallback::Sealed { .. } =
                                 scripts::fallback(conn, &self.store.keys, &request, &members, &emails).await?

@@ -321,8 +321,10 @@ pub struct FallbackRequest<'a> {
     /// the original error if the fallback fails too).
     pub error: &'a str,
     pub status: u16,
-    /// The holder's lease on the fallback (sealed, it sends it at its next slot).
+    /// The holder's lease on the fallback (sealed, it sends it as its next resend).
     pub lease_ms: u64,
+    /// How long the period's counts hash is kept.
+    pub retention_secs: u64,
 }
 
 /// What fallback.lua did.
@@ -365,7 +367,8 @@ pub async fn fallback(
         .arg(req.template)
         .arg(req.error)
         .arg(req.status)
-        .arg(req.lease_ms);
+        .arg(req.lease_ms)
+        .arg(req.retention_secs);
     let reply: String = call.invoke_async(conn).await?;
     read_fallback(&reply, body)
 }
