@@ -238,13 +238,12 @@ impl Config {
         self.delivery.validate(&mut errors);
         self.log.validate(&mut errors);
         self.http.validate_admin_tokens(&mut errors);
-        self.slo.validate(&mut errors);
+        slo::validate(self, &mut errors);
         self.http.validate(&mut errors);
         self.webhook.validate(&mut errors);
         self.unsubscribe.validate(&mut errors);
         campaign::validate(&self.campaigns, &self.delivery, &self.templates, &mut errors);
         operators::validate(self, &mut errors);
-        slo::validate_report(self, &mut errors);
         for (name, t) in &self.templates {
             if let Err(e) = crate::render::Renderer::check(name, t) {
                 errors.push(format!("templates.{name}: {e}"));

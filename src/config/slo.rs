@@ -53,9 +53,15 @@ impl SloReportConfig {
     }
 }
 
+/// Adds a message, naming its key, for each problem of `[slo]` and `[slo.report]`.
+pub(super) fn validate(config: &super::Config, errors: &mut Vec<String>) {
+    config.slo.validate(errors);
+    validate_report(config, errors);
+}
+
 /// `[slo.report]` with a schedule needs its template, an operator one, and a retention
 /// that outlives its catch-up window (the fire's idempotency keys guard it that long).
-pub(super) fn validate_report(config: &super::Config, errors: &mut Vec<String>) {
+fn validate_report(config: &super::Config, errors: &mut Vec<String>) {
     let r = &config.slo.report;
     if r.schedule.is_none() {
         return;
@@ -79,7 +85,7 @@ pub(super) fn validate_report(config: &super::Config, errors: &mut Vec<String>) 
 
 impl SloConfig {
     /// Adds a message, naming its key, for each objective of `[slo]` that is out of range.
-    pub(super) fn validate(&self, errors: &mut Vec<String>) {
+    fn validate(&self, errors: &mut Vec<String>) {
         let mut check = |ok: bool, message: String| {
             if !ok {
                 errors.push(message);
