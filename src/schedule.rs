@@ -143,13 +143,23 @@ impl Scheduler {
         }
         let mut shutdown = self.ctx.shutdown.clone();
         loop {
-            if let Err(e) = self.look(&schedules).await {
-                self.ctx.metrics.redis_error("schedule", &e);
-            }
-            if let Some(report) = &report
-                && let Err(e) = self.report(report).await
-            {
-                self.ctx.metrics.redis_error("schedule", &e);
+            // One read of Redis's clock a look, for the campaigns and the report alike.
+            let now = match self.ctx.store.time().await {
+                Ok(now) => Some(now),
+                Err(e) => {
+                    self.ctx.metrics.redis_error("schedule", &e);
+                    None
+                }
+            };
+            if let Some(now) = now {
+                if let Err(e) = self.look(&schedules, now).await {
+                    self.ctx.metrics.redis_error("schedule", &e);
+                }
+                if let Some(report) = &report
+                    && let Err(e) = self.report(report, now).await
+                {
+                    self.ctx.metrics.redis_error("schedule", &e);
+                }
             }
             if !shutdown.sleep(tick).await {
                 return;
@@ -157,9 +167,8 @@ impl Scheduler {
         }
     }
 
-    async fn look(&mut self, schedules: &HashMap<String, Schedule>) -> anyhow::Result<()> {
+    async fn look(&mut self, schedules: &HashMap<String, Schedule>, now: DateTime<Utc>) -> anyhow::Result<()> {
         let ctx = self.ctx.clone();
-        let now = ctx.store.time().await?;
         for c in &ctx.config.campaigns {
             let Some(schedule) = schedules.get(&c.name) else { continue };
             let last = schedule.latest_at_or_before(now);
@@ -196,9 +205,8 @@ impl Scheduler {
     /// Enqueues the SLO report of the latest fire, while it is within the catch-up window
     /// and this process has not done so yet (another instance may have: the report's
     /// keys are named by the fire, so the second enqueue adds nothing).
-    async fn report(&mut self, schedule: &Schedule) -> anyhow::Result<()> {
+    async fn report(&mut self, schedule: &Schedule, now: DateTime<Utc>) -> anyhow::Result<()> {
         let ctx = self.ctx.clone();
-        let now = ctx.store.time().await?;
         let Some(at) = schedule.latest_at_or_before(now) else { return Ok(()) };
         if now - at > chrono::Duration::hours(i64::from(ctx.config.slo.report.catch_up_hours)) {
             return Ok(());
