@@ -21,7 +21,7 @@ use crate::db::scripts::{
 use crate::id::new_id;
 use crate::outcome::{Failpoint, Outcome, Reason};
 use crate::resend::{Action, ErrorName, ProviderError};
-use crate::work::{Audience, DeliveryRef, Lane, Ready, Sealed};
+use crate::work::{Audience, Channel, DeliveryRef, Lane, Ready, Sealed};
 
 /// The gate's limits from the config.
 fn gate_limits(config: &Config) -> GateLimits {
@@ -213,7 +213,7 @@ fn count_skipped(ctx: &Ctx, members: &[DeliveryRef], skipped: &[(usize, Reason)]
             tracing::error!(delivery = %d.id(), "a member's record no longer names its batch; left out of it");
             continue;
         }
-        ctx.metrics.settled(&d.campaign, Outcome::Skipped, Some(reason), 1);
+        ctx.metrics.settled(&d.campaign, Channel::Email, Outcome::Skipped, Some(reason), 1);
     }
 }
 
@@ -534,7 +534,7 @@ fn count_settled(ctx: &Ctx, settlements: &[Settlement<'_>], recorded: &[Option<O
         }
     }
     for ((campaign, outcome, reason), n) in tally {
-        ctx.metrics.settled(campaign, outcome, reason, n);
+        ctx.metrics.settled(campaign, Channel::Email, outcome, reason, n);
     }
 }
 

@@ -257,6 +257,7 @@ impl Consumer {
         let fates = match lane {
             Lane::Digest => self.campaign_fates(p, conn, &live).await?,
             Lane::Transactional => self.transactional_fates(p, conn, &live).await?,
+            Lane::App => anyhow::bail!("the application channel's entries are read by its own sender"),
         };
         let mut ready = Vec::new();
         let mut deferred: Vec<(&str, &DeliveryRef)> = Vec::new();
@@ -281,7 +282,7 @@ impl Consumer {
             let retention = ctx.config.retention().as_secs();
             let decided = scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention).await?;
             for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
-                ctx.metrics.settled(&d.delivery.campaign, d.outcome, Some(&d.reason), 1);
+                ctx.metrics.settled(&d.delivery.campaign, d.delivery.channel, d.outcome, Some(&d.reason), 1);
             }
         }
         ctx.failpoints.at(Failpoint::Claimed).await;

@@ -85,10 +85,16 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
     }
     let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
+    let app = crate::app::AppChannel::from_ctx(&ctx)?;
     for p in 0..c.redis.partitions {
-        for lane in Lane::ALL {
+        for lane in Lane::EMAIL {
             let reader = tracing::info_span!("reader", partition = p, lane = lane.as_str());
             tasks.spawn(consumer.clone().read_partition(p, lane).instrument(reader));
+        }
+        // The application channel's own readers, with their own connections and requests.
+        if let Some(app) = &app {
+            let reader = tracing::info_span!("reader", partition = p, lane = Lane::App.as_str());
+            tasks.spawn(app.clone().read_partition(p).instrument(reader));
         }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));

@@ -49,6 +49,8 @@ pub struct Row {
     pub period: String,
     pub subscriber: String,
     pub target: String,
+    /// Where it reaches the subscriber (`email`, `app`).
+    pub channel: crate::work::Channel,
     /// One of `STATUSES`; `unknown` for a state this version does not know.
     pub status: String,
     /// The error name (failed, outcome_unknown) or the reason (skipped).
@@ -94,8 +96,11 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
     };
     let get = |f: &str| fields.get(f).cloned();
     let number = |f: &str| fields.get(f).and_then(|v| v.parse().ok()).unwrap_or(0);
+    // An application event is sent to no address.
+    let email = email.filter(|_| d.channel == crate::work::Channel::Email);
     Row {
         id: d.id(),
+        channel: d.channel,
         campaign: d.campaign,
         period: d.period,
         subscriber: d.subscriber,

@@ -4,6 +4,7 @@
 //! signals. This file is the table of contents: one module per room.
 
 pub mod admin;
+pub mod app;
 pub mod attempt;
 pub mod batch;
 pub mod batcher;

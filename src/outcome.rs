@@ -98,12 +98,18 @@ pub enum Reason {
     HookSkipped,
     /// The render hook did not answer for it before the delivery deadline.
     HookUnavailable,
+    /// The application took the event (a 2xx): what a sent application delivery records.
+    Accepted,
+    /// The application answered 410 Gone: it wants no more of this event.
+    AppGone,
+    /// The application did not take the event before the delivery deadline.
+    AppUnavailable,
     /// The provider refused it, by this name.
     Provider(ErrorName),
 }
 
 impl Reason {
-    const LOCAL: [Reason; 17] = [
+    const LOCAL: [Reason; 20] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -121,6 +127,9 @@ impl Reason {
         Reason::NothingToReport,
         Reason::HookSkipped,
         Reason::HookUnavailable,
+        Reason::Accepted,
+        Reason::AppGone,
+        Reason::AppUnavailable,
     ];
 
     /// The name stored in Redis and shown to operators.
@@ -143,6 +152,9 @@ impl Reason {
             Reason::NothingToReport => "nothing_to_report",
             Reason::HookSkipped => "hook_skipped",
             Reason::HookUnavailable => "render_hook_unavailable",
+            Reason::Accepted => "accepted",
+            Reason::AppGone => "app_gone",
+            Reason::AppUnavailable => "app_unavailable",
             Reason::Provider(name) => name.as_str(),
         }
     }

@@ -56,7 +56,8 @@ impl Reclaimer {
                     if let Err(e) = self.due_batches(p).await {
                         ctx.metrics.redis_error("take", &e);
                     }
-                    for lane in Lane::ALL {
+                    // The application channel takes over its own (`app.rs`).
+                    for lane in Lane::EMAIL {
                         if let Err(e) = self.expired_leases(p, lane).await {
                             ctx.metrics.redis_error("autoclaim", &e);
                         }
@@ -244,12 +245,16 @@ fn autoclaim_count(read_count: usize, room: usize) -> Option<usize> {
 /// Deliveries released from a due set per partition per pass.
 const RELEASE_PER_PASS: usize = 1000;
 
-/// Releases the deliveries of partition `p` whose local hour has come into its stream.
+/// Releases the deliveries of partition `p` whose time has come (a local hour, a render
+/// hook's or the application's retry) into their lane's stream: email's due set, then
+/// the application channel's.
 async fn release_due(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     let mut conn = ctx.store.conn().await?;
-    let released = scripts::release_due(&mut conn, &ctx.store.keys, p, 0, RELEASE_PER_PASS).await?;
-    if released > 0 {
-        tracing::info!(partition = p, released, "deliveries released at their local hour");
+    for lane in [Lane::Digest, Lane::App] {
+        let released = scripts::release_due(&mut conn, &ctx.store.keys, p, lane, 0, RELEASE_PER_PASS).await?;
+        if released > 0 {
+            tracing::info!(partition = p, lane = lane.as_str(), released, "deliveries released at their time");
+        }
     }
     Ok(())
 }

@@ -49,6 +49,7 @@ fn data(report: &slo::Report, suppressions: &BTreeMap<String, u64>, name: &str) 
             json!({
                 "campaign": p.campaign,
                 "period": p.period,
+                "channel": p.channel.as_str(),
                 "verdict": if p.breached.is_empty() { "within".to_string() } else { format!("breached: {}", p.breached.join(", ")) },
                 "failure_rate": p.failure_rate.map_or("n/a".to_string(), pct),
                 "failed": p.failed,
@@ -142,6 +143,7 @@ mod tests {
         report.periods.push(slo::PeriodReport {
             campaign: "weekly_digest".into(),
             period: "2026-W49".into(),
+            channel: crate::work::Channel::Email,
             enqueued: 100,
             sent: 90,
             failed: 10,

@@ -11,6 +11,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::db::{Counts, Store};
 use crate::stuck::{self, Kind};
+use crate::work::Channel;
 
 /// Every period within its objectives and nothing stuck.
 const EXIT_WITHIN: u8 = 0;
@@ -25,6 +26,8 @@ pub(crate) const EXIT_UNEVALUATED: u8 = 4;
 pub struct PeriodReport {
     pub campaign: String,
     pub period: String,
+    /// Each channel of a period is judged on its own (`email`, `app`).
+    pub channel: Channel,
     pub enqueued: u64,
     pub sent: u64,
     pub failed: u64,
@@ -59,7 +62,12 @@ impl Report {
 }
 
 /// Judges one period's counts and stuck tally.
-fn judge(campaign: &str, period: &str, c: &Counts, stuck: BTreeMap<&'static str, u64>, objective: f64) -> PeriodReport {
+fn judge(
+    (campaign, period, channel): (&str, &str, Channel),
+    c: &Counts,
+    stuck: BTreeMap<&'static str, u64>,
+    objective: f64,
+) -> PeriodReport {
     let failure_rate = c.failure_rate();
     let mut breached = Vec::new();
     if failure_rate.is_some_and(|r| r > objective) {
@@ -71,6 +79,7 @@ fn judge(campaign: &str, period: &str, c: &Counts, stuck: BTreeMap<&'static str,
     PeriodReport {
         campaign: campaign.to_string(),
         period: period.to_string(),
+        channel,
         enqueued: c.enqueued,
         sent: c.sent,
         failed: c.failed,
@@ -111,12 +120,18 @@ pub async fn evaluate(
     let objective = config.slo.failure_rate;
     let mut reports = Vec::new();
     for (c, p) in periods {
-        let counts = store.counts(&c, &p).await?;
-        let stuck: BTreeMap<&'static str, u64> = Kind::ALL
-            .iter()
-            .map(|&k| (k.as_str(), tally.get(&(c.clone(), p.clone(), k)).copied().unwrap_or(0)))
-            .collect();
-        reports.push(judge(&c, &p, &counts, stuck, objective));
+        for channel in Channel::ALL {
+            let counts = store.channel_counts(&c, &p, channel).await?;
+            // Email always; another channel once the period has any of it.
+            if channel != Channel::Email && counts == Counts::default() {
+                continue;
+            }
+            let stuck: BTreeMap<&'static str, u64> = Kind::ALL
+                .iter()
+                .map(|&k| (k.as_str(), tally.get(&(c.clone(), p.clone(), channel, k)).copied().unwrap_or(0)))
+                .collect();
+            reports.push(judge((&c, &p, channel), &counts, stuck, objective));
+        }
     }
     let status = if reports.iter().all(|r| r.breached.is_empty()) { "within" } else { "breached" };
     Ok(Report { objective, stuck_after_seconds: config.stuck_after().as_secs(), periods: reports, status })
@@ -135,9 +150,11 @@ pub fn render(report: &Report) -> String {
         let stuck: u64 = r.stuck.values().sum();
         let verdict =
             if r.breached.is_empty() { "ok".to_string() } else { format!("BREACHED: {}", r.breached.join(", ")) };
+        // Email's line as it always was; another channel's names it.
+        let channel = if r.channel == Channel::Email { String::new() } else { format!(" ({})", r.channel) };
         out += &format!(
-            "  {} {}: failure rate {rate} ({} failed / {} sent+failed), {} outcome unknown, {} skipped, {} pending, \
-             {stuck} stuck  {verdict}\n",
+            "  {} {}{channel}: failure rate {rate} ({} failed / {} sent+failed), {} outcome unknown, {} skipped, \
+             {} pending, {stuck} stuck  {verdict}\n",
             r.campaign,
             r.period,
             r.failed,
@@ -221,19 +238,19 @@ mod tests {
 
     #[test]
     fn the_rate_is_failed_over_sent_plus_failed_only() {
-        let r = judge("c", "p", &counts(98, 2, 500, 7, 700), Default::default(), 0.01);
+        let r = judge(("c", "p", Channel::Email), &counts(98, 2, 500, 7, 700), Default::default(), 0.01);
         assert_eq!(r.failure_rate, Some(0.02));
         assert_eq!(r.breached, ["failure_rate"]);
         assert_eq!(r.pending, 700 - 98 - 2 - 500 - 7);
-        let ok = judge("c", "p", &counts(99, 1, 0, 50, 150), Default::default(), 0.01);
+        let ok = judge(("c", "p", Channel::Email), &counts(99, 1, 0, 50, 150), Default::default(), 0.01);
         assert!(ok.breached.is_empty(), "exactly at the objective is within it");
     }
 
     #[test]
     fn nothing_decided_is_within_and_stuck_alone_breaches() {
-        let none = judge("c", "p", &counts(0, 0, 10, 0, 10), Default::default(), 0.01);
+        let none = judge(("c", "p", Channel::Email), &counts(0, 0, 10, 0, 10), Default::default(), 0.01);
         assert_eq!((none.failure_rate, none.breached.len()), (None, 0));
-        let stuck = judge("c", "p", &counts(10, 0, 0, 0, 11), [("unclaimed", 1)].into(), 0.01);
+        let stuck = judge(("c", "p", Channel::Email), &counts(10, 0, 0, 0, 11), [("unclaimed", 1)].into(), 0.01);
         assert_eq!(stuck.breached, ["stuck"]);
     }
 }

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::db::Store;
 use crate::db::streams::{self, entry_of};
 use crate::names::names;
-use crate::work::{DeliveryRef, Lane};
+use crate::work::{Channel, DeliveryRef, Lane};
 
 /// Most deliveries of one kind counted per partition per look.
 const LIMIT: usize = 1000;
@@ -55,7 +55,7 @@ impl Limits {
 }
 
 /// Stuck deliveries counted by (campaign, period, kind).
-pub type Tally = BTreeMap<(String, String, Kind), u64>;
+pub type Tally = BTreeMap<(String, String, Channel, Kind), u64>;
 
 /// Adds what a look at partition `p` finds to `tally`.
 pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &mut Tally) -> anyhow::Result<()> {
@@ -63,7 +63,7 @@ pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &m
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
     let now = secs * 1000 + micros / 1000;
     let mut add = |kind: Kind, d: &DeliveryRef| {
-        *tally.entry((d.campaign.clone(), d.period.clone(), kind)).or_default() += 1;
+        *tally.entry((d.campaign.clone(), d.period.clone(), d.channel, kind)).or_default() += 1;
     };
     // Both lanes: a receipt nobody picks up is as stuck as a digest.
     for lane in Lane::ALL {

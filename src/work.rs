@@ -17,17 +17,41 @@ names! {
     /// receipt never waits behind a digest. A batch of receipts has its spare room
     /// filled with digest emails of the same partition (seal.lua acknowledges each
     /// member's entry on its own lane's stream). `ALL` is in the order the dispatcher
-    /// serves them.
+    /// serves them. Deliveries of the application channel (any campaign) wait in a
+    /// lane of their own, `App`, read by the channel's sender (`app.rs`), never by the
+    /// batcher: an application that is down holds no email.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
     pub enum Lane {
         Transactional = "transactional",
         Digest = "digest",
+        App = "app",
     }
 }
 
 impl Lane {
+    /// The lanes whose emails the batcher sends.
+    pub const EMAIL: [Lane; 2] = [Lane::Transactional, Lane::Digest];
+
     pub fn index(self) -> usize {
         self as usize
+    }
+}
+
+names! {
+    /// Where a delivery reaches its subscriber (`channels` of a campaign). Each channel
+    /// of a (campaign, period, subscriber, target) is a delivery of its own, with its own
+    /// record, claim, gate and outcome, so one channel's outage never holds or repeats
+    /// another. An email delivery's id is the natural key alone (as before channels
+    /// existed); another channel's adds `:<channel>`.
+    #[derive(
+        Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize, serde::Serialize,
+    )]
+    #[serde(rename_all = "snake_case")]
+    pub enum Channel {
+        #[default]
+        Email = "email",
+        /// A signed POST of the delivery's event to the application (`[channels.app]`).
+        App = "app",
     }
 }
 
@@ -47,33 +71,51 @@ names! {
 
 /// The id of a delivery, [`DeliveryRef::id`], from its parts (for a fan-out, which
 /// builds ids by the million and needs no `DeliveryRef` for them).
-pub(crate) fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str) -> String {
-    format!("{campaign}:{period}:{subscriber}:{target}")
+pub(crate) fn delivery_id(campaign: &str, period: &str, subscriber: &str, target: &str, channel: Channel) -> String {
+    match channel {
+        Channel::Email => format!("{campaign}:{period}:{subscriber}:{target}"),
+        other => format!("{campaign}:{period}:{subscriber}:{target}:{other}"),
+    }
 }
 
-/// Which delivery: one (campaign, period, subscriber, target). Its id,
-/// `campaign:period:subscriber:target`, names its record and is its dedup key.
+/// Which delivery: one (campaign, period, subscriber, target) on one channel. Its id,
+/// `campaign:period:subscriber:target` for email and `…:target:<channel>` for another
+/// channel, names its record and is its dedup key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeliveryRef {
     pub campaign: String,
     pub period: String,
     pub subscriber: String,
     pub target: String,
+    pub channel: Channel,
 }
 
 impl DeliveryRef {
+    /// An email delivery.
     pub fn new(campaign: &str, period: &str, subscriber: &str, target: &str) -> DeliveryRef {
         DeliveryRef {
             campaign: campaign.to_string(),
             period: period.to_string(),
             subscriber: subscriber.to_string(),
             target: target.to_string(),
+            channel: Channel::Email,
         }
     }
 
-    /// Its lane: transactional deliveries have a lane of their own.
+    /// The same (campaign, period, subscriber, target) on `channel`.
+    pub fn on(mut self, channel: Channel) -> DeliveryRef {
+        self.channel = channel;
+        self
+    }
+
+    /// Its lane: transactional email has a lane of their own, and so has every delivery
+    /// of the application channel.
     pub fn lane(&self) -> Lane {
-        if self.campaign == TRANSACTIONAL { Lane::Transactional } else { Lane::Digest }
+        match (self.channel, self.campaign == TRANSACTIONAL) {
+            (Channel::App, _) => Lane::App,
+            (Channel::Email, true) => Lane::Transactional,
+            (Channel::Email, false) => Lane::Digest,
+        }
     }
 
     /// What picks its partition: the subscriber, or for a transactional delivery the
@@ -83,16 +125,22 @@ impl DeliveryRef {
         if self.lane() == Lane::Transactional { &self.target } else { &self.subscriber }
     }
 
-    /// `campaign:period:subscriber:target` (none of the parts holds a `:`).
+    /// `campaign:period:subscriber:target`, then `:<channel>` unless it is email (none of
+    /// the parts holds a `:`).
     pub fn id(&self) -> String {
-        delivery_id(&self.campaign, &self.period, &self.subscriber, &self.target)
+        delivery_id(&self.campaign, &self.period, &self.subscriber, &self.target, self.channel)
     }
 
-    /// The delivery an id names; `None` unless it has four non-empty parts.
+    /// The delivery an id names; `None` unless it has four non-empty parts, or five
+    /// whose last names a channel other than email.
     pub fn parse(id: &str) -> Option<DeliveryRef> {
         let mut parts = id.split(':');
         let mut next = || parts.next().filter(|p| !p.is_empty());
         let d = DeliveryRef::new(next()?, next()?, next()?, next()?);
+        let d = match parts.next() {
+            None => d,
+            Some(channel) => d.on(channel.parse().ok().filter(|c| *c != Channel::Email)?),
+        };
         parts.next().is_none().then_some(d)
     }
 
@@ -238,7 +286,11 @@ mod tests {
         let tag = d.tag();
         assert!(tag.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{tag}");
         assert_eq!(DeliveryRef::from_tag(&tag), Some(d));
-        for bad in ["a:b:c", "a:b:c:d:e", "a::c:d", "", "x_zy"] {
+        let app = DeliveryRef::new("weekly_digest", "2026-W48", "u1", "t").on(Channel::App);
+        assert_eq!(app.id(), "weekly_digest:2026-W48:u1:t:app");
+        assert_eq!((DeliveryRef::parse(&app.id()), app.lane()), (Some(app.clone()), Lane::App));
+        assert_eq!(DeliveryRef::from_tag(&app.tag()), Some(app));
+        for bad in ["a:b:c", "a:b:c:d:e", "a:b:c:d:email", "a:b:c:d:app:x", "a::c:d", "", "x_zy"] {
             assert_eq!(DeliveryRef::parse(bad).or_else(|| DeliveryRef::from_tag(bad)), None, "{bad}");
         }
     }

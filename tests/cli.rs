@@ -286,7 +286,15 @@ async fn the_operator_commands_do_what_the_readme_says() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("mailstream upgrade"), "{refused:?}");
     let upgraded = run(&path, &url, &["upgrade"], "");
     assert!(stdout(&upgraded).contains("built the kick's audience: "), "{}", stdout(&upgraded));
-    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 5"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 6"), "{}", stdout(&upgraded));
+    assert!(run(&path, &url, &["resume"], "").status.success());
+    // Layout 5 (email only) needs nothing moved: an email delivery's keys are unchanged.
+    let _: () =
+        redis::cmd("HSET").arg(world.store.keys.meta()).arg("layout").arg(5).query_async(&mut conn).await.unwrap();
+    assert!(!run(&path, &url, &["resume"], "").status.success(), "layout 5 is refused until upgraded");
+    let upgraded = run(&path, &url, &["upgrade"], "");
+    assert!(stdout(&upgraded).contains("upgraded from key layout 5 to 6"), "{}", stdout(&upgraded));
+    assert!(!stdout(&upgraded).contains("audience"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     let _ = std::fs::remove_file(ndjson);
 }

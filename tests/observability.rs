@@ -19,7 +19,7 @@ use mailstream::emulator::{EmulatorConfig, Faults, Storm, WebhookTarget};
 use mailstream::stuck::{self, Kind, Limits};
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::tokens::Tokens;
-use mailstream::work::DeliveryRef;
+use mailstream::work::{Channel, DeliveryRef};
 use mailstream::{Listeners, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -29,17 +29,18 @@ const INGEST_TOKEN: &str = "an-ingest-token-of-16+";
 /// Every family a daemon exports and its label names (histograms without `le`).
 const FAMILIES: &[(&str, &[&str])] = &[
     ("mailstream_admin_actions_total", &["operation", "result"]),
+    ("mailstream_app_requests_total", &["status_class"]),
     ("mailstream_backlog", &["kind", "partition"]),
     ("mailstream_batch_emails", &[]),
     ("mailstream_batch_retries_total", &["error"]),
     ("mailstream_build_info", &["version"]),
     ("mailstream_ceiling_emails_per_second", &[]),
     ("mailstream_dead_letters", &["kind"]),
-    ("mailstream_deliveries_total", &["campaign", "outcome", "reason"]),
+    ("mailstream_deliveries_total", &["campaign", "channel", "outcome", "reason"]),
     ("mailstream_durability_relaxed", &[]),
     ("mailstream_ingest_items_total", &["result"]),
     ("mailstream_limiter_wait_seconds", &[]),
-    ("mailstream_period_deliveries", &["campaign", "period", "state"]),
+    ("mailstream_period_deliveries", &["campaign", "period", "channel", "state"]),
     ("mailstream_partition_unreplicated", &["partition"]),
     ("mailstream_period_duplicates", &["campaign", "period"]),
     ("mailstream_provider_down", &[]),
@@ -105,6 +106,10 @@ const CLOSED_LABELS: &[(&str, &[&str])] = &[
 /// Families only a campaign with a render hook exports; `tests/render_hook.rs`
 /// checks them on a daemon that has one.
 pub const HOOK_FAMILIES: &[&str] = &["mailstream_render_hook_deferred_total", "mailstream_render_hook_requests_total"];
+
+/// Families only a daemon with the application channel exports; `tests/channels.rs`
+/// checks them on one.
+const APP_FAMILIES: &[&str] = &["mailstream_app_requests_total"];
 
 /// One sample of a scrape: family, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -280,7 +285,7 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     }
     let pinned: BTreeMap<String, BTreeSet<String>> = FAMILIES
         .iter()
-        .filter(|(f, _)| !HOOK_FAMILIES.contains(f))
+        .filter(|(f, _)| !HOOK_FAMILIES.contains(f) && !APP_FAMILIES.contains(f))
         .map(|(f, labels)| (f.to_string(), labels.iter().map(|l| l.to_string()).collect()))
         .collect();
     assert_eq!(found, pinned, "every declared family, with exactly its labels, and no other");
@@ -340,9 +345,9 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
     let mut want: stuck::Tally =
         [(Kind::Unclaimed, 4), (Kind::LeaseExpired, 1), (Kind::PastDeadline, sealed.len() as u64)]
             .into_iter()
-            .map(|(k, n)| ((CAMPAIGN.to_string(), PERIOD.to_string(), k), n))
+            .map(|(k, n)| ((CAMPAIGN.to_string(), PERIOD.to_string(), Channel::Email, k), n))
             .collect();
-    want.insert(("transactional".to_string(), day.clone(), Kind::Unclaimed), 1);
+    want.insert(("transactional".to_string(), day.clone(), Channel::Email, Kind::Unclaimed), 1);
     let found = eventually(Duration::from_secs(10), || {
         let store = world.store.clone();
         let want = want.clone();

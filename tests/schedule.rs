@@ -17,6 +17,7 @@ use mailstream::emulator::EmulatorConfig;
 use mailstream::kick::{self, FanoutOptions};
 use mailstream::outcome::Failpoint;
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::work::Lane;
 use mailstream::{Failpoints, Hold, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -215,8 +216,13 @@ async fn local_hour_deliveries_are_released_at_nine_their_time_and_never_early()
     let mut released = 0;
     for t in times {
         let before = (t.timestamp_millis() - 1) as u64;
-        assert_eq!(scripts::release_due(&mut conn, keys, 0, before, 1000).await.unwrap(), 0, "none early at {t}");
-        let at = scripts::release_due(&mut conn, keys, 0, t.timestamp_millis() as u64, 1000).await.unwrap();
+        assert_eq!(
+            scripts::release_due(&mut conn, keys, 0, Lane::Digest, before, 1000).await.unwrap(),
+            0,
+            "none early at {t}"
+        );
+        let at =
+            scripts::release_due(&mut conn, keys, 0, Lane::Digest, t.timestamp_millis() as u64, 1000).await.unwrap();
         released += at;
         assert_eq!(xlen(&mut conn, &keys.stream(0)).await, released);
     }

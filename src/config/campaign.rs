@@ -94,6 +94,24 @@ pub struct CampaignConfig {
     /// and no `unsubscribe.settings_url`, unless this is false (mail that is not bulk).
     #[serde(default = "crate::config::yes")]
     pub one_click_unsubscribe: bool,
+    /// Where each subscriber's target gets this campaign: a delivery per channel
+    /// (`email`, `app`), each claimed, sent and settled on its own. Email alone by default.
+    #[serde(default = "default_channels")]
+    pub channels: Vec<crate::work::Channel>,
+}
+
+fn default_channels() -> Vec<crate::work::Channel> {
+    vec![crate::work::Channel::Email]
+}
+
+/// A campaign with a render hook needs the secret its requests are signed with.
+pub(super) fn validate_hook_secret(config: &super::Config, env: &str, errors: &mut Vec<String>) {
+    if config.campaigns.iter().any(|c| c.render_hook.is_some()) {
+        let ok = config.render_hook.secret.as_ref().is_some_and(|s| s.expose().len() >= 16);
+        errors.extend((!ok).then(|| {
+            format!("render_hook: a campaign has a render hook, so a secret of at least 16 characters is needed ({env}, render_hook.secret_file or the credential render_hook_secret)")
+        }));
+    }
 }
 
 fn default_catch_up_hours() -> u64 {

@@ -4,6 +4,7 @@
 //! lives in its own file with the checks of its own settings.
 
 mod campaign;
+mod channels;
 mod delivery;
 mod features;
 mod http;
@@ -21,8 +22,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
+pub use self::channels::{AppChannelConfig, ChannelsConfig};
 pub use self::delivery::DeliveryConfig;
-pub use self::features::{Feature, Features, SecretSource};
+pub use self::features::{Feature, Features, SecretSource, check};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::operators::OperatorsConfig;
@@ -81,6 +83,8 @@ pub struct Config {
     pub templates_dir: Option<PathBuf>,
     #[serde(default)]
     pub render_hook: RenderHookSecret,
+    #[serde(default)]
+    pub channels: ChannelsConfig,
     /// Where each secret that is set came from, by its credential name.
     #[serde(skip)]
     pub sources: BTreeMap<&'static str, SecretSource>,
@@ -218,6 +222,11 @@ impl Config {
         let hook = ("render_hook.secret_file", &self.render_hook.secret_file);
         self.render_hook.secret =
             read(ENV_RENDER_HOOK_SECRET, hook, "render_hook_secret")?.map(|s| Secret::new(s.trim()));
+        if let Some(app) = &mut self.channels.app {
+            let file = ("channels.app.secret_file", &app.secret_file);
+            app.secret =
+                read(channels::ENV_APP_WEBHOOK_SECRET, file, "app_webhook_secret")?.map(|s| Secret::new(s.trim()));
+        }
         self.sources = sources;
         Ok(())
     }
@@ -254,12 +263,8 @@ impl Config {
         if let Err(e) = crate::render::Renderer::with_variants(&BTreeMap::new(), arms) {
             errors.push(format!("variants: {e}"));
         }
-        if self.campaigns.iter().any(|c| c.render_hook.is_some()) {
-            let ok = self.render_hook.secret.as_ref().is_some_and(|s| s.expose().len() >= 16);
-            errors.extend((!ok).then(|| {
-                format!("render_hook: a campaign has a render hook, so a secret of at least 16 characters is needed ({ENV_RENDER_HOOK_SECRET}, render_hook.secret_file or the credential render_hook_secret)")
-            }));
-        }
+        campaign::validate_hook_secret(self, ENV_RENDER_HOOK_SECRET, &mut errors);
+        channels::validate(self, &mut errors);
         self.http.validate_ingest_tokens(&mut errors);
         if errors.is_empty() { Ok(()) } else { Err(ConfigError::Invalid(errors)) }
     }
@@ -292,45 +297,6 @@ impl Config {
     pub fn retention(&self) -> Duration {
         Duration::from_secs(self.delivery.retention_days * 86_400)
     }
-}
-
-/// `mailstream check-config`: `config` (read from `path`) is valid and fit to send
-/// campaigns; says what it holds and which features it turns on. With `--json` the
-/// object is printed also when `run` would refuse the config (`ok` false, `errors`),
-/// and the error follows on stderr.
-pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::ExitCode, ConfigError> {
-    let (warnings, errors) = match config.check_sending() {
-        Ok(warnings) => (warnings, Vec::new()),
-        Err(ConfigError::Invalid(errors)) if json => (Vec::new(), errors),
-        Err(e) => return Err(e),
-    };
-    for w in &warnings {
-        eprintln!("warning: {w}");
-    }
-    let out = crate::cli::Report { json };
-    let features = config.features();
-    out.line(format_args!(
-        "{}: {} ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
-        path.display(),
-        if errors.is_empty() { "ok" } else { "refused" },
-        config.campaigns.len(),
-        config.redis.partitions,
-        config.resend.requests_per_second,
-        if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
-    ));
-    out.line(format_args!("features: {features}"));
-    let report = serde_json::json!({
-        "ok": errors.is_empty(),
-        "errors": errors,
-        "path": path,
-        "campaigns": config.campaigns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-        "partitions": config.redis.partitions,
-        "requests_per_second": config.resend.requests_per_second,
-        "features": features,
-        "warnings": warnings,
-    });
-    out.object(&report).map_err(|e| ConfigError::Parse(e.to_string()))?;
-    if errors.is_empty() { Ok(std::process::ExitCode::SUCCESS) } else { Err(ConfigError::Invalid(errors)) }
 }
 
 /// Parses a cron expression (5 fields, or 6 with seconds first); an error says, in

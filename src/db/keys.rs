@@ -5,15 +5,16 @@
 //! dedup key, so the dedup check and the record are one key. The README
 //! documents each family.
 
-use crate::work::{DeliveryRef, Lane};
+use crate::work::{Channel, DeliveryRef, Lane};
 
 /// The layout version recorded in `meta` (1: a ULID per delivery plus a dedup key;
 /// 2: natural-key records, fan-out over the registry's records; 3: fan-out over each
 /// partition's audience and the campaigns' opt-out sets; 4: batches of several
 /// partitions could share a request (since retired: this version cannot send one);
 /// 5: one partition's batch per request, and every partition keeps the suppressed
-/// addresses its last gate reads).
-pub(crate) const LAYOUT: u32 = 5;
+/// addresses its last gate reads; 6: deliveries of other channels than email, each
+/// with its own stream, due set and counts; an email delivery's keys are as in 5).
+pub(crate) const LAYOUT: u32 = 6;
 
 /// The layout that also needs the audience index built (`subscribers::build_audience`)
 /// on its way to [`LAYOUT`].
@@ -24,7 +25,7 @@ pub(crate) const AUDIENCE_LAYOUT: u32 = 2;
 pub(crate) const SHARED_TAIL_LAYOUT: u32 = 4;
 
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
-pub(crate) const UPGRADABLE_LAYOUTS: [u32; 3] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT];
+pub(crate) const UPGRADABLE_LAYOUTS: [u32; 4] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT, 5];
 
 /// How many settlements each partition's `recent` index keeps (`RECENT_KEEP` in
 /// lua/prelude.lua: a test holds them together).
@@ -146,11 +147,22 @@ impl Keys {
     }
 
     /// The stream of `lane` in partition `p`: `stream` for campaigns, `stream:tx` for
-    /// transactional deliveries (read first).
+    /// transactional deliveries (read first), `stream:app` for the application channel.
     pub fn lane_stream(&self, p: u16, lane: Lane) -> String {
         match lane {
             Lane::Digest => self.stream(p),
             Lane::Transactional => self.tagged(p, "stream:tx"),
+            Lane::App => self.tagged(p, "stream:app"),
+        }
+    }
+
+    /// The due set of `lane`'s deliveries in partition `p`: `due` for email (a local
+    /// hour, a render hook's wait), `due:app` for the application channel (a local hour,
+    /// a retry), so due.lua releases each into its own lane's stream.
+    pub fn lane_due(&self, p: u16, lane: Lane) -> String {
+        match lane {
+            Lane::App => self.tagged(p, "due:app"),
+            Lane::Digest | Lane::Transactional => self.due(p),
         }
     }
 
@@ -176,9 +188,18 @@ impl Keys {
         self.tagged(p, "d:*")
     }
 
-    /// Hash: counters of one campaign period in this partition (enqueued, sent, ...).
+    /// Hash: counters of one campaign period's email in this partition (enqueued, sent, ...).
     pub fn counts(&self, p: u16, campaign: &str, period: &str) -> String {
         self.tagged(p, &format!("counts:{campaign}:{period}"))
+    }
+
+    /// Hash: the counters of one campaign period on `channel`: [`Keys::counts`] for email,
+    /// `counts:<campaign>:<period>:<channel>` for another channel.
+    pub fn channel_counts(&self, p: u16, campaign: &str, period: &str, channel: Channel) -> String {
+        match channel {
+            Channel::Email => self.counts(p, campaign, period),
+            other => self.tagged(p, &format!("counts:{campaign}:{period}:{other}")),
+        }
     }
 
     /// Sorted set: the `campaign:period`s enqueued in this partition within the
@@ -217,9 +238,19 @@ impl Keys {
         self.tagged(p, "audience")
     }
 
-    /// Set: ids of the subscribers in this partition who turned `campaign` off.
+    /// Set: ids of the subscribers in this partition who turned `campaign` off (its email:
+    /// the one-click unsubscribe).
     pub fn opted_out(&self, p: u16, campaign: &str) -> String {
         self.tagged(p, &format!("off:{campaign}"))
+    }
+
+    /// Set: ids of the subscribers in this partition who turned `campaign` off on
+    /// `channel`: [`Keys::opted_out`] for email, `off:<campaign>:<channel>` for another.
+    pub fn channel_opted_out(&self, p: u16, campaign: &str, channel: Channel) -> String {
+        match channel {
+            Channel::Email => self.opted_out(p, campaign),
+            other => self.tagged(p, &format!("off:{campaign}:{other}")),
+        }
     }
 
     /// Hash: a sealed batch (exact request body, idempotency key, members).

@@ -4,6 +4,7 @@
 //! `GET /_emulator/stats`. Nothing here reaches the network. Each concern has a
 //! room: the rate window, the idempotency store, the sent emails, faults, validation.
 
+pub mod app;
 pub mod emails;
 pub mod faults;
 pub mod idempotency;

@@ -9,12 +9,12 @@ use anyhow::Context;
 use chrono::{DateTime, NaiveTime, Utc};
 use chrono_tz::Tz;
 
-use super::{FANOUT_LEASE_MS, FanoutOptions, KickReport, enqueue};
+use super::{FANOUT_LEASE_MS, FanoutOptions, KickReport, enqueue, opted_out};
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
 use crate::db::scripts::{self, FanoutOf, FanoutPage};
 use crate::subscribers;
-use crate::work::delivery_id;
+use crate::work::{Channel, delivery_id};
 
 /// Fans out a period whose record `owner` acquired, from `cursors` (one per
 /// partition; `None`: finished), and marks it done at the end.
@@ -35,6 +35,7 @@ pub async fn fan_out(
         store: store.clone(),
         campaign: campaign.to_string(),
         period: period.to_string(),
+        channels: c.channels.clone(),
         owner: owner.to_string(),
         retention: config.retention().as_secs(),
         release,
@@ -103,6 +104,8 @@ struct Job {
     store: Store,
     campaign: String,
     period: String,
+    /// The campaign's channels: a delivery each per target.
+    channels: Vec<Channel>,
     owner: String,
     retention: u64,
     release: Option<LocalHour>,
@@ -125,11 +128,12 @@ impl Job {
         let (store, keys) = (&self.store, &self.store.keys);
         let mut conn = store.conn().await?;
         let mut report = KickReport::default();
-        let (audience, opt_outs) = (keys.audience(p), keys.opted_out(p, &self.campaign));
-        let (all, mailed, opted_out): (u64, u64, bool) = redis::pipe()
+        let audience = keys.audience(p);
+        let opt_outs: Vec<String> =
+            self.channels.iter().map(|&c| keys.channel_opted_out(p, &self.campaign, c)).collect();
+        let (all, mailed): (u64, u64) = redis::pipe()
             .scard(keys.subscribers(p))
             .hlen(&audience)
-            .exists(&opt_outs)
             .query_async(&mut conn)
             .await
             .context("counting subscribers")?;
@@ -158,25 +162,27 @@ impl Job {
                 let left = std::mem::take(&mut left_out);
                 let scanned = entries.len() as u64 + left;
                 let mut page = KickReport { not_eligible: left, ..Default::default() };
-                let off: Vec<bool> = if opted_out && !entries.is_empty() {
-                    let mut cmd = redis::cmd("SMISMEMBER");
-                    cmd.arg(&opt_outs);
-                    entries.iter().for_each(|(id, _)| {
-                        cmd.arg(id);
-                    });
-                    cmd.query_async(&mut conn).await.context("reading opt-outs")?
-                } else {
-                    vec![false; entries.len()]
-                };
-                let mut items = Vec::with_capacity(entries.len());
-                for ((id, entry), off) in entries.iter().zip(off) {
-                    if off {
+                let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
+                let mut off = Vec::with_capacity(opt_outs.len());
+                for key in &opt_outs {
+                    off.push(opted_out(&mut conn, key, &ids).await?);
+                }
+                let mut items = Vec::with_capacity(entries.len() * self.channels.len());
+                for (i, (id, entry)) in entries.iter().enumerate() {
+                    // Left out when every channel of the campaign is off for them.
+                    if off.iter().all(|o| o[i]) {
                         page.not_eligible += 1;
                         continue;
                     }
                     let (targets, zone) = subscribers::read_audience_entry(entry);
+                    let targets: Vec<&str> = targets.collect();
                     let release = self.release.map_or(0, |r| r.release_ms(zone));
-                    items.extend(targets.map(|t| (delivery_id(&self.campaign, &self.period, id, t), release)));
+                    for (c, &channel) in self.channels.iter().enumerate() {
+                        if !off[c][i] {
+                            let id = |t: &&str| delivery_id(&self.campaign, &self.period, id, t, channel);
+                            items.extend(targets.iter().map(|t| (id(t), release, channel)));
+                        }
+                    }
                 }
                 enqueue(store, p, (&self.campaign, &self.period), items, self.retention, &mut page).await?;
                 if let Some(progress) = &self.options.scanned {

@@ -17,6 +17,7 @@ use std::sync::atomic::AtomicU64;
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
+use redis::AsyncCommands;
 use serde::Serialize;
 
 pub use self::command::{Args, command};
@@ -28,7 +29,7 @@ use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
 use crate::db::scripts::{self, Fanout, FanoutOf};
 use crate::subscribers::{self, Subscriber};
-use crate::work::delivery_id;
+use crate::work::{Channel, delivery_id};
 
 /// Deliveries per enqueue.lua call: large enough to amortize the round trip,
 /// small enough that one call never blocks Redis for long.
@@ -192,10 +193,12 @@ pub(crate) async fn acquire(
         .context("fanout.lua")
 }
 
-/// Which campaign period a kick enqueues, and when its deliveries are released.
+/// Which campaign period a kick enqueues, on which channels, and when its deliveries
+/// are released.
 struct Target<'a> {
     campaign: &'a str,
     period: &'a str,
+    channels: &'a [Channel],
     release: Option<LocalHour>,
 }
 
@@ -212,11 +215,21 @@ async fn enqueue_eligible(
 ) -> anyhow::Result<()> {
     let verdicts = read_subscribers(conn, store, p, target.campaign, ids).await?;
     let mut items = Vec::new();
-    for (id, verdict) in ids.iter().zip(verdicts) {
+    let mut off = Vec::with_capacity(ids.len());
+    for &channel in target.channels {
+        off.push(opted_out(conn, &store.keys.channel_opted_out(p, target.campaign, channel), ids).await?);
+    }
+    for (i, (id, verdict)) in ids.iter().zip(verdicts).enumerate() {
         match verdict {
+            // Email's own opt-out is part of the verdict; each other channel's is its set's.
             Verdict::Eligible { targets, zone } => {
                 let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
-                items.extend(targets.iter().map(|t| (delivery_id(target.campaign, target.period, id, t), at)));
+                for (c, &channel) in target.channels.iter().enumerate() {
+                    if channel == Channel::Email || !off[c][i] {
+                        let id = |t: &String| delivery_id(target.campaign, target.period, id, t, channel);
+                        items.extend(targets.iter().map(|t| (id(t), at, channel)));
+                    }
+                }
             }
             Verdict::NotEligible(_) => report.not_eligible += 1,
         }
@@ -224,22 +237,35 @@ async fn enqueue_eligible(
     enqueue(store, p, (target.campaign, target.period), items, retention, report).await
 }
 
-/// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, and
-/// their release times) through enqueue.lua, [`ENQUEUE_CHUNK`] a call, the calls at
+/// Which of `ids` are members of the opt-out set `key` (all false when it is empty).
+pub(super) async fn opted_out(
+    conn: &mut crate::db::conn::Conn,
+    key: &str,
+    ids: &[impl redis::ToRedisArgs],
+) -> anyhow::Result<Vec<bool>> {
+    if ids.is_empty() || !conn.exists::<_, bool>(key).await? {
+        return Ok(vec![false; ids.len()]);
+    }
+    let off = redis::cmd("SMISMEMBER").arg(key).arg(ids).query_async(conn).await;
+    off.context("reading opt-outs")
+}
+
+/// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, their
+/// release times and channels) through enqueue.lua, [`ENQUEUE_CHUNK`] a call, the calls at
 /// once on connections of their own (so Redis always has the next one), adding what
 /// happened to `report`.
 pub(super) async fn enqueue(
     store: &Store,
     p: u16,
     (campaign, period): (&str, &str),
-    items: Vec<(String, u64)>,
+    items: Vec<(String, u64, Channel)>,
     retention: u64,
     report: &mut KickReport,
 ) -> anyhow::Result<()> {
     let mut calls = tokio::task::JoinSet::new();
     let mut items = items.into_iter().peekable();
     while items.peek().is_some() {
-        let chunk: Vec<(String, u64)> = items.by_ref().take(ENQUEUE_CHUNK).collect();
+        let chunk: Vec<(String, u64, Channel)> = items.by_ref().take(ENQUEUE_CHUNK).collect();
         let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
         calls.spawn(async move {
             let mut conn = store.waited_conn().await?;
@@ -282,7 +308,7 @@ pub async fn kick_list(
     for (p, ids) in by_partition.iter().enumerate() {
         // As written a moment ago, suppressions and opt-outs included.
         for chunk in ids.chunks(ENQUEUE_CHUNK) {
-            let target = Target { campaign, period, release };
+            let target = Target { campaign, period, channels: &c.channels, release };
             enqueue_eligible(&mut conn, store, p as u16, &target, chunk, retention, &mut report).await?;
         }
     }

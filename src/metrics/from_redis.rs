@@ -14,6 +14,7 @@ use redis::aio::ConnectionLike;
 use super::Metrics;
 use crate::config::Config;
 use crate::db::{Counts, Store, streams};
+use crate::work::Channel;
 
 /// The gauges filled at scrape time.
 pub(crate) struct Gauges {
@@ -34,9 +35,9 @@ impl Gauges {
             period_deliveries: super::gauges(
                 r,
                 "mailstream_period_deliveries",
-                "Deliveries of a campaign period by state (enqueued, pending, sent, failed, skipped, \
-                 outcome_unknown), read from Redis; the same on every instance",
-                &["campaign", "period", "state"],
+                "Deliveries of a campaign period by channel (email, app) and state (enqueued, pending, sent, \
+                 failed, skipped, outcome_unknown), read from Redis; the same on every instance",
+                &["campaign", "period", "channel", "state"],
             ),
             period_duplicates: super::gauges(
                 r,
@@ -93,8 +94,13 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     let read = async {
         let mut periods = Vec::new();
         for (campaign, period) in store.periods().await? {
-            let (counts, exposures) = store.counts_and_exposures(&campaign, &period).await?;
-            periods.push((campaign, period, counts, exposures));
+            for channel in Channel::ALL {
+                let (counts, exposures) = store.counts_and_exposures(&campaign, &period, channel).await?;
+                // Email always (a period's series from its kick); another channel once it has any.
+                if channel == Channel::Email || counts != Counts::default() {
+                    periods.push((campaign.clone(), period.clone(), channel, counts, exposures));
+                }
+            }
         }
         let mut conn = store.conn().await?;
         let mut partitions = Vec::new();
@@ -118,9 +124,12 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     g.period_deliveries.reset();
     g.period_duplicates.reset();
     g.variant_exposures.reset();
-    for (campaign, period, c, exposures) in &periods {
+    for (campaign, period, channel, c, exposures) in &periods {
         for (state, n) in states(c) {
-            g.period_deliveries.with_label_values(&[campaign, period, state]).set(n as i64);
+            g.period_deliveries.with_label_values(&[campaign, period, channel.as_str(), state]).set(n as i64);
+        }
+        if *channel != Channel::Email {
+            continue;
         }
         g.period_duplicates.with_label_values(&[campaign, period]).set(c.duplicates as i64);
         let arms = config.campaign(campaign).map(|c| c.variants.arms.as_slice()).unwrap_or_default();

@@ -19,6 +19,7 @@ pub(crate) use self::from_redis::{Partition, partition};
 use crate::config::Config;
 use crate::outcome::{Outcome, Reason};
 use crate::resend::{ErrorName, ProviderError};
+use crate::work::Channel;
 
 /// An error's text for a log line, without the values redis-rs quotes when a reply
 /// does not parse ("… (value was …)"): such a value may be a subscriber's data.
@@ -34,6 +35,7 @@ fn redacted(error: &anyhow::Error) -> String {
 pub struct Metrics {
     registry: Registry,
     outcomes: IntCounterVec,
+    app_requests: IntCounterVec,
     provider_requests: IntCounterVec,
     provider_duration: HistogramVec,
     batch_emails: Histogram,
@@ -162,8 +164,15 @@ impl Metrics {
             outcomes: counter(
                 &r,
                 "mailstream_deliveries_total",
-                "Deliveries settled, by outcome (sent, skipped, failed, outcome_unknown) and reason",
-                &["campaign", "outcome", "reason"],
+                "Deliveries settled, by channel (email, app), outcome (sent, skipped, failed, outcome_unknown) and \
+                 reason",
+                &["campaign", "channel", "outcome", "reason"],
+            ),
+            app_requests: counter(
+                &r,
+                "mailstream_app_requests_total",
+                "Requests of the application channel, by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
+                &["status_class"],
             ),
             provider_requests: counter(
                 &r,
@@ -305,19 +314,24 @@ impl Metrics {
         }
     }
 
-    /// `n` deliveries of `campaign` reached `outcome` (with a reason unless sent).
-    pub fn settled(&self, campaign: &str, outcome: Outcome, reason: Option<&Reason>, n: u64) {
+    /// `n` deliveries of `campaign` on `channel` reached `outcome` (with a reason unless sent).
+    pub fn settled(&self, campaign: &str, channel: Channel, outcome: Outcome, reason: Option<&Reason>, n: u64) {
         if n == 0 {
             return;
         }
-        let label = reason.map_or("", Reason::label);
+        let (label, channel) = (reason.map_or("", Reason::label), channel.as_str());
         match reason {
-            None => tracing::debug!(campaign, outcome = outcome.as_str(), n, "settled"),
+            None => tracing::debug!(campaign, channel, outcome = outcome.as_str(), n, "settled"),
             Some(reason) => {
-                tracing::info!(campaign, outcome = outcome.as_str(), reason = reason.as_str(), n, "settled")
+                tracing::info!(campaign, channel, outcome = outcome.as_str(), reason = reason.as_str(), n, "settled")
             }
         }
-        self.outcomes.with_label_values(&[campaign, outcome.as_str(), label]).inc_by(n);
+        self.outcomes.with_label_values(&[campaign, channel, outcome.as_str(), label]).inc_by(n);
+    }
+
+    /// One request of the application channel answered `status` (`None`: no answer).
+    pub fn app_request(&self, status: Option<u16>) {
+        self.app_requests.with_label_values(&[status_class(status)]).inc();
     }
 
     /// Facts from the config: the objectives, the ceiling, the version.
@@ -334,6 +348,11 @@ impl Metrics {
         }
         for (name, _) in config.templates.iter().filter(|(_, t)| t.fallback_from.is_some()) {
             self.sender_fallbacks.with_label_values(&[name]).inc_by(0);
+        }
+        if config.channels.app.is_some() {
+            for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
+                self.app_requests.with_label_values(&[class]).inc_by(0);
+            }
         }
         for p in 0..config.redis.partitions {
             self.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
@@ -510,7 +529,7 @@ impl Metrics {
                 by.insert((campaign, kind), 0);
             }
         }
-        for ((campaign, _, kind), n) in tally {
+        for ((campaign, _, _, kind), n) in tally {
             *by.entry((campaign.as_str(), *kind)).or_default() += n;
         }
         let _exposition = self.exposition.lock().expect("exposition lock");

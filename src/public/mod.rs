@@ -17,6 +17,7 @@ use crate::ctx::Ctx;
 use crate::db::scripts;
 use crate::http::{self, HttpRequest, HttpResponse};
 use crate::tokens::Tokens;
+use crate::work::Channel;
 
 /// Serves the public routes on `listener` until `shutdown`, with the limits the
 /// config sets (body size, requests per second per client address, timeout).
@@ -86,7 +87,7 @@ impl Public {
                 let result = async {
                     let mut conn = self.store.waited_conn().await?;
                     let keys = &self.store.keys;
-                    let changed = scripts::opt_out(&mut conn, keys, &subscriber, &campaign).await?;
+                    let changed = scripts::opt_out(&mut conn, keys, &subscriber, &campaign, Channel::Email).await?;
                     // Confirmed only once a failover cannot take it back.
                     let p = keys.partition_of(&subscriber);
                     self.store.durable(&mut conn, &keys.subscriber(p, &subscriber)).await?;

@@ -38,6 +38,11 @@ pub struct Args {
     /// Read NDJSON subscriber records (whole records) from this file, or `-` for stdin.
     #[arg(long, conflicts_with_all = ["id", "email"])]
     ndjson: Option<String>,
+    /// Turn a campaign off for this subscriber on one channel (repeat):
+    /// `CAMPAIGN` (its email, as the one-click unsubscribe does) or `CAMPAIGN:CHANNEL`
+    /// (`weekly_digest:app`: its application events, email left on).
+    #[arg(long = "off", conflicts_with = "ndjson", value_name = "CAMPAIGN[:CHANNEL]")]
+    off: Vec<String>,
     /// One JSON object on stdout: `{"written": n}`.
     #[arg(long)]
     json: bool,
@@ -50,10 +55,29 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         Some(source) => parse_ndjson(&crate::cli::read_source(source)?)?,
         None => vec![from_flags(&store, &args).await?],
     };
+    // Every --off is read before anything is written.
+    let mut off = Vec::new();
+    for item in &args.off {
+        let (campaign, channel) = match item.split_once(':') {
+            Some((campaign, channel)) => (campaign, channel.parse().map_err(|e| anyhow::anyhow!("--off {item}: {e}"))?),
+            None => (item.as_str(), crate::work::Channel::Email),
+        };
+        if config.campaign(campaign).is_none() {
+            bail!("--off {item}: no campaign {campaign:?} in the config");
+        }
+        off.push((campaign, channel));
+    }
     upsert(&store, &list).await?;
     let out = crate::cli::Report { json: args.json };
     out.line(format_args!("{} subscribers written", list.len()));
-    out.object(&serde_json::json!({ "written": list.len() }))?;
+    let id = args.id.as_deref().unwrap_or_default();
+    let mut conn = store.conn().await?;
+    for (campaign, channel) in &off {
+        crate::db::scripts::opt_out(&mut conn, &store.keys, id, campaign, *channel).await?;
+        store.durable(&mut conn, &store.keys.subscriber(store.keys.partition_of(id), id)).await?;
+        out.line(format_args!("{campaign} turned off on {channel} for {id}"));
+    }
+    out.object(&serde_json::json!({ "written": list.len(), "turned_off": args.off }))?;
     Ok(ExitCode::SUCCESS)
 }
 

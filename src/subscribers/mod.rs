@@ -300,6 +300,15 @@ pub mod field {
     pub fn opted_out(campaign: &str) -> String {
         format!("off:{campaign}")
     }
+
+    /// Present (when, ms) when the subscriber turned `campaign` off on `channel`:
+    /// [`opted_out`] for email, `off:<campaign>:<channel>` for another channel.
+    pub fn channel_opted_out(campaign: &str, channel: crate::work::Channel) -> String {
+        match channel {
+            crate::work::Channel::Email => opted_out(campaign),
+            other => format!("off:{campaign}:{other}"),
+        }
+    }
 }
 
 /// How a yes/no field is stored.

@@ -18,14 +18,17 @@ use protocol::{Budget, Delivery, Env, Lane, Mutant, Protocol};
 use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 
 /// The mutants the bound must catch (the three named ones, a WAIT answered by
-/// another node, which the redis crate's cluster client could do after a failover, and a
-/// sender fallback after a request that may have been sent).
-const REQUIRED: [Mutant; 5] = [
+/// another node, which the redis crate's cluster client could do after a failover, a
+/// sender fallback after a request that may have been sent, and, on the channel's bound,
+/// an application event whose body is written anew or not waited for).
+const REQUIRED: [Mutant; 7] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
     Mutant::WaitAnsweredElsewhere,
     Mutant::FallbackAfterMaybeSent,
+    Mutant::AppBodyRewritten,
+    Mutant::AppBodyNotWaited,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
@@ -56,6 +59,40 @@ fn ci_bound(mutant: Option<Mutant>) -> Protocol {
         mutant,
         liveness: true,
     }
+}
+
+/// The application channel's bound: one subscriber's email and application event of one
+/// kick, in partition 0, 2 holders, a replicated Redis; at most one crash, one stall, one
+/// failover, one unsubscribe (of the event's channel), one suppression of the address, and
+/// two answers other than an acceptance (an event put off, or its answer lost).
+fn channel_bound(mutant: Option<Mutant>) -> Protocol {
+    Protocol {
+        deliveries: vec![
+            Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false },
+            Delivery { partition: 0, lane: Lane::App, address: 0, registry: true, operator: false },
+        ],
+        partitions: 1,
+        budget: Budget {
+            kicks: 1,
+            crashes: 1,
+            stalls: 1,
+            failovers: 1,
+            unsubscribes: 1,
+            suppressions: 1,
+            failures: 2,
+            wait_failures: 0,
+            windows: 0,
+            pauses: 0,
+        },
+        envs: vec![Env::Replicated],
+        mutant,
+        liveness: true,
+    }
+}
+
+/// The bound a mutant is checked on: the channel's for the channel's mutants.
+fn bound_for(mutant: Mutant) -> Protocol {
+    if mutant.is_channel() { channel_bound(Some(mutant)) } else { ci_bound(Some(mutant)) }
 }
 
 /// A larger bound, explored by random simulation: a campaign delivery to its registry
@@ -146,6 +183,7 @@ fn walk_bound() -> Protocol {
         Delivery { partition: 0, lane: Lane::Digest, address: 2, registry: false, operator: false },
         Delivery { partition: 1, lane: Lane::Digest, address: 3, registry: true, operator: false },
         Delivery { partition: 1, lane: Lane::Transactional, address: 4, registry: false, operator: true },
+        Delivery { partition: 1, lane: Lane::App, address: 3, registry: true, operator: false },
     ];
     m.budget = Budget {
         kicks: 2,
@@ -223,9 +261,17 @@ fn main() -> ExitCode {
     for (property, steps) in &base.failures {
         print_trace("the protocol", property, steps);
     }
+    let channel = check(channel_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the application channel's bound, exhaustive)",
+        channel.states, channel.depth, channel.seconds
+    );
+    for (property, steps) in &channel.failures {
+        print_trace("the application channel", property, steps);
+    }
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
-        let run = check_mutant(ci_bound(Some(mutant)));
+        let run = check_mutant(bound_for(mutant));
         let caught = !run.failures.is_empty();
         match run.failures.iter().next() {
             Some((property, steps)) => print_trace(&format!("mutant {} caught", mutant.name()), property, steps),
@@ -270,6 +316,8 @@ fn main() -> ExitCode {
             "states": base.states,
             "depth": base.depth,
             "seconds": base.seconds,
+            "channel_states": channel.states,
+            "channel_seconds": channel.seconds,
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
@@ -285,7 +333,8 @@ fn main() -> ExitCode {
     let larger_ok = larger_report
         .as_ref()
         .is_none_or(|r| r["properties"].as_object().is_some_and(|p| p.values().all(|v| v == true)));
-    if base.failures.is_empty() && missed_required.is_empty() && larger_ok && mismatch.is_none() {
+    let bounds_hold = base.failures.is_empty() && channel.failures.is_empty();
+    if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE

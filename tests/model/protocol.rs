@@ -29,11 +29,15 @@ pub type Member = (u8, u8);
 pub type Key = (u8, u8);
 
 /// The line a delivery waits in: the last gate checks a campaign member's subscriber
-/// record too; a transactional member has only its addresses to check.
+/// record too; a transactional member has only its addresses to check. `App` is a
+/// campaign delivery of the application channel (app.rs): claimed like any (claim.lua),
+/// its event body fixed in its record (HSETNX, then WAIT) before the first request,
+/// posted, and decided (decide.lua) or put off (defer.lua); never sealed into a batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Lane {
     Digest,
     Transactional,
+    App,
 }
 
 /// One delivery of the bound: its partition, lane, the address its email is sent to
@@ -124,10 +128,16 @@ pub enum Mutant {
     /// (an API key rotated, refused before the idempotency store) does not prove that one
     /// was refused too.
     FallbackAfterMaybeSent,
+    /// app.rs: each claim writes the event's body anew (HSET, not HSETNX), so a retry by
+    /// another holder may post the same id with another body.
+    AppBodyRewritten,
+    /// app.rs: the event's body is not WAITed for before the request, so a failover may
+    /// take it back and the next holder post the id with another body.
+    AppBodyNotWaited,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 14] = [
+    pub const ALL: [Mutant; 16] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -142,7 +152,14 @@ impl Mutant {
         Mutant::VerdictWithoutHolder,
         Mutant::GateForgetsWhatTheHolderKnows,
         Mutant::FallbackAfterMaybeSent,
+        Mutant::AppBodyRewritten,
+        Mutant::AppBodyNotWaited,
     ];
+
+    /// Whether it is about the application channel (checked on the channel's bound).
+    pub fn is_channel(self) -> bool {
+        matches!(self, Mutant::AppBodyRewritten | Mutant::AppBodyNotWaited)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -160,6 +177,8 @@ impl Mutant {
             Mutant::VerdictWithoutHolder => "verdict_without_holder",
             Mutant::GateForgetsWhatTheHolderKnows => "gate_forgets_what_the_holder_knows",
             Mutant::FallbackAfterMaybeSent => "fallback_after_maybe_sent",
+            Mutant::AppBodyRewritten => "app_body_rewritten",
+            Mutant::AppBodyNotWaited => "app_body_not_waited",
         }
     }
 }
@@ -219,6 +238,9 @@ pub struct Data {
     /// Per address: this partition's `suppressed` hash has it.
     pub suppressed: u8,
     pub paused: bool,
+    /// Per delivery of the application channel: which body its record holds
+    /// (`app_body`; 0: none yet, n: the n-th ever written for it).
+    pub app_body: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -246,6 +268,19 @@ pub enum Answer {
     Fatal,
     /// The sender refused (`sender_rejected`): fatal, but operator mail may fall back.
     Refused,
+}
+
+/// What the application answered an event's request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AppAnswer {
+    /// 2xx: taken (or taken before: the application dedups on `webhook-id`).
+    Taken,
+    /// 410: it wants no more of it.
+    Gone,
+    /// 429, 5xx, another 4xx: not taken, asked again later.
+    Again,
+    /// Taken, but the answer was lost (a timeout): asked again later.
+    TakenAnswerLost,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -282,6 +317,9 @@ pub struct Holder {
     /// Claimed and rendered, waiting for a batch: (delivery, address).
     pub claimed: Vec<Member>,
     pub hand: Option<Hand>,
+    /// Application events claimed: (delivery, the body it read back, the answer once
+    /// the request came back).
+    pub posting: Vec<(u8, u8, Option<AppAnswer>)>,
 }
 
 /// What happened for real, beside what Redis says: the properties read this.
@@ -300,6 +338,17 @@ pub struct Ghost {
     pub double: bool,
     pub unwanted: bool,
     pub past_window: bool,
+    /// Per application event: bodies written to its record so far, and the body its
+    /// requests carried (0: none posted yet).
+    pub app_writes: Vec<u8>,
+    pub app_posted: Vec<u8>,
+    /// Application events the application has taken.
+    pub app_taken: u8,
+    /// Application events the application answered 410 Gone: it answers so again (a
+    /// 410 is permanent), and never takes them.
+    pub app_gone: u8,
+    /// An event id was posted with two different bodies.
+    pub two_bodies: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -341,6 +390,10 @@ pub enum Action {
     Send(u8, Outcome),
     Record(u8),
     Take(u8, u8, u8),
+    /// Holder h posts application event d; the application answers.
+    Post(u8, u8, AppAnswer),
+    /// Holder h records the answer for event d: decide.lua or defer.lua.
+    Decide(u8, u8),
     Crash(u8),
     Stall(u8),
     Resume(u8),
@@ -375,6 +428,10 @@ impl fmt::Display for Action {
                 write!(f, "{}: record the answer (settle.lua / reschedule.lua / fallback.lua)", holder_name(h))
             }
             Action::Take(h, p, b) => write!(f, "{}: take.lua(partition {p}, batch {b})", holder_name(h)),
+            Action::Post(h, d, a) => write!(f, "{}: POST event d{d} to the application -> {a:?}", holder_name(h)),
+            Action::Decide(h, d) => {
+                write!(f, "{}: record the application's answer for d{d} (decide.lua / defer.lua)", holder_name(h))
+            }
             Action::Crash(h) => write!(f, "{} crashes (kill -9)", holder_name(h)),
             Action::Stall(h) => write!(f, "{} stalls (leases run out)", holder_name(h)),
             Action::Resume(h) => write!(f, "{} resumes where it stalled", holder_name(h)),
@@ -432,6 +489,7 @@ impl Protocol {
             subscriber_suppressed: 0,
             suppressed: 0,
             paused: false,
+            app_body: vec![0; self.deliveries.len()],
         }
     }
 
@@ -446,6 +504,7 @@ impl Protocol {
             if self.partition(d) != usize::from(p)
                 || live.unacked & bit(d) == 0
                 || holder.claimed.iter().any(|&(c, _)| c == d)
+                || holder.posting.iter().any(|&(c, ..)| c == d)
             {
                 continue;
             }
@@ -503,6 +562,7 @@ impl Protocol {
         let holder = &s.holders[usize::from(h)];
         Self::lapsed(s, h)
             || (!holder.claimed.iter().any(|&(c, _)| c == d)
+                && !holder.posting.iter().any(|&(c, ..)| c == d)
                 && !holder.hand.as_ref().is_some_and(|hand| hand.body.iter().any(|&(m, _)| m == d)))
     }
 
@@ -553,7 +613,8 @@ impl Model for Protocol {
                     left.failures = 0;
                 }
                 let node = Node { live: self.data(), safe: self.data(), lagging: false };
-                let mut holders = vec![Holder { status: Status::Running, claimed: Vec::new(), hand: None }; HOLDERS];
+                let holder = Holder { status: Status::Running, claimed: Vec::new(), hand: None, posting: Vec::new() };
+                let mut holders = vec![holder; HOLDERS];
                 if env == Env::LostWrites {
                     // One instance: a second one could claim what a restart put back before
                     // the first recorded its answer.
@@ -576,6 +637,11 @@ impl Model for Protocol {
                         double: false,
                         unwanted: false,
                         past_window: false,
+                        app_writes: vec![0; self.deliveries.len()],
+                        app_posted: vec![0; self.deliveries.len()],
+                        app_taken: 0,
+                        app_gone: 0,
+                        two_bodies: false,
                     },
                 }
             })
@@ -603,6 +669,23 @@ impl Model for Protocol {
             for p in 0..self.partitions {
                 if self.claimable(s, h, p) != 0 {
                     actions.push(Action::Claim(h, p));
+                }
+            }
+            for &(d, _, answer) in &holder.posting {
+                match answer {
+                    Some(_) => actions.push(Action::Decide(h, d)),
+                    None if s.ghost.app_gone & bit(d) != 0 => actions.push(Action::Post(h, d, AppAnswer::Gone)),
+                    None => {
+                        actions.push(Action::Post(h, d, AppAnswer::Taken));
+                        if s.left.failures > 0 {
+                            actions.push(Action::Post(h, d, AppAnswer::Again));
+                            actions.push(Action::Post(h, d, AppAnswer::TakenAnswerLost));
+                            // An application that took the event answers 200 again.
+                            if s.ghost.app_taken & bit(d) == 0 {
+                                actions.push(Action::Post(h, d, AppAnswer::Gone));
+                            }
+                        }
+                    }
                 }
             }
             match &holder.hand {
@@ -692,7 +775,8 @@ impl Model for Protocol {
         }
         if s.left.unsubscribes > 0 {
             for d in 0..n {
-                if self.deliveries[usize::from(d)].lane == Lane::Digest && s.ghost.unsubscribed & bit(d) == 0 {
+                let lane = self.deliveries[usize::from(d)].lane;
+                if matches!(lane, Lane::Digest | Lane::App) && s.ghost.unsubscribed & bit(d) == 0 {
                     actions.push(Action::Unsubscribe(d));
                 }
             }
@@ -733,15 +817,77 @@ impl Model for Protocol {
                     live.recs[usize::from(d)] = Rec::Processing(h);
                     // Resolved at once: the subscriber record, or a transactional address.
                     let unwanted = match spec.lane {
-                        Lane::Digest => (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0,
+                        Lane::Digest | Lane::App => (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0,
                         Lane::Transactional => live.suppressed & bit(spec.address) != 0,
                     };
                     if unwanted {
-                        // decide.lua: skipped, the entry acknowledged.
-                        live.recs[usize::from(d)] = Rec::Skipped;
+                        // decide.lua, the entry acknowledged: skipped, or for an event whose
+                        // body is written (a request of it may have been taken) outcome_unknown.
+                        let posted = spec.lane == Lane::App && live.app_body[usize::from(d)] != 0;
+                        live.recs[usize::from(d)] = if posted { Rec::Unknown } else { Rec::Skipped };
                         live.unacked &= !bit(d);
+                    } else if spec.lane == Lane::App {
+                        // The body, first writer wins (HSETNX), read back.
+                        let body = &mut live.app_body[usize::from(d)];
+                        if *body == 0 || self.on(Mutant::AppBodyRewritten) {
+                            let writes = &mut s.ghost.app_writes[usize::from(d)];
+                            *writes += 1;
+                            *body = *writes;
+                        }
+                        let body = *body;
+                        s.holders[usize::from(h)].posting.push((d, body, None));
                     } else {
                         s.holders[usize::from(h)].claimed.push((d, spec.address));
+                    }
+                }
+                // WAIT before any event's request leaves: its body survives a failover.
+                let posting =
+                    s.holders[usize::from(h)].posting.iter().any(|&(d, ..)| self.partition(d) == usize::from(p));
+                if posting && s.env == Env::Replicated && !self.on(Mutant::AppBodyNotWaited) {
+                    let node = &mut s.nodes[usize::from(p)];
+                    node.safe = node.live.clone();
+                }
+            }
+            Action::Post(h, d, answer) => {
+                let holder = &mut s.holders[usize::from(h)];
+                let i = holder.posting.iter().position(|&(c, ..)| c == d).expect("posting it");
+                let body = holder.posting[i].1;
+                holder.posting[i].2 = Some(answer);
+                let again_gone = answer == AppAnswer::Gone && s.ghost.app_gone & bit(d) != 0;
+                if answer != AppAnswer::Taken && !again_gone {
+                    s.left.failures -= 1;
+                }
+                if answer == AppAnswer::Gone {
+                    s.ghost.app_gone |= bit(d);
+                }
+                let posted = &mut s.ghost.app_posted[usize::from(d)];
+                if *posted == 0 {
+                    *posted = body;
+                } else if *posted != body {
+                    s.ghost.two_bodies = true;
+                }
+                if matches!(answer, AppAnswer::Taken | AppAnswer::TakenAnswerLost) {
+                    s.ghost.app_taken |= bit(d);
+                }
+            }
+            Action::Decide(h, d) => {
+                let holder = &mut s.holders[usize::from(h)];
+                let i = holder.posting.iter().position(|&(c, ..)| c == d).expect("posting it");
+                let (_, _, answer) = holder.posting.remove(i);
+                let live = &mut s.nodes[self.partition(d)].live;
+                // Only what this holder still holds changes.
+                if live.recs[usize::from(d)] == Rec::Processing(h) {
+                    match answer.expect("answered") {
+                        AppAnswer::Taken => live.recs[usize::from(d)] = Rec::Sent,
+                        AppAnswer::Gone => live.recs[usize::from(d)] = Rec::Failed,
+                        // defer.lua: pending again, due later (a fresh entry then).
+                        AppAnswer::Again | AppAnswer::TakenAnswerLost => {
+                            live.recs[usize::from(d)] = Rec::Pending;
+                            live.unacked |= bit(d);
+                        }
+                    }
+                    if live.recs[usize::from(d)].is_final() {
+                        live.unacked &= !bit(d);
                     }
                 }
             }
@@ -923,7 +1069,8 @@ impl Model for Protocol {
             }
             Action::Crash(h) => {
                 s.left.crashes -= 1;
-                s.holders[usize::from(h)] = Holder { status: Status::Dead, claimed: Vec::new(), hand: None };
+                s.holders[usize::from(h)] =
+                    Holder { status: Status::Dead, claimed: Vec::new(), hand: None, posting: Vec::new() };
             }
             Action::Stall(h) => {
                 s.left.stalls -= 1;
@@ -996,9 +1143,12 @@ impl Model for Protocol {
             Property::always("no_delivery_really_sent_twice", |_, s: &State| !s.ghost.double),
             Property::always("no_send_gated_after_the_delivery_stopped_being_wanted", |_, s: &State| !s.ghost.unwanted),
             Property::always("no_maybe_sent_body_sent_again_after_its_window", |_, s: &State| !s.ghost.past_window),
+            Property::always("an_event_is_posted_with_one_body", |_, s: &State| !s.ghost.two_bodies),
             Property::always("a_settled_outcome_says_what_was_sent", |m: &Protocol, s: &State| {
                 (0..m.deliveries.len()).all(|d| {
-                    let sent = s.ghost.sent[d];
+                    // An application event is sent when the application took it.
+                    let taken = u8::from(s.ghost.app_taken & bit(d as u8) != 0);
+                    let sent = if m.deliveries[d].lane == Lane::App { taken } else { s.ghost.sent[d] };
                     match s.nodes[m.partition(d as u8)].live.recs[d] {
                         Rec::Sent => sent >= 1,
                         Rec::Failed | Rec::Skipped => sent == 0,
@@ -1116,7 +1266,8 @@ impl Protocol {
             let lost = live.recs[usize::from(d)] != Rec::Sealed(b.id);
             let address_checked = match spec.lane {
                 Lane::Transactional => !self.on(Mutant::LaneSkipsSuppression),
-                Lane::Digest => !self.on(Mutant::GateReadsSubscriberOnly),
+                // An application event is never sealed into a batch.
+                Lane::Digest | Lane::App => !self.on(Mutant::GateReadsSubscriberOnly),
             };
             let suppressed = address_checked && live.suppressed & bit(address) != 0;
             let subscriber =

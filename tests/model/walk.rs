@@ -26,13 +26,13 @@ use mailstream::redis_server::RedisServer;
 use mailstream::resend::Action as Class;
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::suppression::{self, Act, Why};
-use mailstream::work::{DeliveryRef, Lane as WorkLane, Ready};
+use mailstream::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use stateright::Model;
 
-use crate::protocol::{Action, Answer, Batch, BatchState, Data, Lane, Phase, Protocol, Rec, State};
+use crate::protocol::{Action, Answer, AppAnswer, Batch, BatchState, Data, Lane, Phase, Protocol, Rec, State};
 
 const GROUP: &str = "mailstream";
 const LEASE_MS: u64 = 3_600_000;
@@ -93,6 +93,9 @@ pub struct Walker {
     config: Config,
     model: Protocol,
     names: Names,
+    /// Per delivery, the first event body this walk saw in its record: one that differs
+    /// later is projected as a second body.
+    first_body: std::sync::Mutex<Vec<Option<String>>>,
 }
 
 impl Walker {
@@ -121,14 +124,15 @@ impl Walker {
             let address = format!("delivered+a{}@resend.dev", spec.address);
             addresses.insert(spec.address, address.clone());
             match spec.lane {
-                Lane::Digest => {
+                Lane::Digest | Lane::App => {
                     let id = find(spec.partition, "user-");
                     // Its registry address is the one its email goes to, or another (the
                     // render hook's address is then the one in the body).
                     let email = if spec.registry { address.clone() } else { format!("delivered+{id}@resend.dev") };
                     let subscriber = Subscriber { email, ..Subscriber::synthetic(0) };
                     let subscriber = Subscriber { id: id.clone(), targets: vec!["t".into()], ..subscriber };
-                    names.deliveries.push(DeliveryRef::new(CAMPAIGN, PERIOD, &id, "t"));
+                    let channel = if spec.lane == Lane::App { Channel::App } else { Channel::Email };
+                    names.deliveries.push(DeliveryRef::new(CAMPAIGN, PERIOD, &id, "t").on(channel));
                     names.subscribers.push(Some(subscriber));
                 }
                 Lane::Transactional => {
@@ -141,7 +145,8 @@ impl Walker {
         }
         let max = addresses.keys().max().copied().unwrap_or(0);
         names.hashes = (0..=max).map(|a| addresses.get(&a).map(|e| keys.address(e).hash).unwrap_or_default()).collect();
-        Ok(Walker { _server: server, store, config, model, names })
+        let first_body = std::sync::Mutex::new(vec![None; model.deliveries.len()]);
+        Ok(Walker { _server: server, store, config, model, names, first_body })
     }
 
     /// One walk of at most `length` steps from `seed`; the steps taken, or the mismatch.
@@ -151,6 +156,7 @@ impl Walker {
         self.store.ensure_groups(GROUP).await?;
         let registry: Vec<Subscriber> = self.names.subscribers.iter().flatten().cloned().collect();
         subscribers::upsert(&self.store, &registry).await?;
+        self.first_body.lock().expect("first bodies").iter_mut().for_each(|b| *b = None);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut state = self.model.init_states().into_iter().next().expect("an initial state");
         let mut steps = Vec::new();
@@ -211,7 +217,7 @@ impl Walker {
                 let dref = &self.names.deliveries[usize::from(d)];
                 let p = u16::from(spec.partition);
                 match spec.lane {
-                    Lane::Digest => {
+                    Lane::Digest | Lane::App => {
                         scripts::enqueue(conn, keys, p, std::slice::from_ref(dref), RETENTION).await?;
                     }
                     Lane::Transactional => {
@@ -263,12 +269,13 @@ impl Walker {
                     if !matches!(claim, Claim::Claimed { .. }) {
                         continue;
                     }
-                    let skip = match self.model.deliveries[usize::from(*d)].lane {
-                        Lane::Digest => {
+                    let lane = self.model.deliveries[usize::from(*d)].lane;
+                    let skip = match lane {
+                        Lane::Digest | Lane::App => {
                             let row: subscribers::Row = redis::cmd("HMGET")
                                 .arg(keys.subscriber(u16::from(p), &dref.subscriber))
                                 .arg(&subscribers::RESOLVE_FIELDS)
-                                .arg(subscribers::field::opted_out(CAMPAIGN))
+                                .arg(subscribers::field::channel_opted_out(CAMPAIGN, dref.channel))
                                 .query_async(conn)
                                 .await?;
                             match subscribers::resolve(row) {
@@ -286,17 +293,36 @@ impl Walker {
                             suppressed.then_some(Reason::Suppressed)
                         }
                     };
-                    if let Some(reason) = skip {
-                        decisions.push((*dref, reason));
+                    // app.rs: an event no longer wanted whose body is written may have been
+                    // taken; one still wanted gets its body fixed before any request.
+                    let written: bool = redis::cmd("HEXISTS")
+                        .arg(keys.delivery(u16::from(p), &dref.id()))
+                        .arg("app_body")
+                        .query_async(conn)
+                        .await?;
+                    match skip {
+                        Some(reason) => {
+                            let outcome = if lane == Lane::App {
+                                mailstream::app::unwanted_outcome(written)
+                            } else {
+                                Outcome::Skipped
+                            };
+                            decisions.push((*dref, outcome, reason));
+                        }
+                        None if lane == Lane::App => {
+                            let body = mailstream::app::event_body(dref, CAMPAIGN, &[], &format!("walk-{h}"));
+                            mailstream::app::fix_bodies(conn, &self.store, u16::from(p), &[(dref, body)]).await?;
+                        }
+                        None => {}
                     }
                 }
                 let entries = self.entries(conn, u16::from(p)).await?;
                 let decisions: Vec<Decision<'_>> = decisions
                     .iter()
-                    .map(|(dref, reason)| Decision {
+                    .map(|(dref, outcome, reason)| Decision {
                         entry: entries.get(&dref.id()).map(String::as_str).unwrap_or("0-0"),
                         delivery: dref,
-                        outcome: Outcome::Skipped,
+                        outcome: *outcome,
                         reason: reason.clone(),
                         lost: false,
                     })
@@ -437,9 +463,45 @@ impl Walker {
                     self.settle(conn, p16, &batch, &members, Settler::Holder(&who), verdicts).await?;
                 }
             }
+            Action::Unsubscribe(d) if self.model.deliveries[usize::from(d)].lane == Lane::App => {
+                // The application channel turned off (`off:<campaign>:app`), email left on.
+                let subscriber = &self.names.deliveries[usize::from(d)].subscriber;
+                scripts::opt_out(conn, keys, subscriber, CAMPAIGN, Channel::App).await?;
+            }
             Action::Unsubscribe(d) => {
                 let subscriber = self.names.subscribers[usize::from(d)].clone().expect("a digest's subscriber");
                 subscribers::upsert(&self.store, &[Subscriber { subscribed: false, ..subscriber }]).await?;
+            }
+            Action::Decide(h, d) => {
+                let holder = &s.holders[usize::from(h)];
+                let answer = holder.posting.iter().find(|&&(c, ..)| c == d).and_then(|&(.., a)| a).expect("answered");
+                let dref = &self.names.deliveries[usize::from(d)];
+                let p = u16::from(self.model.deliveries[usize::from(d)].partition);
+                let entries = self.entries(conn, p).await?;
+                let entry = entries.get(&dref.id()).map(String::as_str).unwrap_or("0-0");
+                let decide = |outcome, reason| Decision { entry, delivery: dref, outcome, reason, lost: false };
+                match answer {
+                    AppAnswer::Taken => {
+                        let d = [decide(Outcome::Sent, Reason::Accepted)];
+                        scripts::decide(conn, keys, p, GROUP, &owner(h), &d, RETENTION).await?;
+                    }
+                    AppAnswer::Gone => {
+                        let d = [decide(Outcome::Failed, Reason::AppGone)];
+                        scripts::decide(conn, keys, p, GROUP, &owner(h), &d, RETENTION).await?;
+                    }
+                    AppAnswer::Again | AppAnswer::TakenAnswerLost => {
+                        let backoff = scripts::Backoff {
+                            base_ms: 1000,
+                            max_ms: 60_000,
+                            deadline_ms: 48 * 3_600_000,
+                            jitter_percent: 0,
+                        };
+                        let items = [(entry, dref)];
+                        scripts::defer(conn, keys, p, GROUP, &owner(h), backoff, &items).await?;
+                        // Its time comes (the reclaimer's due.lua): a fresh entry, unread.
+                        scripts::release_due(conn, keys, p, WorkLane::App, u64::MAX / 2, 100).await?;
+                    }
+                }
             }
             Action::Suppress(a) => {
                 let spec = self.model.deliveries.iter().position(|x| x.address == a).expect("an address");
@@ -468,7 +530,12 @@ impl Walker {
                 }
             }
             // The walk plays the provider, and a holder's memory: no Redis step.
-            Action::Wait(..) | Action::Send(..) | Action::Crash(_) | Action::Stall(_) | Action::Resume(_) => {}
+            Action::Wait(..)
+            | Action::Send(..)
+            | Action::Post(..)
+            | Action::Crash(_)
+            | Action::Stall(_)
+            | Action::Resume(_) => {}
             Action::Lag(_) | Action::Failover(_) => anyhow::bail!("not on one server"),
         }
         Ok(())
@@ -542,7 +609,7 @@ impl Walker {
                 .arg(keys.subscriber(p, subscriber))
                 .arg("subscribed")
                 .arg("suppressed")
-                .arg(subscribers::field::opted_out(CAMPAIGN));
+                .arg(subscribers::field::channel_opted_out(CAMPAIGN, self.names.deliveries[d].channel));
         }
         for hash in &self.names.hashes {
             pipe.cmd("HEXISTS").arg(keys.suppressed(p)).arg(hash);
@@ -562,6 +629,7 @@ impl Walker {
             subscriber_suppressed: 0,
             suppressed: 0,
             paused: false,
+            app_body: vec![0; n],
         };
         // Unacknowledged: not yet read, or read and pending.
         let (mut entries, mut unacked) = (BTreeMap::new(), std::collections::BTreeSet::new());
@@ -611,6 +679,11 @@ impl Walker {
                 Some("outcome_unknown") => Rec::Unknown,
                 Some(other) => anyhow::bail!("a state the model does not know: {other}"),
             };
+            if let Some(body) = fields.get("app_body") {
+                let mut first = self.first_body.lock().expect("first bodies");
+                let first = first[d].get_or_insert_with(|| body.clone());
+                data.app_body[d] = if first == body { 1 } else { 2 };
+            }
             let (subscribed, suppressed, off): (Option<String>, Option<String>, Option<String>) = read(next())?;
             if self.names.subscribers[d].is_some() {
                 if subscribed.as_deref() != Some("1") || off.is_some() {

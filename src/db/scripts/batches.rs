@@ -127,7 +127,7 @@ pub async fn gate(
     members: &[DeliveryRef],
 ) -> RedisResult<Gate> {
     let (p, batch, limits) = (req.partition, req.batch, &req.limits);
-    let (counts, index) = counts_index(keys, p, members.iter().map(|d| (d.campaign.as_str(), d.period.as_str())));
+    let (counts, index) = counts_index(keys, p, members.iter());
     let mut call = SCRIPTS.gate.prepare_invoke();
     call.key(keys.batch(p, batch))
         .key(keys.batches(p))
@@ -488,11 +488,7 @@ pub async fn settle_saying(
     retention_secs: u64,
     said: &[Option<&str>],
 ) -> RedisResult<Settled> {
-    let (counts, index) = counts_index(
-        keys,
-        partition,
-        settlements.iter().map(|s| (s.member.campaign.as_str(), s.member.period.as_str())),
-    );
+    let (counts, index) = counts_index(keys, partition, settlements.iter().map(|s| s.member));
     let mut call = SCRIPTS.settle.prepare_invoke();
     call.key(keys.batch(partition, batch))
         .key(keys.batches(partition))

@@ -7,7 +7,7 @@ use redis::aio::ConnectionLike;
 use super::{SCRIPTS, counts_index, unexpected};
 use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
-use crate::work::{DeliveryRef, Lane};
+use crate::work::{Channel, DeliveryRef, Lane};
 
 /// Enqueues deliveries of one partition and one campaign period; `true` where new.
 pub async fn enqueue(
@@ -31,28 +31,28 @@ async fn enqueue_at(
     retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
     let Some((first, _)) = items.first() else { return Ok(Vec::new()) };
-    let ids: Vec<(String, u64)> = items
+    let ids: Vec<(String, u64, Channel)> = items
         .iter()
         .map(|(item, release_ms)| {
             debug_assert!(
                 item.campaign == first.campaign && item.period == first.period,
                 "one campaign period per call"
             );
-            (item.id(), *release_ms)
+            (item.id(), *release_ms, item.channel)
         })
         .collect();
     enqueue_ids(conn, keys, partition, &first.campaign, &first.period, &ids, retention_secs).await
 }
 
-/// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id (what a fan-out
-/// builds, without a [`DeliveryRef`] each).
+/// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id, with their
+/// release times and channels (what a fan-out builds, without a [`DeliveryRef`] each).
 pub(crate) async fn enqueue_ids(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     campaign: &str,
     period: &str,
-    items: &[(String, u64)],
+    items: &[(String, u64, Channel)],
     retention_secs: u64,
 ) -> RedisResult<Vec<bool>> {
     if items.is_empty() {
@@ -61,22 +61,27 @@ pub(crate) async fn enqueue_ids(
     // Each key is the partition's delivery prefix plus the id (the script reads the id
     // back from it), built in one buffer: a fan-out makes a million of them.
     let prefix = keys.delivery(partition, "");
-    let timed = items.iter().any(|(_, release_ms)| *release_ms > 0);
+    let timed = items.iter().any(|(_, release_ms, _)| *release_ms > 0);
     let mut call = SCRIPTS.enqueue.prepare_invoke();
-    call.key(keys.stream(partition))
-        .key(keys.counts(partition, campaign, period))
-        .key(keys.periods(partition))
-        .key(keys.due(partition))
-        .arg(retention_secs)
+    call.key(keys.periods(partition));
+    // Every channel's stream, counts and due set, in the order of `Channel::ALL`.
+    for channel in Channel::ALL {
+        let lane = DeliveryRef::new(campaign, period, "", "").on(channel).lane();
+        call.key(keys.lane_stream(partition, lane))
+            .key(keys.channel_counts(partition, campaign, period, channel))
+            .key(keys.lane_due(partition, lane));
+    }
+    call.arg(retention_secs)
         .arg(format!("{campaign}:{period}"))
         .arg(prefix.len())
-        .arg(if timed { "1" } else { "0" });
+        .arg(if timed { "1" } else { "0" })
+        .arg(Channel::ALL.len());
     let mut key = String::with_capacity(prefix.len() + 96);
-    for (id, release_ms) in items {
+    for (id, release_ms, channel) in items {
         key.truncate(0);
         key.push_str(&prefix);
         key.push_str(id);
-        call.key(key.as_str());
+        call.key(key.as_str()).arg(*channel as usize + 1);
         if timed {
             call.arg(release_ms);
         }
@@ -147,7 +152,7 @@ pub(super) fn read_ingested(rows: Vec<(String, String)>) -> RedisResult<Vec<Inge
 
 /// How [`defer`] backs off.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Backoff {
+pub struct Backoff {
     pub base_ms: u64,
     pub max_ms: u64,
     /// Deferred no more once this long has passed since the first wait.
@@ -158,7 +163,7 @@ pub(crate) struct Backoff {
 
 /// What [`defer`] did with one delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Deferred {
+pub enum Deferred {
     /// Due again after this long.
     For(u64),
     /// Not this owner's any more.
@@ -167,9 +172,10 @@ pub(crate) enum Deferred {
     Expired,
 }
 
-/// Defers claimed digest deliveries of partition `p` (entry, delivery) whose render
-/// hook gave no answer (see lua/defer.lua).
-pub(crate) async fn defer(
+/// Defers claimed deliveries of one lane of partition `p` (entry, delivery): a digest
+/// whose render hook gave no answer, an application event the application did not take
+/// (see lua/defer.lua). Each waits in its lane's due set.
+pub async fn defer(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
@@ -181,8 +187,10 @@ pub(crate) async fn defer(
     if items.is_empty() {
         return Ok(Vec::new());
     }
+    let lane = items[0].1.lane();
+    debug_assert!(items.iter().all(|(_, d)| d.lane() == lane), "one lane per call");
     let mut call = SCRIPTS.defer.prepare_invoke();
-    call.key(keys.stream(partition)).key(keys.due(partition)).arg(group).arg(owner);
+    call.key(keys.lane_stream(partition, lane)).key(keys.lane_due(partition, lane)).arg(group).arg(owner);
     call.arg(backoff.base_ms).arg(backoff.max_ms).arg(backoff.deadline_ms).arg(backoff.jitter_percent);
     for (entry, d) in items {
         let id = d.id();
@@ -204,15 +212,18 @@ pub(super) fn read_deferred(out: Vec<i64>) -> RedisResult<Vec<Deferred>> {
 }
 
 /// Moves up to `limit` deliveries whose release time has come (at `now_ms`, or Redis's
-/// clock when 0) from partition `p`'s due set into its stream; returns how many.
+/// clock when 0) from the due set of partition `p`'s `lane` into its stream; returns how
+/// many. Email's due set is the digest lane's.
 pub async fn release_due(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
+    lane: Lane,
     now_ms: u64,
     limit: usize,
 ) -> RedisResult<u64> {
-    SCRIPTS.due.key(keys.due(partition)).key(keys.stream(partition)).arg(now_ms).arg(limit).invoke_async(conn).await
+    let (due, stream) = (keys.lane_due(partition, lane), keys.lane_stream(partition, lane));
+    SCRIPTS.due.key(due).key(stream).arg(now_ms).arg(limit).invoke_async(conn).await
 }
 
 /// What a claim found.
@@ -292,11 +303,7 @@ pub async fn decide(
     }
     let lane = decisions[0].delivery.lane();
     debug_assert!(decisions.iter().all(|d| d.delivery.lane() == lane), "one lane per call");
-    let (counts, index) = counts_index(
-        keys,
-        partition,
-        decisions.iter().map(|d| (d.delivery.campaign.as_str(), d.delivery.period.as_str())),
-    );
+    let (counts, index) = counts_index(keys, partition, decisions.iter().map(|d| d.delivery));
     let mut call = SCRIPTS.decide.prepare_invoke();
     call.key(keys.lane_stream(partition, lane))
         .key(keys.dead(partition))
@@ -339,7 +346,7 @@ pub async fn requeue(
         .requeue
         .key(keys.stream_of(partition, delivery))
         .key(keys.delivery(partition, &id))
-        .key(keys.counts(partition, &delivery.campaign, &delivery.period))
+        .key(keys.channel_counts(partition, &delivery.campaign, &delivery.period, delivery.channel))
         .key(keys.recent(partition))
         .arg(id)
         .arg(u8::from(allow_unknown))

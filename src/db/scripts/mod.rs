@@ -87,14 +87,14 @@ fn flag(name: &str, n: i64) -> RedisResult<bool> {
 fn counts_index<'a>(
     keys: &Keys,
     partition: u16,
-    members: impl Iterator<Item = (&'a str, &'a str)>,
+    members: impl Iterator<Item = &'a crate::work::DeliveryRef>,
 ) -> (Vec<String>, Vec<usize>) {
-    let mut distinct: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut distinct: HashMap<(&str, &str, crate::work::Channel), usize> = HashMap::new();
     let mut names = Vec::new();
     let index = members
-        .map(|(campaign, period)| {
-            *distinct.entry((campaign, period)).or_insert_with(|| {
-                names.push(keys.counts(partition, campaign, period));
+        .map(|d| {
+            *distinct.entry((&d.campaign, &d.period, d.channel)).or_insert_with(|| {
+                names.push(keys.channel_counts(partition, &d.campaign, &d.period, d.channel));
                 names.len()
             })
         })

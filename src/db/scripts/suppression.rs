@@ -182,20 +182,28 @@ pub(super) fn read_event(written: i64) -> RedisResult<EventWrite> {
     }
 }
 
-/// Turns `campaign` off for `subscriber`: `Some(true)` if it was on, `Some(false)` if
-/// already off, `None` if there is no such subscriber.
-pub(crate) async fn opt_out(
+/// Turns `campaign` off on `channel` for `subscriber` (the field `off:<campaign>` for
+/// email, `off:<campaign>:<channel>` for another channel, and the matching opt-out set):
+/// `Some(true)` if it was on, `Some(false)` if already off, `None` if there is no such
+/// subscriber.
+pub async fn opt_out(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     subscriber: &str,
     campaign: &str,
+    channel: crate::work::Channel,
 ) -> RedisResult<Option<bool>> {
     let p = keys.partition_of(subscriber);
+    // The record's field is `off:` and this (optout.lua adds the prefix).
+    let field = match channel {
+        crate::work::Channel::Email => campaign.to_string(),
+        other => format!("{campaign}:{other}"),
+    };
     let r: i64 = SCRIPTS
         .optout
         .key(keys.subscriber(p, subscriber))
-        .key(keys.opted_out(p, campaign))
-        .arg(campaign)
+        .key(keys.channel_opted_out(p, campaign, channel))
+        .arg(field)
         .arg(subscriber)
         .invoke_async(conn)
         .await?;

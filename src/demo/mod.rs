@@ -2,7 +2,10 @@
 //! nothing installed but `redis-server`: a private Redis, the Resend emulator
 //! in-process, N subscribers, the kick fired twice (the second adds nothing), or
 //! with `--scheduled` fired by the daemon's scheduler a minute ahead, and the
-//! daemon until every delivery is settled. Then a summary, checked.
+//! daemon until every delivery is settled. Then a summary, checked. With
+//! `--channels email,app` the campaign goes out on each channel (`channels.rs`).
+
+mod channels;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -35,6 +38,9 @@ struct DemoOptions {
     /// Leave the kick to the daemon's scheduler: the campaign is scheduled for the
     /// next minute (at least 15 s away) and the demo waits for the fire.
     pub scheduled: bool,
+    /// `--channels`: the campaign's channels, and a report per channel (`None`: the
+    /// campaign as configured, email, and no per-channel report).
+    pub channels: Option<Vec<crate::work::Channel>>,
 }
 
 impl Default for DemoOptions {
@@ -46,6 +52,7 @@ impl Default for DemoOptions {
             campaign: "weekly_digest".into(),
             progress: true,
             scheduled: false,
+            channels: None,
         }
     }
 }
@@ -76,6 +83,9 @@ struct DemoReport {
     pub suppressed: BTreeMap<String, u64>,
     /// Receipts sent through the transactional lane while the digest drained.
     pub transactional: Transactional,
+    /// With `--channels`: what each channel came to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub channels: Option<BTreeMap<String, channels::ChannelReport>>,
 }
 
 /// The transactional sends of the run and how long each took from enqueue to the
@@ -145,12 +155,15 @@ impl DemoReport {
         if let Some(runs) = self.scheduled_fanouts.filter(|&runs| runs != 1) {
             p.push(format!("the scheduled period was fanned out {runs} times, not once"));
         }
-        if self.scheduled_fanouts.is_none() && self.duplicates_suppressed != self.enqueued {
+        // Every channel's deliveries are offered again by the second kick.
+        let enqueued = self.channels.as_ref().map_or(self.enqueued, |c| c.values().map(|r| r.enqueued).sum());
+        if self.scheduled_fanouts.is_none() && self.duplicates_suppressed != enqueued {
             p.push(format!(
                 "the second kick should have found all {} deliveries already enqueued, found {}",
-                self.enqueued, self.duplicates_suppressed
+                enqueued, self.duplicates_suppressed
             ));
         }
+        p.extend(self.channels.as_ref().map(channels::problems).unwrap_or_default());
         p
     }
 }
@@ -202,6 +215,8 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     config.resend.api_key = Some(Secret::new("re_demo_key"));
     config.resend.requests_per_second = opts.rps;
     config.http.metrics_listen = None;
+    let channels = opts.channels.clone().unwrap_or_else(|| vec![crate::work::Channel::Email]);
+    let app = channels::configure(&mut config, &opts.campaign, &channels).await?;
     config.validate()?;
     let campaign = config
         .campaign(&opts.campaign)
@@ -296,7 +311,8 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     let mut receipts = 0u64;
     loop {
         counts = store.counts(&campaign.name, &period).await?;
-        let digest_done = counts.settled() >= counts.enqueued;
+        let digest_done = counts.settled() >= counts.enqueued
+            && channels::others_settled(&store, &campaign.name, &period, &channels).await?;
         if receipts < TRANSACTIONAL_SENDS && !digest_done && started.elapsed() >= every * (receipts as u32 + 1) {
             let item = serde_json::json!({
                 "idempotency_key": format!("demo-receipt-{receipts}"),
@@ -337,7 +353,18 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     }
     stop_emulator.trigger();
     let _ = emulator_task.await;
+    let app_stats = app.as_ref().map(|a| a.endpoint.stats());
+    if let Some(app) = app {
+        app.stop().await;
+    }
     let counts = store.counts(&campaign.name, &period).await.unwrap_or(counts);
+    let by_channel = match &opts.channels {
+        Some(list) => {
+            let at = (campaign.name.as_str(), period.as_str());
+            Some(channels::report(&store, at, list, &emulator.stats(), app_stats.as_ref()).await?)
+        }
+        None => None,
+    };
     let keys: Vec<String> = (0..receipts).map(|i| format!("demo-receipt-{i}")).collect();
     let transactional = transactional_latencies(&store, &tx_day, &keys).await?;
     if opts.redis_url.is_some() {
@@ -371,6 +398,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
         },
         suppressed: metrics.suppressions_by_reason(),
         transactional,
+        channels: by_channel,
     };
     summary(out, &report)?;
     Ok(report)
@@ -458,6 +486,9 @@ fn summary(out: &mut (dyn Write + Send), r: &DemoReport) -> std::io::Result<()> 
         w.duplicates,
         if suppressed.is_empty() { "none".to_string() } else { suppressed.join(", ") }
     )?;
+    if let Some(c) = &r.channels {
+        channels::summary(out, c)?;
+    }
     let problems = r.problems();
     if problems.is_empty() {
         writeln!(out, "  every delivery was settled, and none was sent twice")?;
@@ -486,12 +517,18 @@ pub struct Args {
     /// Let the daemon's scheduler kick: the campaign is scheduled a minute ahead.
     #[arg(long)]
     scheduled: bool,
+    /// The campaign's channels, comma-separated (`email,app`): the application channel
+    /// posts each delivery's event to a small endpoint that verifies its signature and
+    /// counts duplicate ids; the summary gains a line per channel (`channels` in JSON).
+    #[arg(long)]
+    channels: Option<String>,
 }
 
 /// Runs the demo on stdout; exit 1 if it found a problem.
 pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
-    let Args { subscribers, rps, json, redis_url, scheduled } = args;
-    let opts = DemoOptions { subscribers, rps, redis_url, scheduled, ..Default::default() };
+    let Args { subscribers, rps, json, redis_url, scheduled, channels } = args;
+    let channels = channels.map(|c| channels::parse(&c)).transpose().map_err(|e| anyhow::anyhow!("--channels: {e}"))?;
+    let opts = DemoOptions { subscribers, rps, redis_url, scheduled, channels, ..Default::default() };
     // With --json, stdout holds the one object and the progress goes to stderr.
     let report =
         if json { run(&opts, &mut std::io::stderr()).await? } else { run(&opts, &mut std::io::stdout()).await? };

@@ -1,0 +1,96 @@
+//! `[channels.app]`: the application channel, a signed POST of each delivery's event to
+//! the application (Standard Webhooks), and what a campaign's `channels` need of it.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{Config, Secret};
+use crate::work::Channel;
+
+/// The environment variable holding the application channel's signing secret.
+pub(super) const ENV_APP_WEBHOOK_SECRET: &str = "MAILSTREAM_APP_WEBHOOK_SECRET";
+
+/// `[channels]`: the settings of each channel other than email.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ChannelsConfig {
+    pub app: Option<AppChannelConfig>,
+}
+
+/// `[channels.app]`: where the application takes its events, and how they are sent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppChannelConfig {
+    /// The application's endpoint (http or https).
+    pub url: String,
+    /// Per request; a request that takes longer is retried later with the same id and body.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Requests in flight at once, per instance.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// A file holding the signing secret (`whsec_<base64>`), if not in
+    /// `MAILSTREAM_APP_WEBHOOK_SECRET` or the credential `app_webhook_secret`.
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub secret: Option<Secret>,
+}
+
+fn default_timeout_ms() -> u64 {
+    5000
+}
+
+fn default_concurrency() -> usize {
+    16
+}
+
+/// Adds a message, naming its key, for each thing wrong with the channels a campaign
+/// lists and with `[channels.app]`.
+pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
+    let mut check = |ok: bool, message: String| {
+        if !ok {
+            errors.push(message);
+        }
+    };
+    let mut wants_app = false;
+    for (i, c) in config.campaigns.iter().enumerate() {
+        let at = format!("campaign[{i}].channels");
+        check(!c.channels.is_empty(), format!("{at}: name at least one channel (\"email\", \"app\")"));
+        let mut seen = Vec::new();
+        for channel in &c.channels {
+            check(!seen.contains(channel), format!("{at}: {channel:?} is listed twice"));
+            seen.push(*channel);
+        }
+        wants_app |= c.channels.contains(&Channel::App);
+    }
+    let Some(app) = &config.channels.app else {
+        check(!wants_app, "channels.app: a campaign lists the channel \"app\", so [channels.app] url is needed".into());
+        return;
+    };
+    check(
+        app.url.starts_with("http://") || app.url.starts_with("https://"),
+        format!("channels.app.url: must be an http(s) URL (got {:?})", app.url),
+    );
+    check(
+        (100..=60_000).contains(&app.timeout_ms),
+        format!("channels.app.timeout_ms: must be 100..=60000 (got {})", app.timeout_ms),
+    );
+    // A delivery stays claimed while its request is out: it must end well within the lease.
+    check(
+        app.timeout_ms + 1000 <= config.delivery.lease_seconds * 1000,
+        format!("channels.app.timeout_ms: must be at least 1 s under delivery.lease_seconds (got {})", app.timeout_ms),
+    );
+    check(
+        (1..=256).contains(&app.concurrency),
+        format!("channels.app.concurrency: must be 1..=256 (got {})", app.concurrency),
+    );
+    let key = app.secret.as_ref().and_then(|s| crate::svix::SigningKey::parse(s.expose()));
+    check(
+        key.is_some(),
+        format!(
+            "channels.app: a signing secret (whsec_<base64>) is needed in {ENV_APP_WEBHOOK_SECRET}, channels.app.secret_file or the credential app_webhook_secret"
+        ),
+    );
+}

@@ -1,0 +1,219 @@
+//! Channels: a campaign on email and the application channel. Each channel's delivery
+//! is enqueued by the one kick under the natural key plus the channel, claimed, sent and
+//! settled on its own; the application's events are signed the Standard Webhooks way
+//! (checked with Svix's own Python library), carry ids only, and an application that is
+//! down delays no email.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mailstream::config::{AppChannelConfig, Secret};
+use mailstream::db::Counts;
+use mailstream::emulator::EmulatorConfig;
+use mailstream::emulator::app::AppEndpoint;
+use mailstream::work::Channel;
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// A world whose campaign goes out on email and the application channel, to `endpoint`.
+async fn world_with_app(endpoint_url: &str) -> World {
+    let url = endpoint_url.to_string();
+    World::with(Default::default(), move |c| {
+        c.campaigns[0].channels = vec![Channel::Email, Channel::App];
+        c.channels.app = Some(AppChannelConfig {
+            url,
+            timeout_ms: 2000,
+            concurrency: 8,
+            secret_file: None,
+            secret: Some(Secret::new(SECRET)),
+        });
+    })
+    .await
+}
+
+async fn app_counts(world: &World) -> Counts {
+    world.store.channel_counts(CAMPAIGN, PERIOD, Channel::App).await.unwrap()
+}
+
+async fn app_settled(world: &World, within: Duration) -> Counts {
+    let store = world.store.clone();
+    eventually(within, || {
+        let store = store.clone();
+        async move {
+            let c = store.channel_counts(CAMPAIGN, PERIOD, Channel::App).await.ok()?;
+            (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
+        }
+    })
+    .await
+    .unwrap_or_else(|| panic!("the application channel was not settled within {within:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_kick_enqueues_a_delivery_per_channel_once_and_each_settles_on_its_own() {
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(30).await;
+    let first = world.kick().await;
+    let second = world.kick().await;
+    assert_eq!((first.new, first.duplicates), (60, 0), "an email and an event per subscriber");
+    assert_eq!((second.new, second.duplicates), (0, 60), "a second kick adds nothing on any channel");
+
+    let daemon = world.daemon();
+    let email = world.settled(Duration::from_secs(60)).await;
+    let app = app_settled(&world, Duration::from_secs(60)).await;
+    let scrape = daemon.metrics.render();
+    daemon.stop().await;
+    stop_app.trigger();
+    assert_eq!(metric(&scrape, "mailstream_app_requests_total", "status_class=\"2xx\""), 30.0, "{scrape}");
+    assert_eq!(metric(&scrape, "mailstream_app_requests_total", "status_class=\"5xx\""), 0.0);
+    let sent = |channel: &str| {
+        let labels = format!("channel=\"{channel}\",outcome=\"sent\"");
+        metric(&scrape, "mailstream_deliveries_total", &labels)
+    };
+    assert_eq!((sent("email"), sent("app")), (30.0, 30.0), "{scrape}");
+    assert_eq!((email.enqueued, email.sent), (30, 30));
+    assert_eq!((app.enqueued, app.sent, app.failed), (30, 30, 0));
+    let seen = endpoint.stats();
+    assert_eq!((seen.taken, seen.duplicates, seen.rejected), (30, 0, 0), "{seen:?}");
+    assert_eq!(emulator.stats().duplicate_sends, 0);
+
+    // Each channel has its own record under the natural key plus the channel; the email
+    // record is as it always was (no field of the other channel).
+    let d = delivery_of(&subs[0]);
+    let email_record = delivery(&world.store, &d.id()).await;
+    let app_id = d.clone().on(Channel::App).id();
+    assert!(app_id.ends_with(":app"), "{app_id}");
+    let app_record = delivery(&world.store, &app_id).await;
+    assert_eq!(email_record["state"], "sent");
+    assert_eq!((app_record["state"].as_str(), app_record["reason"].as_str()), ("sent", "accepted"));
+    assert!(email_record.keys().all(|f| !f.starts_with("app")), "{email_record:?}");
+    // The event carries ids only, and the application got exactly the stored body.
+    let body = &app_record["app_body"];
+    assert!(!body.contains('@') && body.contains(&subs[0].id), "{body}");
+    let (headers, taken) = endpoint.taken(&app_id).expect("the application took it");
+    assert_eq!(taken, body.as_bytes());
+    assert!(headers.iter().any(|(n, v)| n == "webhook-id" && *v == app_id), "{headers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_verify_with_svixs_own_library() {
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    world.subscribers(3).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    app_settled(&world, Duration::from_secs(60)).await;
+    daemon.stop().await;
+    stop_app.trigger();
+    let ids = endpoint.taken_ids();
+    assert_eq!(ids.len(), 3);
+    for id in ids {
+        let (headers, body) = endpoint.taken(&id).unwrap();
+        let headers: serde_json::Map<String, serde_json::Value> =
+            headers.into_iter().map(|(n, v)| (n, serde_json::Value::String(v))).collect();
+        // Svix's Python library (pip install svix; .ci/run installs it) verifies what was sent.
+        let script = format!(
+            "import json, sys\nfrom svix.webhooks import Webhook\n\
+             headers, body = json.loads(sys.argv[1]), sys.stdin.buffer.read()\n\
+             Webhook('{SECRET}').verify(body, headers)\n\
+             sys.stdout.buffer.write(body)"
+        );
+        let mut python = std::process::Command::new("python3")
+            .args(["-c", &script, &serde_json::Value::Object(headers).to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        use std::io::Write;
+        python.stdin.take().unwrap().write_all(&body).unwrap();
+        let out = python.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "svix refused the event (pip install svix): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let payload: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(payload["data"]["delivery"], id.as_str());
+        assert_eq!(payload["data"]["channel"], "app");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_application_that_is_down_delays_no_email_and_loses_no_event() {
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    endpoint.set_down(true);
+    let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    world.subscribers(200).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    // Every email goes out while every event is refused.
+    let email = world.settled(Duration::from_secs(60)).await;
+    assert_eq!((email.sent, email.failed), (200, 0));
+    assert_eq!(emulator.stats().duplicate_sends, 0);
+    let refused = eventually(Duration::from_secs(30), || async {
+        let s = endpoint.stats();
+        (s.refused_while_down >= 200).then_some(s)
+    })
+    .await
+    .expect("every event was offered while the application was down");
+    assert_eq!(refused.taken, 0);
+    let waiting = app_counts(&world).await;
+    assert_eq!((waiting.sent, waiting.failed, waiting.pending()), (0, 0, 200), "put off, not failed");
+    // The application comes back: every event arrives once.
+    endpoint.set_down(false);
+    let app = app_settled(&world, Duration::from_secs(90)).await;
+    daemon.stop().await;
+    stop_app.trigger();
+    assert_eq!((app.sent, app.failed), (200, 0));
+    let seen = endpoint.stats();
+    assert_eq!((seen.taken, seen.duplicates, seen.rejected), (200, 0, 0), "{seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gone_fails_the_event_and_an_opt_out_of_one_channel_leaves_the_other() {
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    endpoint.set_gone_every(5);
+    let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(20).await;
+    // Subscriber 0 turned the campaign's application channel off; 1 turned its email off.
+    let mut conn = world.store.conn().await.unwrap();
+    for (sub, channel) in [(&subs[0], Channel::App), (&subs[1], Channel::Email)] {
+        let keys = &world.store.keys;
+        let changed = mailstream::db::scripts::opt_out(&mut conn, keys, &sub.id, CAMPAIGN, channel).await.unwrap();
+        assert_eq!(changed, Some(true));
+    }
+    let kicked = world.kick().await;
+    assert_eq!(kicked.new, 38, "19 emails and 19 events");
+    let daemon = world.daemon();
+    let app = app_settled(&world, Duration::from_secs(60)).await;
+    let email = world.settled(Duration::from_secs(60)).await;
+    daemon.stop().await;
+    stop_app.trigger();
+    assert_eq!(email.sent, 19);
+    let gone = endpoint.stats().gone;
+    assert!(gone >= 3, "every fifth new id is gone: {gone}");
+    assert_eq!((app.sent + app.failed, app.failed), (19, gone), "410 fails, and is not asked again");
+    let off_app = delivery_of(&subs[0]).on(Channel::App);
+    assert!(delivery(&world.store, &off_app.id()).await.is_empty(), "no event for who turned it off");
+    let off_email = delivery_of(&subs[1]);
+    assert!(delivery(&world.store, &off_email.id()).await.is_empty(), "no email for who turned it off");
+    assert!(!delivery(&world.store, &off_email.clone().on(Channel::App).id()).await.is_empty());
+    let failed: Vec<_> = deliveries(&world.store)
+        .await
+        .into_iter()
+        .filter(|(d, r)| d.channel == Channel::App && r.get("state").map(String::as_str) == Some("failed"))
+        .collect();
+    assert_eq!(failed.len() as u64, gone);
+    assert!(failed.iter().all(|(_, r)| r["error"] == "app_gone"), "{failed:?}");
+}
