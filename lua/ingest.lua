@@ -5,26 +5,32 @@
 -- request is refused, as Resend refuses it (409). The delivery record keeps the request
 -- (recipient, content, data): the only place an address given inline is kept; the stream
 -- entry carries the id only. Recorded, written to the transactional stream and counted in
--- one atomic step.
+-- one atomic step; an item whose template lists the application channel gets its event's
+-- delivery (`<id>:app`, state and time only: the request stays in the email's record) in
+-- the same step.
 --
--- KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index;
---   then per item: KEYS[2+2i] guard key, KEYS[3+2i] delivery key
+-- KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
+--   application stream, KEYS[5] the application channel's counts hash;
+--   then per item: KEYS[3+3i] guard key, KEYS[4+3i] delivery key, KEYS[5+3i] its event's key
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
---   hash, request JSON
+--   hash, request JSON, '1' with the application channel (else '0')
 -- Returns per item {status, delivery id} with status 'new', 'duplicate' or 'conflict'.
 local retention = tonumber(ARGV[1])
 local now = now_ms()
-local out, added, dups = {}, 0, 0
-local n = (#KEYS - 3) / 2
+local out, added, dups, app_added, app_dups = {}, 0, 0, 0, 0
+local n = (#KEYS - 5) / 3
 for i = 1, n do
-  local guard, dkey = KEYS[2 + 2 * i], KEYS[3 + 2 * i]
-  local id, hash, request = ARGV[3 * i], ARGV[3 * i + 1], ARGV[3 * i + 2]
+  local guard, dkey, akey = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
+  local id, hash, request, app = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2] == '1'
   local seen = redis.call('GET', guard)
   if seen then
     local sid, shash = string.match(seen, '^(%S+) (%S+)$')
     if shash == hash then
       out[i] = {'duplicate', sid}
       dups = dups + 1
+      if app then
+        app_dups = app_dups + 1
+      end
     else
       out[i] = {'conflict', sid}
     end
@@ -33,6 +39,11 @@ for i = 1, n do
     redis.call('HSET', dkey, 'state', 'pending', 'request', request, 'enqueued_ms', now)
     redis.call('XADD', KEYS[1], '*', 'delivery', id)
     added = added + 1
+    if app and redis.call('HSETNX', akey, 'state', 'pending') == 1 then
+      redis.call('HSET', akey, 'enqueued_ms', now)
+      redis.call('XADD', KEYS[4], '*', 'delivery', id .. ':app')
+      app_added = app_added + 1
+    end
     out[i] = {'new', id}
   end
 end
@@ -43,6 +54,15 @@ if dups > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', dups)
 end
 redis.call('EXPIRE', KEYS[2], retention)
+if app_added > 0 then
+  redis.call('HINCRBY', KEYS[5], 'enqueued', app_added)
+end
+if app_dups > 0 then
+  redis.call('HINCRBY', KEYS[5], 'duplicates', app_dups)
+end
+if app_added + app_dups > 0 then
+  redis.call('EXPIRE', KEYS[5], retention)
+end
 redis.call('ZADD', KEYS[3], now, ARGV[2])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - retention * 1000)
 redis.call('PEXPIRE', KEYS[3], retention * 1000)

@@ -28,7 +28,7 @@ use crate::db::streams::{Entry, entry_of};
 use crate::outcome::{Outcome, Reason};
 use crate::subscribers::{self, Resolved};
 use crate::svix::SigningKey;
-use crate::work::{Channel, DeliveryRef, Lane};
+use crate::work::{Channel, DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The record field holding the event's body, fixed before its first request.
 const BODY_FIELD: &str = "app_body";
@@ -279,6 +279,28 @@ impl AppChannel {
             let stream = keys.lane_stream(p, Lane::App);
             let _: () = redis::cmd("XACK").arg(stream).arg(group).arg(&ack).query_async(conn).await?;
         }
+        // A transactional event: the request its email's record keeps (no subscription
+        // applies to a receipt, and it has no address of its own).
+        let (transactional, live): (Vec<usize>, Vec<usize>) =
+            live.into_iter().partition(|&i| wellformed[i].delivery.campaign == TRANSACTIONAL);
+        let mut send = Vec::new();
+        let mut pipe = redis::pipe();
+        for &i in &transactional {
+            let d = &wellformed[i].delivery;
+            pipe.hget(keys.delivery(p, &d.clone().on(Channel::Email).id()), "request");
+        }
+        let requests: Vec<Option<String>> =
+            if transactional.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+        for (&i, request) in transactional.iter().zip(requests) {
+            match request.and_then(|r| serde_json::from_str::<crate::ingest::Request>(&r).ok()) {
+                Some(r) => {
+                    let mut names: Vec<String> = r.data.iter().flat_map(|m| m.keys().cloned()).collect();
+                    names.sort();
+                    send.push((i, r.template.unwrap_or_default(), names));
+                }
+                None => decisions.push((i, Outcome::Failed, Reason::RecordLost, false)),
+            }
+        }
         // Still wanted? The subscriber's record, with this channel's opt-out; and whether a
         // request of the event may have left already (its body is written).
         let mut pipe = redis::pipe();
@@ -292,7 +314,6 @@ impl AppChannel {
         }
         let rows: Vec<(subscribers::Row, bool)> =
             if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-        let mut send = Vec::new();
         for (&i, (row, written)) in live.iter().zip(rows) {
             let d = &wellformed[i].delivery;
             let Some(campaign) = ctx.config.campaign(&d.campaign) else {

@@ -17,7 +17,7 @@ use crate::config::{Config, is_name};
 use crate::db::Store;
 use crate::db::scripts::{self, IngestItem, Ingested};
 use crate::subscribers::is_plain_address;
-use crate::work::{Audience, DeliveryRef, Lane, TRANSACTIONAL};
+use crate::work::{Audience, Channel, DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The most items one request (or one `enqueue` call) may carry.
 pub(crate) const MAX_ITEMS: usize = 1000;
@@ -174,6 +174,10 @@ impl ItemResult {
     }
 }
 
+/// A valid item as ingest.lua takes it: its index, delivery, stored request, the
+/// request's hash, and whether its template lists the application channel.
+type Stored = (usize, DeliveryRef, String, String, bool);
+
 /// Checks `items` and enqueues the valid ones; one result per item, in order.
 pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Value>) -> anyhow::Result<Vec<ItemResult>> {
     let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
@@ -187,18 +191,26 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
     let day = store.time().await?.format("%Y-%m-%d").to_string();
     let keys = &store.keys;
     // By the partition of the key, so the key's guard and its delivery share a slot.
-    let mut by_partition: BTreeMap<u16, Vec<(usize, DeliveryRef, String, String)>> = BTreeMap::new();
+    let mut by_partition: BTreeMap<u16, Vec<Stored>> = BTreeMap::new();
     for (index, r) in &valid {
         let d = r.delivery(&day);
         let (request, hash) = r.stored();
-        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash));
+        // A template may list the application channel too: its event comes with it.
+        let app = r
+            .template
+            .as_ref()
+            .and_then(|t| config.templates.get(t))
+            .is_some_and(|t| t.channels.contains(&Channel::App));
+        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, app));
     }
     let mut conn = store.waited_conn().await?;
     let retention = config.retention().as_secs();
     for (p, list) in &by_partition {
         for chunk in list.chunks(500) {
-            let calls: Vec<IngestItem<'_>> =
-                chunk.iter().map(|(_, d, request, hash)| IngestItem { delivery: d, hash, request }).collect();
+            let calls: Vec<IngestItem<'_>> = chunk
+                .iter()
+                .map(|(_, d, request, hash, app)| IngestItem { delivery: d, hash, request, app: *app })
+                .collect();
             let done = scripts::ingest(&mut conn, keys, *p, &calls, retention).await?;
             for ((index, ..), ingested) in chunk.iter().zip(done) {
                 let index = *index;

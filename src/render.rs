@@ -11,7 +11,7 @@ use minijinja::{Environment, context};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::work::{Audience, DeliveryRef};
+use crate::work::{Audience, Channel, DeliveryRef};
 
 /// A template: minijinja sources for the subject and the two bodies
 /// (`[templates.NAME]` in the config), whom its mail is for, and, for operator mail
@@ -26,12 +26,27 @@ pub struct TemplateConfig {
     pub audience: Audience,
     #[serde(default)]
     pub fallback_from: Option<String>,
+    /// A transactional item of this template is a delivery per channel (`email`, `app`),
+    /// made by the one ingest step; email alone by default.
+    #[serde(default = "email_only")]
+    pub channels: Vec<Channel>,
+}
+
+fn email_only() -> Vec<Channel> {
+    vec![Channel::Email]
 }
 
 impl TemplateConfig {
-    /// A customer template of these parts (templates read from files are).
+    /// A customer template of these parts, by email (templates read from files are).
     pub fn new(subject: String, html: String, text: String) -> TemplateConfig {
-        TemplateConfig { subject, html, text, audience: Audience::Customers, fallback_from: None }
+        TemplateConfig {
+            subject,
+            html,
+            text,
+            audience: Audience::Customers,
+            fallback_from: None,
+            channels: email_only(),
+        }
     }
 }
 

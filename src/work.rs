@@ -122,7 +122,7 @@ impl DeliveryRef {
     /// caller's idempotency key (its `target`), so the key's guard and the delivery
     /// share one hash slot.
     pub fn home(&self) -> &str {
-        if self.lane() == Lane::Transactional { &self.target } else { &self.subscriber }
+        if self.campaign == TRANSACTIONAL { &self.target } else { &self.subscriber }
     }
 
     /// `campaign:period:subscriber:target`, then `:<channel>` unless it is email (none of

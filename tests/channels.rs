@@ -217,3 +217,51 @@ async fn gone_fails_the_event_and_an_opt_out_of_one_channel_leaves_the_other() {
     assert_eq!(failed.len() as u64, gone);
     assert!(failed.iter().all(|(_, r)| r["error"] == "app_gone"), "{failed:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receipt_whose_template_lists_the_application_channel_sends_its_event_once_too() {
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = World::with(Default::default(), move |c| {
+        c.templates.get_mut("receipt").unwrap().channels = vec![Channel::Email, Channel::App];
+        c.channels.app = Some(AppChannelConfig {
+            url,
+            timeout_ms: 2000,
+            concurrency: 8,
+            secret_file: None,
+            secret: Some(Secret::new(SECRET)),
+        });
+    })
+    .await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let item = serde_json::json!({"idempotency_key": "order-1", "to": "delivered@resend.dev",
+        "template": "receipt", "data": {"order": "1"}});
+    let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
+    for _ in 0..2 {
+        mailstream::ingest::enqueue(&world.store, &world.config, vec![item.clone()]).await.unwrap();
+    }
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let (email, app) = eventually(Duration::from_secs(60), || {
+        let (store, day) = (store.clone(), day.clone());
+        async move {
+            let tx = mailstream::work::TRANSACTIONAL;
+            let email = store.counts(tx, &day).await.ok()?;
+            let app = store.channel_counts(tx, &day, Channel::App).await.ok()?;
+            (email.sent == 1 && app.sent == 1).then_some((email, app))
+        }
+    })
+    .await
+    .expect("the receipt and its event were sent");
+    daemon.stop().await;
+    stop_app.trigger();
+    assert_eq!((email.enqueued, email.duplicates, app.enqueued, app.duplicates), (1, 1, 1, 1));
+    assert_eq!(emulator.stats().emails_accepted, 1);
+    let id = format!("transactional:{day}:-:order-1:app");
+    let (_, body) = endpoint.taken(&id).expect("the application took the receipt's event");
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["data"]["data_keys"], serde_json::json!(["order"]));
+    assert_eq!(body["data"]["template"], "receipt");
+    assert!(!body.to_string().contains('@'), "{body}");
+    assert_eq!(endpoint.stats().duplicates, 0);
+}

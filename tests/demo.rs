@@ -31,6 +31,7 @@ fn demo_sends_5000_digests_once_within_the_rate_limit() {
     ] {
         assert!(r.get(key).is_some(), "missing {key}");
     }
+    assert!(r.get("channels").is_none(), "plain demo has no per-channel report: {r}");
     assert_eq!(r["subscribers"], 5000);
     assert_eq!(r["enqueued"], 5000);
     assert_eq!(r["duplicates_suppressed"], 5000, "the second kick adds nothing");

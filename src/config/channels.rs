@@ -60,13 +60,31 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
         check(!c.channels.is_empty(), format!("{at}: name at least one channel (\"email\", \"app\")"));
         let mut seen = Vec::new();
         for channel in &c.channels {
-            check(!seen.contains(channel), format!("{at}: {channel:?} is listed twice"));
+            check(!seen.contains(channel), format!("{at}: \"{channel}\" is listed twice"));
             seen.push(*channel);
         }
         wants_app |= c.channels.contains(&Channel::App);
     }
+    for (name, t) in &config.templates {
+        let at = format!("templates.{name}.channels");
+        check(!t.channels.is_empty(), format!("{at}: name at least one channel (\"email\", \"app\")"));
+        let mut seen = Vec::new();
+        for channel in &t.channels {
+            check(!seen.contains(channel), format!("{at}: \"{channel}\" is listed twice"));
+            seen.push(*channel);
+        }
+        // Operator mail is for the team: no subscriber's application event.
+        check(
+            t.audience != crate::work::Audience::Operators || t.channels == [Channel::Email],
+            format!("{at}: an operator template (audience = \"operators\") goes by email only"),
+        );
+        wants_app |= t.channels.contains(&Channel::App);
+    }
     let Some(app) = &config.channels.app else {
-        check(!wants_app, "channels.app: a campaign lists the channel \"app\", so [channels.app] url is needed".into());
+        check(
+            !wants_app,
+            "channels.app: a campaign or template lists the channel \"app\", so [channels.app] url is needed".into(),
+        );
         return;
     };
     check(
@@ -93,4 +111,55 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
             "channels.app: a signing secret (whsec_<base64>) is needed in {ENV_APP_WEBHOOK_SECRET}, channels.app.secret_file or the credential app_webhook_secret"
         ),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(config: &Config) -> Vec<String> {
+        let mut errors = Vec::new();
+        validate(config, &mut errors);
+        errors
+    }
+
+    #[test]
+    fn the_application_channel_needs_its_endpoint_and_a_secret() {
+        let mut config = Config::example();
+        assert!(errors(&config).is_empty(), "the shipped config sends email only");
+        config.campaigns[0].channels = vec![Channel::Email, Channel::App, Channel::App];
+        let found = errors(&config);
+        assert!(found.iter().any(|e| e.contains("\"app\" is listed twice")), "{found:?}");
+        assert!(found.iter().any(|e| e.starts_with("channels.app: a campaign or template")), "{found:?}");
+        config.campaigns[0].channels = vec![Channel::App];
+        let app = AppChannelConfig {
+            url: "ftp://app.example".into(),
+            timeout_ms: 20_000,
+            concurrency: 0,
+            secret_file: None,
+            secret: Some(Secret::new("not a whsec secret!")),
+        };
+        config.channels.app = Some(app.clone());
+        let found = errors(&config);
+        for key in [
+            "channels.app.url",
+            "channels.app.timeout_ms",
+            "channels.app.concurrency",
+            "channels.app: a signing secret",
+        ] {
+            assert!(found.iter().any(|e| e.starts_with(key)), "{key}: {found:?}");
+        }
+        assert!(found.iter().all(|e| !e.contains("not a whsec")), "the secret is never shown: {found:?}");
+        config.channels.app = Some(AppChannelConfig {
+            url: "https://app.example/events".into(),
+            timeout_ms: 5000,
+            concurrency: 16,
+            secret: Some(Secret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")),
+            ..app
+        });
+        assert!(errors(&config).is_empty(), "{:?}", errors(&config));
+        config.templates.get_mut("new_lead").unwrap().channels = vec![Channel::Email, Channel::App];
+        let found = errors(&config);
+        assert!(found.iter().any(|e| e.starts_with("templates.new_lead.channels: an operator template")), "{found:?}");
+    }
 }

@@ -52,6 +52,9 @@ pub struct Delivery {
     pub address: u8,
     pub registry: bool,
     pub operator: bool,
+    /// The other channel's delivery of the same natural key: enqueue.lua (ingest.lua for
+    /// a receipt) enqueues both in the one step that kicks either.
+    pub sibling: Option<u8>,
 }
 
 /// How much of each kind of trouble a path may meet.
@@ -799,11 +802,13 @@ impl Model for Protocol {
                 s.kicks[usize::from(d)] += 1;
                 let node = &mut s.nodes[self.partition(d)];
                 // enqueue.lua (ingest.lua for a receipt): HSETNX on the record (its natural
-                // key) and XADD, one step; then WAIT before the kick (or the ingest API)
-                // says it is enqueued.
-                if node.live.recs[usize::from(d)] == Rec::Absent {
-                    node.live.recs[usize::from(d)] = Rec::Pending;
-                    node.live.unacked |= bit(d);
+                // key) and XADD, one step for every channel of the key; then WAIT before the
+                // kick (or the ingest API) says it is enqueued.
+                for e in std::iter::once(d).chain(self.deliveries[usize::from(d)].sibling) {
+                    if node.live.recs[usize::from(e)] == Rec::Absent {
+                        node.live.recs[usize::from(e)] = Rec::Pending;
+                        node.live.unacked |= bit(e);
+                    }
                 }
                 if !self.on(Mutant::AcknowledgedWritesNotWaited) {
                     node.safe = node.live.clone();

@@ -218,10 +218,12 @@ impl Walker {
                 let p = u16::from(spec.partition);
                 match spec.lane {
                     Lane::Digest | Lane::App => {
-                        scripts::enqueue(conn, keys, p, std::slice::from_ref(dref), RETENTION).await?;
+                        let mut both = vec![dref.clone()];
+                        both.extend(spec.sibling.map(|s| self.names.deliveries[usize::from(s)].clone()));
+                        scripts::enqueue(conn, keys, p, &both, RETENTION).await?;
                     }
                     Lane::Transactional => {
-                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}" };
+                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}", app: false };
                         scripts::ingest(conn, keys, p, &[item], RETENTION).await?;
                     }
                 }

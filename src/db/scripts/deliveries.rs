@@ -101,6 +101,8 @@ pub struct IngestItem<'a> {
     pub delivery: &'a DeliveryRef,
     pub hash: &'a str,
     pub request: &'a str,
+    /// Its template lists the application channel: its event is enqueued with it.
+    pub app: bool,
 }
 
 /// What ingest.lua did with one item; each names the delivery of its idempotency key.
@@ -127,13 +129,18 @@ pub async fn ingest(
     call.key(keys.lane_stream(partition, Lane::Transactional))
         .key(keys.counts(partition, campaign, period))
         .key(keys.periods(partition))
+        .key(keys.lane_stream(partition, Lane::App))
+        .key(keys.channel_counts(partition, campaign, period, Channel::App))
         .arg(retention_secs)
         .arg(format!("{campaign}:{period}"));
     for item in items {
         debug_assert!(item.delivery.lane() == Lane::Transactional && &item.delivery.period == period);
         let id = item.delivery.id();
-        call.key(keys.idempotency(partition, item.delivery.home())).key(keys.delivery(partition, &id));
-        call.arg(id).arg(item.hash).arg(item.request);
+        let event = item.delivery.clone().on(Channel::App).id();
+        call.key(keys.idempotency(partition, item.delivery.home()))
+            .key(keys.delivery(partition, &id))
+            .key(keys.delivery(partition, &event));
+        call.arg(id).arg(item.hash).arg(item.request).arg(if item.app { "1" } else { "0" });
     }
     read_ingested(call.invoke_async(conn).await?)
 }
