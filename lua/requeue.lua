@@ -14,8 +14,9 @@ if not state then
 end
 if state == 'failed' or (state == 'outcome_unknown' and ARGV[2] == '1') then
   redis.call('HSET', KEYS[2], 'state', 'pending', 'claims', 0)
+  -- The waits too (a render hook's, the application's), so the retry has its whole deadline.
   redis.call('HDEL', KEYS[2], 'error', 'reason', 'batch', 'provider_id', 'settled_ms', 'sends', 'lease_owner',
-    'lease_until')
+    'lease_until', 'hook_waits', 'hook_wait_since', 'release_ms')
   redis.call('PERSIST', KEYS[2])
   redis.call('HINCRBY', KEYS[3], state, -1)
   redis.call('ZREM', KEYS[4], ARGV[1])

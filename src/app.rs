@@ -16,15 +16,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use redis::streams::{StreamAutoClaimReply, StreamReadReply};
-use tokio::sync::Semaphore;
+use redis::AsyncCommands;
+use redis::streams::StreamAutoClaimReply;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::AppChannelConfig;
 use crate::ctx::Ctx;
 use crate::db::conn::Conn;
-use crate::db::ensure_group;
 use crate::db::scripts::{self, Backoff, Claim, Decision, Deferred};
-use crate::db::streams::{Entry, entry_of};
+use crate::db::streams::{self, Entry, entry_of};
 use crate::outcome::{Outcome, Reason};
 use crate::subscribers::{self, Resolved};
 use crate::svix::SigningKey;
@@ -32,12 +32,19 @@ use crate::work::{Channel, DeliveryRef, Lane, TRANSACTIONAL};
 
 /// The record field holding the event's body, fixed before its first request.
 const BODY_FIELD: &str = "app_body";
+/// The record field set when a request of the event got no answer (it may have been taken).
+const MAYBE_TAKEN_FIELD: &str = "app_maybe_taken";
+
+/// How an event that will not be sent again ends: `failed`, or `outcome_unknown` when a
+/// request of it may have been taken.
+fn fails(maybe_taken: bool) -> Outcome {
+    if maybe_taken { Outcome::OutcomeUnknown } else { Outcome::Failed }
+}
 
 /// The event an application delivery sends (see the module doc).
-pub fn event_body(d: &DeliveryRef, template: &str, data_keys: &[String], created: &str) -> String {
+pub fn event_body(d: &DeliveryRef, template: &str, data_keys: &[String]) -> String {
     serde_json::json!({
         "type": "delivery",
-        "timestamp": created,
         "data": {
             "delivery": d.id(),
             "campaign": d.campaign,
@@ -122,8 +129,10 @@ pub(crate) struct AppChannel {
     config: AppChannelConfig,
     key: SigningKey,
     http: reqwest::Client,
-    /// Requests in flight, all partitions (`concurrency`).
-    slots: Arc<Semaphore>,
+    /// Per partition reader, its requests in flight (`concurrency` shared out). A reader
+    /// takes a slot for each event before it reads it, so an event's request leaves as
+    /// soon as it is claimed, well within its lease.
+    slots: Vec<Arc<Semaphore>>,
 }
 
 /// A claimed delivery on its way to the application.
@@ -143,8 +152,27 @@ impl AppChannel {
             .user_agent(concat!("mailstream/", env!("CARGO_PKG_VERSION")))
             .timeout(Duration::from_millis(config.timeout_ms))
             .build()?;
-        let slots = Arc::new(Semaphore::new(config.concurrency));
+        let partitions = usize::from(ctx.config.redis.partitions);
+        let per = config.concurrency.div_ceil(partitions).max(1);
+        let slots = (0..partitions).map(|_| Arc::new(Semaphore::new(per))).collect();
         Ok(Some(Arc::new(AppChannel { ctx: ctx.clone(), config, key, http, slots })))
+    }
+
+    /// Request slots of partition `p`'s reader: at least one (waiting for it with `wait`),
+    /// and as many more as are free, up to a read's worth.
+    async fn permits(&self, p: u16, wait: bool) -> Vec<OwnedSemaphorePermit> {
+        let slots = &self.slots[usize::from(p)];
+        let mut out = Vec::new();
+        if wait {
+            out.push(slots.clone().acquire_owned().await.expect("the semaphore is never closed"));
+        }
+        while out.len() < self.ctx.config.delivery.read_count {
+            match slots.clone().try_acquire_owned() {
+                Ok(permit) => out.push(permit),
+                Err(_) => break,
+            }
+        }
+        out
     }
 
     /// Reads partition `p`'s application stream until shutdown, taking over its expired
@@ -169,33 +197,10 @@ impl AppChannel {
                 }
                 // Read only what there are request slots for: the rest waits in the stream,
                 // unclaimed, for whichever instance has room.
-                let room = self.slots.available_permits().min(ctx.config.delivery.read_count);
-                if room == 0 {
-                    let _ = self.slots.acquire().await;
-                    return anyhow::Ok(());
-                }
-                let reply: redis::RedisResult<StreamReadReply> = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(&group)
-                    .arg(&ctx.consumer)
-                    .arg("COUNT")
-                    .arg(room)
-                    .arg("BLOCK")
-                    .arg(ctx.config.delivery.block_ms)
-                    .arg("STREAMS")
-                    .arg(&stream)
-                    .arg(">")
-                    .query_async(conn)
-                    .await;
-                let reply = match reply {
-                    Err(e) if e.code() == Some("NOGROUP") => {
-                        ensure_group(conn, &stream, &group).await?;
-                        return Ok(());
-                    }
-                    other => other?,
-                };
-                let entries: Vec<Entry> = reply.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect();
-                self.clone().process(p, conn, entries).await
+                let permits = self.permits(p, true).await;
+                let from = (stream.as_str(), group.as_str(), ctx.consumer.as_str());
+                let entries = streams::read_new(conn, from, permits.len(), ctx.config.delivery.block_ms).await?;
+                self.clone().process(p, conn, entries, permits).await
             }
             .await;
             match result {
@@ -209,7 +214,8 @@ impl AppChannel {
             }
         }
         // Let the requests in flight settle (each ends within its timeout).
-        let _ = self.slots.acquire_many(self.config.concurrency as u32).await;
+        let slots = &self.slots[usize::from(p)];
+        let _ = slots.acquire_many(self.config.concurrency.div_ceil(self.slots.len()).max(1) as u32).await;
     }
 
     /// XAUTOCLAIMs entries of partition `p`'s application stream idle longer than a
@@ -217,8 +223,8 @@ impl AppChannel {
     /// really expired).
     async fn take_over(self: &Arc<Self>, p: u16, conn: &mut Conn) -> anyhow::Result<()> {
         let ctx = &self.ctx;
-        let room = self.slots.available_permits().min(ctx.config.delivery.read_count);
-        if room == 0 {
+        let permits = self.permits(p, false).await;
+        if permits.is_empty() {
             return Ok(());
         }
         let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
@@ -228,7 +234,7 @@ impl AppChannel {
             .arg(ctx.config.lease().as_millis() as u64)
             .arg("0-0")
             .arg("COUNT")
-            .arg(room)
+            .arg(permits.len())
             .query_async(conn)
             .await?;
         let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
@@ -239,12 +245,18 @@ impl AppChannel {
                 "taking over application events whose lease expired"
             );
         }
-        self.clone().process(p, conn, entries).await
+        self.clone().process(p, conn, entries, permits).await
     }
 
     /// Claims `entries`, settles what will not be sent, and starts a request for each of
     /// the rest (waiting for a slot).
-    async fn process(self: Arc<Self>, p: u16, conn: &mut Conn, entries: Vec<Entry>) -> anyhow::Result<()> {
+    async fn process(
+        self: Arc<Self>,
+        p: u16,
+        conn: &mut Conn,
+        entries: Vec<Entry>,
+        mut permits: Vec<OwnedSemaphorePermit>,
+    ) -> anyhow::Result<()> {
         if entries.is_empty() {
             return Ok(());
         }
@@ -267,7 +279,9 @@ impl AppChannel {
         for (i, claim) in claims.into_iter().enumerate() {
             match claim {
                 Claim::Claimed { claims } if claims > ctx.config.delivery.max_claims => {
-                    decisions.push((i, Outcome::Failed, Reason::TooManyAttempts, false));
+                    // A request of it may have been taken once its body is written.
+                    let written: bool = conn.hexists(keys.delivery(p, ids[i]), BODY_FIELD).await?;
+                    decisions.push((i, fails(written), Reason::TooManyAttempts, false));
                 }
                 Claim::Claimed { .. } => live.push(i),
                 Claim::Held => {}
@@ -345,12 +359,11 @@ impl AppChannel {
             self.decide(conn, p, &list).await?;
         }
         // The body is fixed before the first request: a retry, by anyone, sends the same.
-        let created = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
         let items: Vec<(&DeliveryRef, String)> = send
             .iter()
             .map(|(i, template, names)| {
                 let d = &wellformed[*i].delivery;
-                (d, event_body(d, template, names, &created))
+                (d, event_body(d, template, names))
             })
             .collect();
         let bodies = fix_bodies(conn, &ctx.store, p, &items).await?;
@@ -358,7 +371,8 @@ impl AppChannel {
         for ((i, _, _), body) in send.iter().zip(bodies) {
             let item = claimed[*i].take().expect("each delivery once");
             let Some(body) = body else { continue };
-            let permit = self.slots.clone().acquire_owned().await.expect("the semaphore is never closed");
+            // A slot was taken for each entry read: one is there.
+            let Some(permit) = permits.pop() else { break };
             let this = self.clone();
             tokio::spawn(async move {
                 let _permit = permit;
@@ -385,6 +399,11 @@ impl AppChannel {
         };
         ctx.metrics.app_request(status);
         let mut conn = ctx.store.conn().await?;
+        if status.is_none() {
+            // No answer: the application may have taken it. Marked before it is put off, so
+            // an outcome given later does not say it was never sent.
+            let _: () = conn.hset(ctx.store.keys.delivery(p, &id), MAYBE_TAKEN_FIELD, 1).await?;
+        }
         let decide =
             |outcome, reason| Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost: false };
         match answered(status) {
@@ -404,7 +423,10 @@ impl AppChannel {
                     scripts::defer(&mut conn, &ctx.store.keys, p, group, &ctx.owner, backoff, &items).await?;
                 match deferred.first() {
                     Some(Deferred::Expired) => {
-                        self.decide(&mut conn, p, &[decide(Outcome::Failed, Reason::AppUnavailable)]).await
+                        // After a lost answer, the application may have taken it.
+                        let key = ctx.store.keys.delivery(p, &id);
+                        let maybe: bool = conn.hexists(&key, MAYBE_TAKEN_FIELD).await?;
+                        self.decide(&mut conn, p, &[decide(fails(maybe), Reason::AppUnavailable)]).await
                     }
                     Some(Deferred::For(ms)) => {
                         tracing::debug!(partition = p, status, delay_ms = ms, "application event put off");
@@ -446,7 +468,7 @@ mod tests {
     #[test]
     fn the_event_carries_ids_and_field_names_only() {
         let d = DeliveryRef::new("weekly_digest", "2026-W49", "u1", "team-1").on(Channel::App);
-        let body = event_body(&d, "weekly_digest", &["plan".into(), "usage".into()], "2026-12-02T00:00:00.000Z");
+        let body = event_body(&d, "weekly_digest", &["plan".into(), "usage".into()]);
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(v["data"]["delivery"], "weekly_digest:2026-W49:u1:team-1:app");
         assert_eq!(v["data"]["data_keys"], serde_json::json!(["plan", "usage"]));

@@ -12,16 +12,13 @@ use std::time::Duration;
 
 use redis::AsyncCommands;
 
-use redis::streams::StreamReadReply;
-
 use crate::batcher::Batcher;
 use crate::claims;
 use crate::config::Config;
 use crate::ctx::Ctx;
 use crate::db::Store;
-use crate::db::ensure_group;
 use crate::db::scripts::{self, Claim, Decision, Deferred};
-use crate::db::streams::{Entry, entry_of};
+use crate::db::streams::{self, Entry};
 use crate::hook::{self, Answer, Hooks};
 use crate::ingest;
 use crate::outcome::{Failpoint, Outcome, Reason};
@@ -146,28 +143,9 @@ impl Consumer {
                     reader = Some(ctx.store.dedicated().await?);
                 }
                 let conn = reader.as_mut().expect("just connected");
-                let reply: redis::RedisResult<StreamReadReply> = redis::cmd("XREADGROUP")
-                    .arg("GROUP")
-                    .arg(&group)
-                    .arg(&ctx.consumer)
-                    .arg("COUNT")
-                    .arg(ctx.config.delivery.read_count)
-                    .arg("BLOCK")
-                    .arg(ctx.config.delivery.block_ms)
-                    .arg("STREAMS")
-                    .arg(&stream)
-                    .arg(">")
-                    .query_async(conn)
-                    .await;
-                let reply = match reply {
-                    Err(e) if e.code() == Some("NOGROUP") => {
-                        // The stream or group vanished (a Redis restarted without persistence).
-                        ensure_group(conn, &stream, &group).await?;
-                        return Ok(());
-                    }
-                    other => other?,
-                };
-                let entries: Vec<Entry> = reply.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect();
+                let (count, block_ms) = (ctx.config.delivery.read_count, ctx.config.delivery.block_ms);
+                let from = (stream.as_str(), group.as_str(), ctx.consumer.as_str());
+                let entries = streams::read_new(conn, from, count, block_ms).await?;
                 // The reader's own connection claims and resolves too: no second one is
                 // taken from the pool (and held through a render hook's answer).
                 let ready = self.process_entries(p, lane, conn, entries).await?;

@@ -128,7 +128,8 @@ pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> an
             };
             loop {
                 let page = deliveries::page(store, &filter, cursor.as_deref()).await?;
-                ids.extend(page.rows.into_iter().map(|r| r.id));
+                // An event the application answered 410 for is not asked again.
+                ids.extend(page.rows.into_iter().filter(|r| r.why.as_deref() != Some("app_gone")).map(|r| r.id));
                 cursor = page.next;
                 if cursor.is_none() {
                     break;

@@ -74,3 +74,34 @@ pub fn parse_id(s: &str) -> Option<EntryId> {
 pub(crate) fn format_id(id: EntryId) -> String {
     format!("{}-{}", id.0, id.1)
 }
+
+/// One `XREADGROUP ... COUNT count BLOCK block_ms STREAMS stream >` as `consumer` of
+/// `group`: the new entries. A stream or group that vanished (a Redis restarted without
+/// persistence) is made again and read next time (no entries now).
+pub(crate) async fn read_new(
+    conn: &mut impl ConnectionLike,
+    (stream, group, consumer): (&str, &str, &str),
+    count: usize,
+    block_ms: u64,
+) -> anyhow::Result<Vec<Entry>> {
+    let reply: redis::RedisResult<redis::streams::StreamReadReply> = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(group)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(block_ms)
+        .arg("STREAMS")
+        .arg(stream)
+        .arg(">")
+        .query_async(conn)
+        .await;
+    match reply {
+        Err(e) if e.code() == Some("NOGROUP") => {
+            super::ensure_group(conn, stream, group).await?;
+            Ok(Vec::new())
+        }
+        other => Ok(other?.keys.into_iter().flat_map(|k| k.ids).map(entry_of).collect()),
+    }
+}

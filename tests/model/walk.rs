@@ -312,7 +312,8 @@ impl Walker {
                             decisions.push((*dref, outcome, reason));
                         }
                         None if lane == Lane::App => {
-                            let body = mailstream::app::event_body(dref, CAMPAIGN, &[], &format!("walk-{h}"));
+                            // Each holder's body differs, so one written over another shows.
+                            let body = mailstream::app::event_body(dref, &format!("walk-{h}"), &[]);
                             mailstream::app::fix_bodies(conn, &self.store, u16::from(p), &[(dref, body)]).await?;
                         }
                         None => {}
