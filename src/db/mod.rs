@@ -316,6 +316,11 @@ impl Store {
                  which this version cannot send; stop kicks and ingest, let a layout-4 mailstream settle what it \
                  holds, stop every instance, run `mailstream upgrade` once, then start this version"
             ),
+            (Some(5), _) => bail!(
+                "{meta} says this deployment uses key layout 5, from before deliveries of channels other than \
+                 email; stop every instance, run `mailstream upgrade` once (it records the layout; an email \
+                 delivery's keys are unchanged), then start this version"
+            ),
             (Some(from), _) if UPGRADABLE_LAYOUTS.contains(&from) => bail!(
                 "{meta} says this deployment uses key layout {from}, from before every partition kept the \
                  suppressed addresses its last gate reads; stop every instance, run `mailstream upgrade` once \
