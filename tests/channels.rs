@@ -17,18 +17,18 @@ use mailstream::work::Channel;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
+/// `[channels.app]` pointing at `url`, signed with [`SECRET`].
+fn app_channel(url: String) -> Option<AppChannelConfig> {
+    let secret = Some(Secret::new(SECRET));
+    Some(AppChannelConfig { url, timeout_ms: 2000, concurrency: 8, secret_file: None, secret })
+}
+
 /// A world whose campaign goes out on email and the application channel, to `endpoint`.
 async fn world_with_app(endpoint_url: &str) -> World {
     let url = endpoint_url.to_string();
     World::with(Default::default(), move |c| {
         c.campaigns[0].channels = vec![Channel::Email, Channel::App];
-        c.channels.app = Some(AppChannelConfig {
-            url,
-            timeout_ms: 2000,
-            concurrency: 8,
-            secret_file: None,
-            secret: Some(Secret::new(SECRET)),
-        });
+        c.channels.app = app_channel(url);
     })
     .await
 }
@@ -224,13 +224,7 @@ async fn a_receipt_whose_template_lists_the_application_channel_sends_its_event_
     let (url, stop_app, _) = endpoint.spawn_local().await.unwrap();
     let mut world = World::with(Default::default(), move |c| {
         c.templates.get_mut("receipt").unwrap().channels = vec![Channel::Email, Channel::App];
-        c.channels.app = Some(AppChannelConfig {
-            url,
-            timeout_ms: 2000,
-            concurrency: 8,
-            secret_file: None,
-            secret: Some(Secret::new(SECRET)),
-        });
+        c.channels.app = app_channel(url);
     })
     .await;
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
