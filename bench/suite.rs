@@ -30,6 +30,7 @@ use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::work::{Channel, DeliveryRef};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -451,18 +452,25 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
         "--csv".into(),
         "EVALSHA".into(),
         sha,
-        (4 + chunk).to_string(),
-        keys.stream(0),
-        keys.counts(0, CAMPAIGN, &period),
+        (1 + 3 * Channel::ALL.len() + chunk).to_string(),
         keys.periods(0),
-        keys.due(0),
     ];
+    // Every channel's stream, counts and due set, as the kick passes them (email's used).
+    for channel in Channel::ALL {
+        let lane = DeliveryRef::new(CAMPAIGN, &period, "", "").on(channel).lane();
+        args.push(keys.lane_stream(0, lane));
+        args.push(keys.channel_counts(0, CAMPAIGN, &period, channel));
+        args.push(keys.lane_due(0, lane));
+    }
     let ids: Vec<String> = (0..chunk).map(|i| format!("{CAMPAIGN}:{period}:b{i}-__rand_int__:team-1")).collect();
     args.extend(ids.iter().map(|id| keys.delivery(0, id)));
     args.push("7776000".into());
     args.push(format!("{CAMPAIGN}:{period}"));
     args.push(keys.delivery(0, "").len().to_string());
     args.push("0".into());
+    args.push(Channel::ALL.len().to_string());
+    // Each item's channel: email (1).
+    args.extend((0..chunk).map(|_| "1".to_string()));
     let out = Command::new("redis-benchmark").args(&args).output().context("running redis-benchmark")?;
     let text = String::from_utf8_lossy(&out.stdout);
     // --csv: "test","rps",...; the second field of the last line is calls per second.
