@@ -30,7 +30,7 @@ use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::kick;
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::{Channel, DeliveryRef};
+use mailstream::work::{Channel, Lane};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -457,7 +457,7 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
     ];
     // Every channel's stream, counts and due set, as the kick passes them (email's used).
     for channel in Channel::ALL {
-        let lane = DeliveryRef::new(CAMPAIGN, &period, "", "").on(channel).lane();
+        let lane = Lane::of(CAMPAIGN, channel);
         args.push(keys.lane_stream(0, lane));
         args.push(keys.channel_counts(0, CAMPAIGN, &period, channel));
         args.push(keys.lane_due(0, lane));

@@ -29,6 +29,16 @@ names! {
 }
 
 impl Lane {
+    /// The lane of `campaign`'s deliveries on `channel`: every application event has a
+    /// lane of its own; transactional email has its own; campaign email is the digest's.
+    pub fn of(campaign: &str, channel: Channel) -> Lane {
+        match (channel, campaign == TRANSACTIONAL) {
+            (Channel::App, _) => Lane::App,
+            (Channel::Email, true) => Lane::Transactional,
+            (Channel::Email, false) => Lane::Digest,
+        }
+    }
+
     /// The lanes whose emails the batcher sends.
     pub const EMAIL: [Lane; 2] = [Lane::Transactional, Lane::Digest];
 
@@ -111,11 +121,7 @@ impl DeliveryRef {
     /// Its lane: transactional email has a lane of their own, and so has every delivery
     /// of the application channel.
     pub fn lane(&self) -> Lane {
-        match (self.channel, self.campaign == TRANSACTIONAL) {
-            (Channel::App, _) => Lane::App,
-            (Channel::Email, true) => Lane::Transactional,
-            (Channel::Email, false) => Lane::Digest,
-        }
+        Lane::of(&self.campaign, self.channel)
     }
 
     /// What picks its partition: the subscriber, or for a transactional delivery the

@@ -46,39 +46,43 @@ fn default_concurrency() -> usize {
     16
 }
 
+/// What is wrong with a list of channels at `at` (none, or one listed twice).
+fn list_errors(at: &str, channels: &[Channel]) -> Vec<String> {
+    let mut out = Vec::new();
+    if channels.is_empty() {
+        out.push(format!("{at}: name at least one channel (\"email\", \"app\")"));
+    }
+    for (i, channel) in channels.iter().enumerate() {
+        if channels[..i].contains(channel) {
+            out.push(format!("{at}: \"{channel}\" is listed twice"));
+        }
+    }
+    out
+}
+
 /// Adds a message, naming its key, for each thing wrong with the channels a campaign
 /// lists and with `[channels.app]`.
 pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
+    for (i, c) in config.campaigns.iter().enumerate() {
+        errors.extend(list_errors(&format!("campaign[{i}].channels"), &c.channels));
+    }
+    for (name, t) in &config.templates {
+        errors.extend(list_errors(&format!("templates.{name}.channels"), &t.channels));
+    }
     let mut check = |ok: bool, message: String| {
         if !ok {
             errors.push(message);
         }
     };
-    let mut wants_app = false;
-    for (i, c) in config.campaigns.iter().enumerate() {
-        let at = format!("campaign[{i}].channels");
-        check(!c.channels.is_empty(), format!("{at}: name at least one channel (\"email\", \"app\")"));
-        let mut seen = Vec::new();
-        for channel in &c.channels {
-            check(!seen.contains(channel), format!("{at}: \"{channel}\" is listed twice"));
-            seen.push(*channel);
-        }
-        wants_app |= c.channels.contains(&Channel::App);
-    }
+    let mut lists = config.campaigns.iter().map(|c| &c.channels).chain(config.templates.values().map(|t| &t.channels));
+    let wants_app = lists.any(|l| l.contains(&Channel::App));
     for (name, t) in &config.templates {
         let at = format!("templates.{name}.channels");
-        check(!t.channels.is_empty(), format!("{at}: name at least one channel (\"email\", \"app\")"));
-        let mut seen = Vec::new();
-        for channel in &t.channels {
-            check(!seen.contains(channel), format!("{at}: \"{channel}\" is listed twice"));
-            seen.push(*channel);
-        }
         // Operator mail is for the team: no subscriber's application event.
         check(
             t.audience != crate::work::Audience::Operators || t.channels == [Channel::Email],
             format!("{at}: an operator template (audience = \"operators\") goes by email only"),
         );
-        wants_app |= t.channels.contains(&Channel::App);
     }
     let Some(app) = &config.channels.app else {
         check(

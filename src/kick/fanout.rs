@@ -131,12 +131,17 @@ impl Job {
         let audience = keys.audience(p);
         let opt_outs: Vec<String> =
             self.channels.iter().map(|&c| keys.channel_opted_out(p, &self.campaign, c)).collect();
-        let (all, mailed): (u64, u64) = redis::pipe()
-            .scard(keys.subscribers(p))
-            .hlen(&audience)
-            .query_async(&mut conn)
-            .await
-            .context("counting subscribers")?;
+        let mut pipe = redis::pipe();
+        pipe.scard(keys.subscribers(p)).hlen(&audience);
+        opt_outs.iter().for_each(|key| {
+            pipe.exists(key);
+        });
+        // SCARD, HLEN, then EXISTS per opt-out set: every reply an integer.
+        let counted: Vec<u64> = pipe.query_async(&mut conn).await.context("counting subscribers")?;
+        let (all, mailed) = (counted[0], counted[1]);
+        // Read page by page only where someone opted out (looked at once per partition).
+        let opt_outs: Vec<Option<String>> =
+            opt_outs.into_iter().zip(&counted[2..]).map(|(key, &exists)| (exists > 0).then_some(key)).collect();
         // The registry's subscribers outside the audience (not entitled, unsubscribed,
         // suppressed), counted once, when a partition is begun.
         let mut left_out = if cursor == 0 { all.saturating_sub(mailed) } else { 0 };
@@ -163,10 +168,7 @@ impl Job {
                 let scanned = entries.len() as u64 + left;
                 let mut page = KickReport { not_eligible: left, ..Default::default() };
                 let ids: Vec<&str> = entries.iter().map(|(id, _)| id.as_str()).collect();
-                let mut off = Vec::with_capacity(opt_outs.len());
-                for key in &opt_outs {
-                    off.push(opted_out(&mut conn, key, &ids).await?);
-                }
+                let off = opted_out(&mut conn, &opt_outs, &ids).await?;
                 let mut items = Vec::with_capacity(entries.len() * self.channels.len());
                 for (i, (id, entry)) in entries.iter().enumerate() {
                     // Left out when every channel of the campaign is off for them.

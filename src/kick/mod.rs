@@ -17,7 +17,6 @@ use std::sync::atomic::AtomicU64;
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
 use serde::Serialize;
 
 pub use self::command::{Args, command};
@@ -215,17 +214,19 @@ async fn enqueue_eligible(
 ) -> anyhow::Result<()> {
     let verdicts = read_subscribers(conn, store, p, target.campaign, ids).await?;
     let mut items = Vec::new();
-    let mut off = Vec::with_capacity(ids.len());
-    for &channel in target.channels {
-        off.push(opted_out(conn, &store.keys.channel_opted_out(p, target.campaign, channel), ids).await?);
-    }
+    // Email's own opt-out is in the verdict; each other channel's is its set's.
+    let sets: Vec<Option<String>> = target
+        .channels
+        .iter()
+        .map(|&c| (c != Channel::Email).then(|| store.keys.channel_opted_out(p, target.campaign, c)))
+        .collect();
+    let off = opted_out(conn, &sets, ids).await?;
     for (i, (id, verdict)) in ids.iter().zip(verdicts).enumerate() {
         match verdict {
-            // Email's own opt-out is part of the verdict; each other channel's is its set's.
             Verdict::Eligible { targets, zone } => {
                 let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
                 for (c, &channel) in target.channels.iter().enumerate() {
-                    if channel == Channel::Email || !off[c][i] {
+                    if !off[c][i] {
                         let id = |t: &String| delivery_id(target.campaign, target.period, id, t, channel);
                         items.extend(targets.iter().map(|t| (id(t), at, channel)));
                     }
@@ -237,17 +238,26 @@ async fn enqueue_eligible(
     enqueue(store, p, (target.campaign, target.period), items, retention, report).await
 }
 
-/// Which of `ids` are members of the opt-out set `key` (all false when it is empty).
+/// Per opt-out set (`None`: none to read), which of `ids` are in it: the sets read in one
+/// round trip.
 pub(super) async fn opted_out(
     conn: &mut crate::db::conn::Conn,
-    key: &str,
+    sets: &[Option<String>],
     ids: &[impl redis::ToRedisArgs],
-) -> anyhow::Result<Vec<bool>> {
-    if ids.is_empty() || !conn.exists::<_, bool>(key).await? {
-        return Ok(vec![false; ids.len()]);
+) -> anyhow::Result<Vec<Vec<bool>>> {
+    let mut pipe = redis::pipe();
+    for key in sets.iter().flatten() {
+        pipe.cmd("SMISMEMBER").arg(key).arg(ids);
     }
-    let off = redis::cmd("SMISMEMBER").arg(key).arg(ids).query_async(conn).await;
-    off.context("reading opt-outs")
+    let mut read: std::vec::IntoIter<Vec<bool>> = if ids.is_empty() || sets.iter().all(Option::is_none) {
+        Vec::new().into_iter()
+    } else {
+        pipe.query_async::<Vec<Vec<bool>>>(conn).await.context("reading opt-outs")?.into_iter()
+    };
+    Ok(sets
+        .iter()
+        .map(|set| set.as_ref().and_then(|_| read.next()).unwrap_or_else(|| vec![false; ids.len()]))
+        .collect())
 }
 
 /// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, their

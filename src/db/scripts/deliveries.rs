@@ -66,7 +66,7 @@ pub(crate) async fn enqueue_ids(
     call.key(keys.periods(partition));
     // Every channel's stream, counts and due set, in the order of `Channel::ALL`.
     for channel in Channel::ALL {
-        let lane = DeliveryRef::new(campaign, period, "", "").on(channel).lane();
+        let lane = Lane::of(campaign, channel);
         call.key(keys.lane_stream(partition, lane))
             .key(keys.channel_counts(partition, campaign, period, channel))
             .key(keys.lane_due(partition, lane));
