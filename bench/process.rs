@@ -28,12 +28,19 @@ pub fn config_text(redis_url: &str, emulator_url: &str, more: &[(&str, String)])
 }
 
 /// Starts `mailstream run` on `config`, its log appended to `log`.
+#[allow(dead_code)] // not every bench that includes this module runs one instance
 pub fn spawn_daemon(binary: &Path, config: &Path, log: &Path, api_key: &str) -> anyhow::Result<Child> {
+    spawn_instance(binary, config, log, api_key, 1)
+}
+
+/// [`spawn_daemon`] as instance `instance` of this host (`MAILSTREAM_INSTANCE`).
+pub fn spawn_instance(binary: &Path, config: &Path, log: &Path, api_key: &str, instance: u32) -> anyhow::Result<Child> {
     let log = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
     Command::new(binary)
         .args(["run", "--config"])
         .arg(config)
         .env("RESEND_API_KEY", api_key)
+        .env("MAILSTREAM_INSTANCE", instance.to_string())
         .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
         .env("MAILSTREAM_LOG", "info")
         .stdout(Stdio::null())
