@@ -2,9 +2,12 @@
 //! limiter when the next slot is, takes a batch's worth from the batcher just
 //! before it and hands it to a task that seals it, passes the last gate ahead of
 //! the slot, and takes the slot (team-wide, in Redis by default) immediately
-//! before it writes the request; the next batch is prepared once that slot is
-//! taken, or without waiting for a gate that is late (one partition's trouble
-//! holds no other partition's slot).
+//! before it writes the request. Up to [`PREPARED_AHEAD`] batches are being
+//! prepared at once, each aimed at a slot of its own: at a high rate a batch's
+//! seal and gate (fsynced round trips) take longer than the time between two
+//! slots, and the next batch must not wait for them. A batch is no longer
+//! counted once its slot is taken, or once its gate is late (one partition's
+//! trouble holds no other partition's slot).
 //! It bounds the requests in flight, keeps the leases of what this instance
 //! holds alive (the heartbeat), hands work back to Redis when sending pauses or
 //! the daemon stops, holds it while the provider is down (but for the team's one
@@ -35,6 +38,14 @@ type Signal = tokio::sync::oneshot::Sender<()>;
 /// ahead so the request itself leaves right at the slot and the gate's latency
 /// never stretches the pacing.
 const SEAL_LEAD: Duration = Duration::from_millis(25);
+
+/// How many batches may be between being taken from the batcher and taking their
+/// slots at once. At 10 requests/s one is enough (a batch is sealed and gated within a
+/// few milliseconds, well inside the 100 ms between slots); at 100 or more, under the
+/// load those requests bring, sealing and gating one batch takes longer than a slot's
+/// interval. The batcher still lets one batch of a partition at its gate at a time, so
+/// the partitions bound this too.
+const PREPARED_AHEAD: usize = 4;
 
 /// How long after its slot a batch may still be sealing and passing its gate before
 /// the next batch is prepared without it: its partition's Redis is slow (a `WAIT` no
@@ -86,12 +97,17 @@ impl Dispatcher {
         heartbeat.spawn(keep_alive(ctx.clone(), self.batcher.clone()));
         let mut shutdown = ctx.shutdown.clone();
         let in_flight = Arc::new(Semaphore::new(ctx.config.resend.max_in_flight));
+        let preparing = Arc::new(Semaphore::new(PREPARED_AHEAD));
         let mut tasks = JoinSet::new();
         loop {
             while tasks.try_join_next().is_some() {}
             let permit = tokio::select! {
                 _ = shutdown.wait() => break,
                 p = in_flight.clone().acquire_owned() => p.expect("never closed"),
+            };
+            let prepared = tokio::select! {
+                _ = shutdown.wait() => break,
+                p = preparing.clone().acquire_owned() => p.expect("never closed"),
             };
             tokio::select! {
                 _ = shutdown.wait() => break,
@@ -110,26 +126,31 @@ impl Dispatcher {
                 continue;
             }
             let asked = Instant::now();
-            let slot = self.limiter.next_slot().await;
+            // The batches still being prepared take the slots before this one's.
+            let ahead = PREPARED_AHEAD - 1 - preparing.available_permits();
+            let slot = self.limiter.next_slot().await + self.limiter.interval() * ahead as u32;
             tokio::select! {
                 _ = shutdown.wait() => break,
                 _ = tokio::time::sleep_until(slot.checked_sub(SEAL_LEAD).unwrap_or(slot)) => {}
             }
             let Some(work) = self.batcher.take() else { continue };
             // The task seals the batch, passes its last gate and takes the slot right before
-            // it writes; the next batch is prepared once this one's slot is taken (or given
-            // up). Its partition's Redis holds nobody else's slot: a gate not passed soon
-            // after the slot (a WAIT no replica answers) no longer holds the next batch back.
+            // it writes; it counts as being prepared until its slot is taken (or given up).
+            // Its partition's Redis holds nobody else's slot: a gate not passed soon after
+            // the slot (a WAIT no replica answers) no longer holds the next batches back.
             let (gated_tx, gated_rx) = tokio::sync::oneshot::channel::<()>();
             let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
-                me.prepare_and_send(&ctx, work, asked, (gated_tx, taken_tx)).await;
+                let counted = async move {
+                    if tokio::time::timeout_at(slot + GATE_PATIENCE, gated_rx).await.is_ok() {
+                        let _ = taken_rx.await;
+                    }
+                    drop(prepared);
+                };
+                tokio::join!(me.prepare_and_send(&ctx, work, asked, (gated_tx, taken_tx)), counted);
                 drop(permit);
             });
-            if tokio::time::timeout_at(slot + GATE_PATIENCE, gated_rx).await.is_ok() {
-                let _ = taken_rx.await;
-            }
         }
         // Stop: nothing more is queued, and what is queued goes back to Redis at once.
         self.batcher.close();

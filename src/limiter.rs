@@ -70,6 +70,16 @@ impl Limiter {
         }
     }
 
+    /// The cadence: the time between two slots at the configured rate (a rate the
+    /// provider lowered makes slots further apart; a batch prepared early for one waits
+    /// in [`Limiter::take`]).
+    pub(crate) fn interval(&self) -> Duration {
+        match self {
+            Limiter::Process(l) => l.interval(),
+            Limiter::Redis(s) => Duration::from_secs(1) / s.rps,
+        }
+    }
+
     /// When the next slot is, as far as can be told now (to seal and gate a batch just before it).
     pub(crate) async fn next_slot(&self) -> Instant {
         match self {
@@ -234,7 +244,6 @@ impl Local {
     }
 
     /// The time between two slots of the cadence.
-    #[cfg(test)]
     pub fn interval(&self) -> Duration {
         self.state.lock().expect("limiter lock").interval()
     }
