@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use anyhow::Context;
-use deadpool_redis::Pool;
+use deadpool::managed::{Metrics, Object, RecycleResult};
 use redis::aio::ConnectionLike;
+use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -20,7 +21,7 @@ use crate::config::RedisConfig;
 /// Where connections come from.
 #[derive(Clone)]
 pub(crate) enum Backend {
-    Single(Pool),
+    Single(deadpool::managed::Pool<Recycler>),
     /// The client (for dedicated connections), one shared, multiplexed connection, and
     /// another for writes whose caller then waits for replicas (made when first needed).
     Cluster(Box<(ClusterClient, ClusterConnection, std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>)>),
@@ -28,7 +29,7 @@ pub(crate) enum Backend {
 
 /// One connection, to a single server or to the cluster.
 pub enum Conn {
-    Single(deadpool_redis::Connection),
+    Single(Pooled),
     Cluster(ClusterConnection),
 }
 
@@ -161,6 +162,88 @@ impl Conn {
     }
 }
 
+/// How long a pooled connection may have gone unused and still be handed out without a
+/// `PING` first (deadpool-redis pings on every checkout: a round trip before every
+/// command, which at a few thousand webhooks or batches a second was a second round
+/// trip for each). A connection in steady use is not pinged; one idle longer is, so a
+/// Redis restart during a quiet spell costs nobody a failed command; and one whose
+/// command failed for its connection's sake leaves the pool ([`Pooled`]).
+const PING_IF_IDLE: Duration = Duration::from_secs(1);
+
+/// deadpool-redis's manager, checking a connection on checkout only after
+/// [`PING_IF_IDLE`].
+pub(crate) struct Recycler(deadpool_redis::Manager);
+
+impl deadpool::managed::Manager for Recycler {
+    type Type = MultiplexedConnection;
+    type Error = redis::RedisError;
+
+    async fn create(&self) -> Result<MultiplexedConnection, redis::RedisError> {
+        self.0.create().await
+    }
+
+    async fn recycle(&self, conn: &mut MultiplexedConnection, metrics: &Metrics) -> RecycleResult<redis::RedisError> {
+        if metrics.last_used() < PING_IF_IDLE {
+            return Ok(());
+        }
+        self.0.recycle(conn, metrics).await
+    }
+}
+
+/// A connection of the pool to a single server. Once a command on it failed with an
+/// error of the connection (closed, reset, timed out), it is not given back to the pool.
+pub struct Pooled {
+    conn: Option<Object<Recycler>>,
+    broken: bool,
+}
+
+impl Pooled {
+    fn inner(&mut self) -> &mut MultiplexedConnection {
+        self.conn.as_mut().expect("present until dropped")
+    }
+
+    fn note<T>(&mut self, result: &redis::RedisResult<T>) {
+        if let Err(e) = result {
+            self.broken |= e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error();
+        }
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        if let (true, Some(conn)) = (self.broken, self.conn.take()) {
+            drop(Object::take(conn));
+        }
+    }
+}
+
+impl ConnectionLike for Pooled {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let result = self.inner().req_packed_command(cmd).await;
+            self.note(&result);
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let result = self.inner().req_packed_commands(pipeline, offset, count).await;
+            self.note(&result);
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.as_ref().map_or(0, |c| c.get_db())
+    }
+}
+
 /// The `host:port` of each live primary that serves slots in a `CLUSTER NODES` reply
 /// (`<id> <addr> <flags> <primary> <ping> <pong> <epoch> <link> <slot>...`): a primary
 /// with no slots (one just added, or emptied) serves no key, and the cluster client
@@ -200,7 +283,7 @@ impl Backend {
             .set_response_timeout(Some(response_timeout));
         let manager = deadpool_redis::Manager::new_with_config(r.url.expose(), settings)
             .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
-        let pool = Pool::builder(manager)
+        let pool = deadpool::managed::Pool::builder(Recycler(manager))
             .max_size(r.pool_size)
             .wait_timeout(Some(Duration::from_secs(30)))
             .create_timeout(Some(Duration::from_secs(5)))
@@ -215,7 +298,7 @@ impl Backend {
         match self {
             Backend::Single(pool) => {
                 let conn = pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
-                Ok(Conn::Single(conn))
+                Ok(Conn::Single(Pooled { conn: Some(conn), broken: false }))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
         }
@@ -269,6 +352,44 @@ mod tests {
         let mut elsewhere = Backend::connect(&config(other.url(), false)).await.unwrap().conn().await.unwrap();
         let refused = elsewhere.wait_on_node_of(key, 0, 100).await.expect_err("not that node's key");
         assert!(format!("{refused:#}").to_lowercase().contains("moved"), "{refused:#}");
+    }
+
+    /// A pooled connection that broke is not handed out again: the command that found
+    /// it broken fails, the next one gets a new connection (and a connection in use is
+    /// not pinged on every checkout: CLIENT LIST shows the one connection serving all).
+    #[tokio::test]
+    async fn a_broken_pooled_connection_leaves_the_pool() {
+        let redis = crate::redis_server::RedisServer::start(Default::default()).await.expect("redis starts");
+        let config = RedisConfig { url: Secret::new(redis.url()), pool_size: 1, ..Default::default() };
+        let backend = Backend::connect(&config).await.unwrap();
+        for _ in 0..20 {
+            let _: () =
+                redis::cmd("SET").arg("k").arg("v").query_async(&mut backend.conn().await.unwrap()).await.unwrap();
+        }
+        let mut admin = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let stats: String = redis::cmd("INFO").arg("commandstats").query_async(&mut admin).await.unwrap();
+        let pings: u64 = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+            .map_or(0, |v| v.split(',').next().unwrap_or("0").parse().unwrap());
+        assert!(pings <= 1, "20 checkouts in a row pinged {pings} times");
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(killed, 1, "the pool's one connection");
+        let first: redis::RedisResult<String> =
+            redis::cmd("GET").arg("k").query_async(&mut backend.conn().await.unwrap()).await;
+        // Whether or not the client noticed the close before this command, the next
+        // checkout has a working connection.
+        let _ = first;
+        let again: String = redis::cmd("GET").arg("k").query_async(&mut backend.conn().await.unwrap()).await.unwrap();
+        assert_eq!(again, "v");
     }
 
     #[test]
