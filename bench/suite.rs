@@ -12,7 +12,10 @@
 //!    a BullMQ worker's with `limiter {max: 10, duration: 1000}`.
 //! 4. Redis memory per pending delivery (used_memory delta after the kick) and per
 //!    settled one, against BullMQ's per job.
-//! 5. Webhook ingestion (bench/webhooks, a short run).
+//! 5. Webhook ingestion (bench/webhooks, a short run), against `redis-benchmark -t set`
+//!    on the same fsync-always Redis.
+//! 6. Headroom (bench/headroom): the same sending at 10, 25, 50, 100 and 200
+//!    requests/s, one daemon and two (`--quick`: 50 requests/s, one daemon, 3 s).
 //!
 //! Full: 50,000 deliveries sent, 1,000,000 subscribers kicked (5 repetitions; the
 //! kick's ratio is the median of each kick over the redis-benchmark run right after
@@ -97,6 +100,10 @@ struct Results {
     // 5. webhooks
     webhook_events_per_second: f64,
     webhook_p99_ms: f64,
+    webhook_reference_set_per_second: f64,
+    webhook_ratio_to_reference: f64,
+    // 6. headroom: bench/headroom's points as it prints them
+    headroom: Vec<Value>,
     machine: BTreeMap<String, String>,
     seconds: f64,
 }
@@ -154,7 +161,7 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
     let dir = std::env::temp_dir().join(format!("mailstream-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
 
-    // BENCH_ONLY=throughput|fan-out|bullmq|webhooks runs one part (while profiling).
+    // BENCH_ONLY=throughput|fan-out|bullmq|webhooks|headroom runs one part (while profiling).
     let only = std::env::var("BENCH_ONLY").ok();
     let part = |name: &str| only.as_deref().is_none_or(|o| o == name);
     if part("throughput") {
@@ -213,6 +220,10 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
         eprintln!("== 4. webhooks ({} s)", sizes.webhook_seconds);
         webhooks(sizes.webhook_seconds, &mut r)?;
         eprintln!("   {:.0} verified events/s, p99 {:.2} ms", r.webhook_events_per_second, r.webhook_p99_ms);
+    }
+    if part("headroom") {
+        eprintln!("== 5. headroom");
+        headroom(quick, &mut r)?;
     }
     let _ = std::fs::remove_dir_all(&dir);
     r.seconds = started.elapsed().as_secs_f64();
@@ -520,6 +531,22 @@ fn webhooks(seconds: u64, r: &mut Results) -> anyhow::Result<()> {
     let v: Value = serde_json::from_str(text.lines().last().unwrap_or("")).context("bench/webhooks printed no JSON")?;
     r.webhook_events_per_second = v["events_per_second"].as_f64().unwrap_or(0.0);
     r.webhook_p99_ms = v["p99_ms"].as_f64().unwrap_or(0.0);
+    r.webhook_reference_set_per_second = v["reference_set_per_second"].as_f64().unwrap_or(0.0);
+    r.webhook_ratio_to_reference = v["ratio_to_reference"].as_f64().unwrap_or(0.0);
+    Ok(())
+}
+
+/// bench/headroom: every rate with one daemon and two (`quick`: 50 requests/s, one, 3 s).
+fn headroom(quick: bool, r: &mut Results) -> anyhow::Result<()> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/headroom");
+    let mut cmd = Command::new(script);
+    if quick {
+        cmd.args(["--rates", "50", "--daemons", "1", "--seconds", "3"]);
+    }
+    let out = cmd.arg("--json").stderr(Stdio::inherit()).output().context("running bench/headroom")?;
+    anyhow::ensure!(out.status.success(), "bench/headroom failed");
+    let text = String::from_utf8_lossy(&out.stdout);
+    r.headroom = serde_json::from_str(text.lines().last().unwrap_or("")).context("bench/headroom printed no JSON")?;
     Ok(())
 }
 
@@ -593,7 +620,8 @@ keeps earlier runs.\n\n\
 | of which the delivery log's newest-first index (`recent`, at most {keep} per partition: {rit:.1} MiB at most here) | {rib:.0} B per delivery it holds | | | |\n\
 | daemon peak RSS sending at the ceiling | {rss:.1} MiB | | | ≤ 64 MiB ({rssm}) |\n\
 | daemon CPU per 10,000 emails | {cpu:.2} s | | | ≤ 2 s ({cpum}) |\n\
-| webhook ingestion ({ws_s} s, 32 connections, fsync always) | {wh:.0} verified events/s, p99 {whp:.2} ms | | | |\n\n\
+| webhook ingestion ({ws_s} s, 32 connections, fsync always) | {wh:.0} verified events/s, p99 {whp:.2} ms | `redis-benchmark -c 32 -t set`, same Redis: {whr:.0}/s | {whq:.2} | ≥ 0.5, p99 < 10 ms ({whm}) |\n\
+{headroom}\n\
 Sizes: {sent} deliveries sent (durable Redis: append-only, fsync always; the daemon as a\n\
 process of its own, RSS and CPU from /proc), {kicked} subscribers kicked on a Redis without\n\
 persistence (the same one redis-benchmark runs on), BullMQ's sizes as `bench/bullmq/run.sh{quick}`.\n\
@@ -649,5 +677,34 @@ Memory after the retention expires is the baseline again: every record and key e
         ws_s = s.webhook_seconds,
         wh = r.webhook_events_per_second,
         whp = r.webhook_p99_ms,
+        whr = r.webhook_reference_set_per_second,
+        whq = r.webhook_ratio_to_reference,
+        whm = target(r.webhook_ratio_to_reference >= 0.5 && r.webhook_p99_ms < 10.0),
+        headroom = headroom_rows(&r.headroom),
     )
+}
+
+/// The headroom points as table rows (the target is the one at 50 requests/s, one daemon).
+fn headroom_rows(points: &[Value]) -> String {
+    let num = |p: &Value, k: &str| p[k].as_f64().unwrap_or(0.0);
+    points
+        .iter()
+        .map(|p| {
+            let (rps, daemons, ratio) = (num(p, "rps"), num(p, "daemons"), num(p, "ratio"));
+            let target = match (rps as u32, daemons as u32) {
+                (50, 1) => format!("≥ 0.95 ({})", if ratio >= 0.95 { "met" } else { "**missed**" }),
+                _ => String::new(),
+            };
+            format!(
+                "| headroom: {daemons} daemon(s), {rps} requests/s, {} partitions, {} deliveries; CPU per second: Redis {:.2}, daemons {:.2}, emulator {:.2} | {:.0} emails/s | ceiling {:.0} | {ratio:.3} | {target} |\n",
+                num(p, "partitions"),
+                num(p, "deliveries"),
+                num(p, "redis_cpu"),
+                num(p, "daemon_cpu"),
+                num(p, "emulator_cpu"),
+                num(p, "emails_per_second"),
+                num(p, "ceiling"),
+            )
+        })
+        .collect()
 }

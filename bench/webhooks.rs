@@ -4,7 +4,9 @@
 //! connections post signed `email.delivered` events, each about a real
 //! delivery and with its own event id, for `S` seconds. Sending is paused
 //! meanwhile, so the daemon's only work is the webhooks. Reports verified
-//! events per second, latency percentiles and errors.
+//! events per second, latency percentiles and errors, and the reference the
+//! storage sets: `redis-benchmark -c C -t set` against the same Redis right
+//! after (one fsynced write per request, as an event's is), and their ratio.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
@@ -34,6 +36,9 @@ struct Report {
     max_ms: f64,
     errors: u64,
     daemon_verified: u64,
+    /// `redis-benchmark -c <connections> -t set` on the same Redis, right after.
+    reference_set_per_second: f64,
+    ratio_to_reference: f64,
 }
 
 fn main() -> ExitCode {
@@ -59,6 +64,10 @@ fn main() -> ExitCode {
             eprintln!(
                 "{} events in {:.1} s over {} connections: {:.0} verified events/s, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms, {} errors",
                 r.events, r.seconds, r.connections, r.events_per_second, r.p50_ms, r.p99_ms, r.max_ms, r.errors
+            );
+            eprintln!(
+                "reference: redis-benchmark -c {} -t set, fsync always: {:.0} writes/s; ratio {:.2}",
+                r.connections, r.reference_set_per_second, r.ratio_to_reference
             );
             if json {
                 println!("{}", serde_json::to_string(&r).expect("serializes"));
@@ -195,17 +204,37 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
         let n: Option<u64> = redis::cmd("HGET").arg(&key).arg("events").query_async(&mut conn).await?;
         verified += n.unwrap_or(0);
     }
+    let reference = reference_set(redis.port(), connections)?;
+    let events_per_second = (latencies.len() as u64 - errors) as f64 / elapsed;
     Ok(Report {
+        reference_set_per_second: reference,
+        ratio_to_reference: events_per_second / reference.max(1e-9),
         seconds: elapsed,
         connections,
         events: latencies.len() as u64,
-        events_per_second: (latencies.len() as u64 - errors) as f64 / elapsed,
+        events_per_second,
         p50_ms: ms(at(0.5)),
         p99_ms: ms(at(0.99)),
         max_ms: ms(latencies.last()),
         errors,
         daemon_verified: verified,
     })
+}
+
+/// `redis-benchmark -c connections -t set` on `port` (append-only, fsync always): SETs/s.
+fn reference_set(port: u16, connections: usize) -> anyhow::Result<f64> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string(), "-c", &connections.to_string()])
+        .args(["-n", "100000", "-t", "set", "--csv"])
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // --csv: "test","rps",...; the second field of the last line.
+    text.lines()
+        .last()
+        .and_then(|l| l.split(',').nth(1))
+        .map(|v| v.trim_matches('"'))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("redis-benchmark printed no rate: {text}"))
 }
 
 /// The public listener's URL, from the daemon's log.
