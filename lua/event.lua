@@ -3,7 +3,8 @@
 -- deliveries of one event change it once. An expired or unknown delivery is left alone.
 --
 -- Each event written is also counted by type in the hour's tally of its partition (for the
--- admin overview's last 24 hours), which expires after a day and an hour.
+-- admin overview's last 24 hours), which expires after a day and an hour (set once, by the
+-- hour's first event: NX, so no other event writes it again, to memory or to the AOF).
 --
 -- KEYS[1] seen key, KEYS[2] delivery record, KEYS[3] the hour's webhook tally
 -- ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s
@@ -18,5 +19,5 @@ local now = now_ms()
 redis.call('HSET', KEYS[2], 'ev_' .. ARGV[1], now)
 redis.call('HINCRBY', KEYS[2], 'events', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[3], 90000)
+redis.call('EXPIRE', KEYS[3], 90000, 'NX')
 return 1

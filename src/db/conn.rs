@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use deadpool::managed::{Metrics, Object, RecycleResult};
 use redis::aio::ConnectionLike;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -21,16 +21,59 @@ use crate::config::RedisConfig;
 /// Where connections come from.
 #[derive(Clone)]
 pub(crate) enum Backend {
-    Single(deadpool::managed::Pool<Recycler>),
+    Single(std::sync::Arc<SingleServer>),
     /// The client (for dedicated connections), one shared, multiplexed connection, and
     /// another for writes whose caller then waits for replicas (made when first needed).
     Cluster(Box<(ClusterClient, ClusterConnection, std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>)>),
 }
 
+/// Connections to a single server: a pool, and one shared, multiplexed, reconnecting
+/// connection (made when first needed).
+pub(crate) struct SingleServer {
+    pool: deadpool::managed::Pool<Recycler>,
+    client: redis::Client,
+    shared_config: ConnectionManagerConfig,
+    shared: tokio::sync::OnceCell<ConnectionManager>,
+}
+
 /// One connection, to a single server or to the cluster.
 pub enum Conn {
-    Single(Pooled),
+    Single(Local),
     Cluster(ClusterConnection),
+}
+
+/// A connection to a single server: one of the pool's, or the shared one.
+pub enum Local {
+    Pooled(Pooled),
+    Shared(ConnectionManager),
+}
+
+impl ConnectionLike for Local {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Local::Pooled(c) => c.req_packed_command(cmd),
+            Local::Shared(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Local::Pooled(c) => c.req_packed_commands(pipeline, offset, count),
+            Local::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Local::Pooled(c) => c.get_db(),
+            Local::Shared(c) => c.get_db(),
+        }
+    }
 }
 
 impl ConnectionLike for Conn {
@@ -283,6 +326,12 @@ impl Backend {
             .set_response_timeout(Some(response_timeout));
         let manager = deadpool_redis::Manager::new_with_config(r.url.expose(), settings)
             .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
+        let client = redis::Client::open(r.url.expose())
+            .with_context(|| format!("invalid redis.url {}", r.url.redacted_url()))?;
+        let shared_config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(response_timeout))
+            .set_number_of_retries(2);
         let pool = deadpool::managed::Pool::builder(Recycler(manager))
             .max_size(r.pool_size)
             .wait_timeout(Some(Duration::from_secs(30)))
@@ -290,15 +339,42 @@ impl Backend {
             .runtime(deadpool_redis::Runtime::Tokio1)
             .build()
             .context("building the Redis pool")?;
-        Ok(Backend::Single(pool))
+        Ok(Backend::Single(std::sync::Arc::new(SingleServer {
+            pool,
+            client,
+            shared_config,
+            shared: Default::default(),
+        })))
     }
 
     /// A connection for ordinary commands.
     pub async fn conn(&self) -> anyhow::Result<Conn> {
         match self {
-            Backend::Single(pool) => {
-                let conn = pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
-                Ok(Conn::Single(Pooled { conn: Some(conn), broken: false }))
+            Backend::Single(single) => {
+                let conn = single.pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
+                Ok(Conn::Single(Local::Pooled(Pooled { conn: Some(conn), broken: false })))
+            }
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
+        }
+    }
+
+    /// The shared, multiplexed connection, for short commands many tasks send at once
+    /// (a webhook's event): concurrent commands leave in one write and Redis answers them
+    /// in one pass of its loop (one fsync), instead of one connection, read and write
+    /// each. Never for a blocking command or a WAIT (they would hold up every other). On
+    /// a single server it reconnects by itself after a failure; on a cluster it is the
+    /// cluster's shared connection.
+    pub async fn shared(&self) -> anyhow::Result<Conn> {
+        match self {
+            Backend::Single(single) => {
+                let conn = single
+                    .shared
+                    .get_or_try_init(|| {
+                        ConnectionManager::new_with_config(single.client.clone(), single.shared_config.clone())
+                    })
+                    .await
+                    .map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
+                Ok(Conn::Single(Local::Shared(conn.clone())))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
         }
@@ -390,6 +466,48 @@ mod tests {
         let _ = first;
         let again: String = redis::cmd("GET").arg("k").query_async(&mut backend.conn().await.unwrap()).await.unwrap();
         assert_eq!(again, "v");
+    }
+
+    /// The shared connection serves many tasks at once over one socket, and after its
+    /// connection is killed it reconnects by itself: a later command succeeds on it.
+    #[tokio::test]
+    async fn the_shared_connection_is_one_socket_and_comes_back_after_a_kill() {
+        let redis = crate::redis_server::RedisServer::start(Default::default()).await.expect("redis starts");
+        let config = RedisConfig { url: Secret::new(redis.url()), ..Default::default() };
+        let backend = Backend::connect(&config).await.unwrap();
+        let tasks: Vec<_> = (0..50)
+            .map(|i| {
+                let backend = backend.clone();
+                tokio::spawn(async move {
+                    let mut c = backend.shared().await.unwrap();
+                    let _: () = redis::cmd("SET").arg(format!("k{i}")).arg(i).query_async(&mut c).await.unwrap();
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let mut admin = redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let killed: u64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .arg("SKIPME")
+            .arg("yes")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        assert_eq!(killed, 1, "fifty tasks, one connection");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut c = backend.shared().await.unwrap();
+            let got: redis::RedisResult<String> = redis::cmd("GET").arg("k7").query_async(&mut c).await;
+            match got {
+                Ok(v) => break assert_eq!(v, "7"),
+                Err(e) => assert!(std::time::Instant::now() < deadline, "never came back: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[test]

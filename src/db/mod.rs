@@ -167,6 +167,12 @@ impl Store {
         self.backend.conn().await
     }
 
+    /// The shared, multiplexed connection, for short commands sent by many tasks at once
+    /// (never a blocking one, never a WAIT): see `Backend::shared`.
+    pub async fn shared(&self) -> anyhow::Result<Conn> {
+        self.backend.shared().await
+    }
+
     /// A connection for writes followed by [`Store::durable`] (see `Backend::waited_conn`).
     pub async fn waited_conn(&self) -> anyhow::Result<Conn> {
         self.backend.waited_conn().await

@@ -185,7 +185,9 @@ impl Webhooks {
         let ttl = self.config.webhook.seen_ttl().as_secs();
         let mut duplicate = true;
         if let (Some(d), true) = (&event.delivery, event.kind != Kind::Other) {
-            let mut conn = self.store.conn().await?;
+            // Concurrent events share one connection: their scripts reach Redis in one write
+            // and are made durable by one fsync (no WAIT follows on it).
+            let mut conn = self.store.shared().await?;
             let wrote = scripts::event(&mut conn, &self.store.keys, d, id, event.kind.as_str(), ttl).await?;
             duplicate &= wrote != scripts::EventWrite::Written;
         }
