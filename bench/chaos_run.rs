@@ -17,13 +17,13 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
+use mailstream::deliveries::Filter;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::kick;
 use mailstream::pause::Pause;
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::shutdown::Trigger;
 use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::DeliveryRef;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -306,30 +306,18 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     send_term(&mut daemon);
     provider.stop().await;
 
-    // Reasons, from the delivery records themselves.
+    // Reasons, from the delivery log (records and settled history).
     let mut reasons: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let mut sent_recipients = Vec::new();
-    let mut conn = store.conn().await?;
-    for p in 0..store.keys.partitions() {
-        let keys = store.scan(&store.keys.deliveries_pattern(p)).await?;
-        for chunk in keys.chunks(1000) {
-            let mut pipe = redis::pipe();
-            for key in chunk {
-                pipe.cmd("HMGET").arg(key).arg(&["state", "error", "reason"]);
+    let every = Filter { period: Some(period.clone()), limit: 1000, ..Default::default() };
+    for r in mailstream::deliveries::every(&store, &every).await? {
+        let why = r.why.clone().unwrap_or_else(|| "?".into());
+        match r.status.as_str() {
+            "sent" => sent_recipients.push(format!("delivered+{}@resend.dev", r.subscriber)),
+            state @ ("failed" | "outcome_unknown" | "skipped") => {
+                *reasons.entry(state.to_string()).or_default().entry(why).or_insert(0) += 1
             }
-            let rows: Vec<(Option<String>, Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
-            for (key, (state, error, reason)) in chunk.iter().zip(rows) {
-                let why = error.or(reason).unwrap_or_else(|| "?".into());
-                let d = key.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id));
-                match state.as_deref() {
-                    Some("sent") => sent_recipients
-                        .push(format!("delivered+{}@resend.dev", d.map(|d| d.subscriber).unwrap_or_default())),
-                    Some(state @ ("failed" | "outcome_unknown" | "skipped")) => {
-                        *reasons.entry(state.to_string()).or_default().entry(why).or_insert(0) += 1
-                    }
-                    _ => {}
-                }
-            }
+            _ => {}
         }
     }
     let sends = emulator.send_times_matching(&period);

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
+use mailstream::deliveries::Filter;
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults};
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::subscribers::{self, Subscriber};
@@ -222,34 +223,29 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
     let _ = daemon.wait();
 
-    // From Redis: every transactional delivery's record.
-    let mut conn = store.conn().await?;
+    // From the delivery log: every transactional delivery (records and settled history).
+    let every = Filter { campaign: Some(TRANSACTIONAL.into()), limit: 1000, ..Default::default() };
     let (mut operator_sent_via_fallback, mut operator_outcome_unknown, mut customer_failed) = (0, 0, 0);
-    let (mut customer_flagged, mut killed_fallbacks_sent) = (0, 0);
-    for p in 0..store.keys.partitions() {
-        for key in store.scan(&store.keys.deliveries_pattern(p)).await? {
-            let (state, error, fallback, batch): (Option<String>, Option<String>, Option<String>, Option<String>) =
-                redis::cmd("HMGET")
-                    .arg(&key)
-                    .arg("state")
-                    .arg("error")
-                    .arg("fallback")
-                    .arg("batch")
-                    .query_async(&mut conn)
-                    .await?;
-            let operator = key.contains(":lead-");
-            if state.as_deref() == Some("sent") && batch.is_some_and(|b| killed_at.contains(&b)) {
-                killed_fallbacks_sent += 1;
-            }
-            match (operator, state.as_deref(), fallback.is_some()) {
-                (true, Some("sent"), true) => operator_sent_via_fallback += 1,
-                (true, Some("outcome_unknown"), _) => operator_outcome_unknown += 1,
-                (false, _, true) => customer_flagged += 1,
-                (false, Some("failed"), _) if error.as_deref() == Some("validation_error") => customer_failed += 1,
-                _ => {}
-            }
+    let mut customer_flagged = 0;
+    for r in mailstream::deliveries::every(&store, &every).await? {
+        let operator = r.target.starts_with("lead-");
+        match (operator, r.status.as_str(), r.used_fallback_sender) {
+            (true, "sent", true) => operator_sent_via_fallback += 1,
+            (true, "outcome_unknown", _) => operator_outcome_unknown += 1,
+            (false, _, true) => customer_flagged += 1,
+            (false, "failed", _) if r.why.as_deref() == Some("validation_error") => customer_failed += 1,
+            _ => {}
         }
     }
+    // A fallback sealed when the daemon was killed, then accepted from its derived key.
+    let prefix = &config.redis.prefix;
+    let killed_fallbacks_sent = killed_at
+        .iter()
+        .filter(|batch| {
+            let key = mailstream::batch::fallback_key(&mailstream::batch::idempotency_key(prefix, batch));
+            emulator.seen().iter().any(|s| s.status == 200 && s.idempotency_key.as_deref() == Some(key.as_str()))
+        })
+        .count() as u64;
     // From the emulator: who got mail from the fallback sender, and which keys timed out.
     let accepted = emulator.accepted();
     let from_fallback = |e: &&serde_json::Value| e["from"].as_str().is_some_and(|f| f.contains(FALLBACK_DOMAIN));

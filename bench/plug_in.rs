@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use hyper::StatusCode;
 use mailstream::config::{Config, RenderHookConfig, Secret};
 use mailstream::db::Store;
+use mailstream::deliveries::Filter;
 use mailstream::demo::{Transactional, transactional_latencies};
 use mailstream::emulator::{Emulator, EmulatorConfig, Stats};
 use mailstream::http::{self, HttpRequest, HttpResponse};
@@ -232,6 +233,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
             let key = format!("bench-receipt-{}", posted.len());
             let item = json!({"idempotency_key": key, "to": format!("delivered+{key}@resend.dev"),
                 "subject": "Your receipt", "text": "Thank you for your order."});
+            let at = store.time().await?.timestamp_millis();
             let r = client
                 .post(&ingest_url)
                 .bearer_auth(INGEST_TOKEN)
@@ -239,7 +241,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
                 .send()
                 .await?;
             anyhow::ensure!(r.status() == 202, "the ingest API answered {}", r.status());
-            posted.push(key);
+            posted.push((key, at));
             continue;
         }
         // The receipts' counts matter only once the digest is done.
@@ -258,14 +260,15 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
     let counts = store.counts(&campaign.name, &period).await?;
     let transactional = transactional_latencies(&store, &day, &posted).await?;
     let exposures = store.exposures(&campaign.name, &period).await?;
-    let mut not_entitled = 0;
-    let mut conn = store.conn().await?;
-    for p in 0..store.keys.partitions() {
-        for key in store.scan(&store.keys.deliveries_pattern(p)).await? {
-            let reason: Option<String> = redis::cmd("HGET").arg(&key).arg("reason").query_async(&mut conn).await?;
-            not_entitled += u64::from(reason.as_deref() == Some("not_entitled"));
-        }
-    }
+    let skipped = Filter {
+        campaign: Some(campaign.name.clone()),
+        period: Some(period.clone()),
+        statuses: vec!["skipped".into()],
+        limit: 1000,
+        ..Default::default()
+    };
+    let rows = mailstream::deliveries::every(&store, &skipped).await?;
+    let not_entitled = rows.iter().filter(|r| r.why.as_deref() == Some("not_entitled")).count() as u64;
     let h = hook.lock().expect("hook lock");
     Ok(Report {
         subscribers: n,

@@ -16,6 +16,9 @@
 //!    on the same fsync-always Redis.
 //! 6. Headroom (bench/headroom): the same sending at 10, 25, 50, 100 and 200
 //!    requests/s, one daemon and two (`--quick`: 50 requests/s, one daemon, 3 s).
+//! 7. Scale: Redis bytes per delivery pending and settled, and daemon CPU per 10,000
+//!    emails, at 10,000, 100,000 and 1,000,000 deliveries (`--quick`: 1,000, 3,000 and
+//!    10,000), the emulator without a rate limit, so each run measures cost, not pace.
 //!
 //! Full: 50,000 deliveries sent, 1,000,000 subscribers kicked (5 repetitions; the
 //! kick's ratio is the median of each kick over the redis-benchmark run right after
@@ -44,6 +47,7 @@ const CAMPAIGN: &str = "weekly_digest";
 const PARTITIONS: u16 = 1;
 
 struct Sizes {
+    scale: [u64; 3],
     sent: u64,
     naive: u64,
     kicked: u64,
@@ -104,6 +108,8 @@ struct Results {
     webhook_ratio_to_reference: f64,
     // 6. headroom: bench/headroom's points as it prints them
     headroom: Vec<Value>,
+    // 7. scale
+    scale: Vec<ScalePoint>,
     machine: BTreeMap<String, String>,
     seconds: f64,
 }
@@ -122,9 +128,23 @@ fn main() -> ExitCode {
         }
     }
     let sizes = if quick {
-        Sizes { sent: 5_000, naive: 30, kicked: 50_000, repetitions: 1, webhook_seconds: 3 }
+        Sizes {
+            scale: [1_000, 3_000, 10_000],
+            sent: 5_000,
+            naive: 30,
+            kicked: 50_000,
+            repetitions: 1,
+            webhook_seconds: 3,
+        }
     } else {
-        Sizes { sent: 50_000, naive: 100, kicked: 1_000_000, repetitions: 5, webhook_seconds: 10 }
+        Sizes {
+            scale: [10_000, 100_000, 1_000_000],
+            sent: 50_000,
+            naive: 100,
+            kicked: 1_000_000,
+            repetitions: 5,
+            webhook_seconds: 10,
+        }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     match runtime.block_on(run(quick, &sizes)) {
@@ -225,6 +245,17 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
         eprintln!("== 5. headroom");
         headroom(quick, &mut r)?;
     }
+    if part("scale") {
+        for n in sizes.scale {
+            eprintln!("== 6. scale: {n} deliveries, the emulator without a rate limit");
+            let point = scale(&dir, n).await?;
+            eprintln!(
+                "   {:.0} B per pending delivery, {:.0} B per settled one, {:.3} CPU s per 10k emails",
+                point.pending_bytes, point.settled_bytes, point.cpu_seconds_per_10k
+            );
+            r.scale.push(point);
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
     r.seconds = started.elapsed().as_secs_f64();
     Ok(r)
@@ -284,6 +315,90 @@ fn footprint(pid: u32) -> Option<(u64, f64)> {
     // SAFETY: sysconf only reads a system constant.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     Some((hwm, ticks as f64 / hz))
+}
+
+/// One size of the scale run.
+#[derive(Debug, Default, Serialize)]
+struct ScalePoint {
+    deliveries: u64,
+    /// Redis used_memory after the kick, less before it, per delivery.
+    pending_bytes: f64,
+    /// The same once every delivery is settled (the daemon stopped).
+    settled_bytes: f64,
+    /// The daemon's CPU (user + system) per 10,000 emails sent, start to stop.
+    cpu_seconds_per_10k: f64,
+    sent: u64,
+    seconds: f64,
+}
+
+/// Kicks `n` deliveries and sends them through a daemon process, the emulator and the
+/// limiter set far above what one daemon sends (1,000 requests/s), on a Redis that keeps
+/// nothing on disk: what a delivery costs in memory and CPU at this size.
+async fn scale(dir: &Path, n: u64) -> anyhow::Result<ScalePoint> {
+    let redis = RedisServer::start(RedisOptions::default()).await?;
+    let emulator = Emulator::new(EmulatorConfig { requests_per_second: None, ..Default::default() });
+    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
+    let config_path = dir.join("config-scale.toml");
+    let text = config_text(&redis.url(), &emulator_url, 100)
+        .replacen("requests_per_second = 10\n", "requests_per_second = 1000\n", 1)
+        .replacen("durability = \"strict\"", "durability = \"relaxed\"", 1);
+    anyhow::ensure!(
+        text.contains("requests_per_second = 1000\n") && text.contains("\"relaxed\""),
+        "config.toml changed"
+    );
+    std::fs::write(&config_path, text)?;
+    let mut config = Config::load(&config_path)?;
+    config.resend.api_key = Some(Secret::new("re_bench"));
+    let store = Store::open(&config).await?;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100_000) {
+        let subs: Vec<Subscriber> = chunk.iter().map(|&i| Subscriber::synthetic(i)).collect();
+        subscribers::upsert(&store, &subs).await?;
+    }
+    let campaign = config.campaign(CAMPAIGN).context("weekly_digest")?.clone();
+    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let before = used_memory(&store).await?;
+    kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
+    let pending = used_memory(&store).await?;
+
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
+    let log = std::fs::File::create(dir.join("daemon-scale.log"))?;
+    let mut daemon: Child = Command::new(&binary)
+        .args(["run", "--config"])
+        .arg(&config_path)
+        .env("RESEND_API_KEY", "re_bench")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
+        .env("MAILSTREAM_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    let pid = daemon.id();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(600 + n / 500);
+    let mut cpu = 0.0;
+    let counts = loop {
+        let c = store.counts(CAMPAIGN, &period).await.unwrap_or_default();
+        cpu = footprint(pid).map_or(cpu, |(_, s)| s);
+        if c.settled() >= c.enqueued || Instant::now() > deadline {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
+    let _ = daemon.wait();
+    let settled = used_memory(&store).await?;
+    stop_emulator.trigger();
+    let _ = emulator_task.await;
+    anyhow::ensure!(counts.sent == n, "{} of {n} sent", counts.sent);
+    Ok(ScalePoint {
+        deliveries: n,
+        pending_bytes: pending.saturating_sub(before) as f64 / n as f64,
+        settled_bytes: settled.saturating_sub(before) as f64 / n as f64,
+        cpu_seconds_per_10k: cpu / counts.sent.max(1) as f64 * 10_000.0,
+        sent: counts.sent,
+        seconds,
+    })
 }
 
 /// Sends `n` deliveries through a daemon process at RPS requests/s of `batch` emails.
@@ -463,8 +578,9 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
         "--csv".into(),
         "EVALSHA".into(),
         sha,
-        (1 + 3 * Channel::ALL.len() + chunk).to_string(),
+        (2 + 3 * Channel::ALL.len() + chunk).to_string(),
         keys.periods(0),
+        keys.audience(0),
     ];
     // Every channel's stream, counts and due set, as the kick passes them (email's used).
     for channel in Channel::ALL {
@@ -615,13 +731,14 @@ keeps earlier runs.\n\n\
 | fan-out: `kick` of {kicked} subscribers (median of {reps}: {kruns}; spread {kspread}) | {kps:.0} deliveries/s | redis-benchmark, enqueue.lua, {chunk} per call (as the kick), P16 × 4: {rc:.0}/s (runs {rruns}) | {kr:.2} (median of the paired ratios {kratios}) | ≥ 0.7 ({krm}) |\n\
 | where the kick's time goes (first run, `INFO commandstats`) | {kprof} | | | |\n\
 | fan-out vs BullMQ `addBulk` with `jobId` | {kps:.0}/s | {bq:.0} jobs/s | {kb:.1}× | ≥ 4× ({kbm}) |\n\
-| Redis memory per pending delivery (used_memory delta after the kick) | {bpd:.0} B | BullMQ per job: {bbj:.0} B | {mr:.2} | ≤ 300 B ({bpm}) |\n\
-| Redis memory per settled delivery (after sending, before the retention expires) | {bps:.0} B | | | |\n\
+| Redis memory per pending delivery (used_memory delta after the kick) | {bpd:.0} B | BullMQ per job: {bbj:.0} B | {mr:.2} | ≤ 225 B ({bpm}) |\n\
+| Redis memory per settled delivery (after sending, before the retention expires) | {bps:.0} B | BullMQ per job: {bbj:.0} B | {sr:.2} | ≤ 120 B ({bsm}) |\n\
 | of which the delivery log's newest-first index (`recent`, at most {keep} per partition: {rit:.1} MiB at most here) | {rib:.0} B per delivery it holds | | | |\n\
 | daemon peak RSS sending at the ceiling | {rss:.1} MiB | | | ≤ 64 MiB ({rssm}) |\n\
 | daemon CPU per 10,000 emails | {cpu:.2} s | | | ≤ 2 s ({cpum}) |\n\
 | webhook ingestion ({ws_s} s, 32 connections, fsync always) | {wh:.0} verified events/s, p99 {whp:.2} ms | `redis-benchmark -c 32 -t set`, same Redis: {whr:.0}/s | {whq:.2} | ≥ 0.5, p99 < 10 ms ({whm}) |\n\
 {headroom}\n\
+{scale}\n\
 Sizes: {sent} deliveries sent (durable Redis: append-only, fsync always; the daemon as a\n\
 process of its own, RSS and CPU from /proc), {kicked} subscribers kicked on a Redis without\n\
 persistence (the same one redis-benchmark runs on), BullMQ's sizes as `bench/bullmq/run.sh{quick}`.\n\
@@ -664,8 +781,10 @@ Memory after the retention expires is the baseline again: every record and key e
         bpd = r.redis_bytes_per_delivery,
         bbj = r.bullmq_bytes_per_job,
         mr = r.redis_bytes_per_delivery / r.bullmq_bytes_per_job.max(1e-9),
-        bpm = target(r.redis_bytes_per_delivery <= 300.0),
+        bpm = target(r.redis_bytes_per_delivery <= 225.0),
         bps = r.redis_bytes_per_settled_delivery,
+        sr = r.redis_bytes_per_settled_delivery / r.bullmq_bytes_per_job.max(1e-9),
+        bsm = target(r.redis_bytes_per_settled_delivery <= 120.0),
         rib = r.recent_index_bytes_per_delivery,
         keep = mailstream::db::keys::RECENT_KEEP,
         rit = r.recent_index_bytes_per_delivery * (mailstream::db::keys::RECENT_KEEP * usize::from(PARTITIONS)) as f64
@@ -681,7 +800,35 @@ Memory after the retention expires is the baseline again: every record and key e
         whq = r.webhook_ratio_to_reference,
         whm = target(r.webhook_ratio_to_reference >= 0.5 && r.webhook_p99_ms < 10.0),
         headroom = headroom_rows(&r.headroom),
+        scale = scale_rows(&r.scale),
     )
+}
+
+/// The scale points as a table of their own, with how far each is from the others.
+fn scale_rows(points: &[ScalePoint]) -> String {
+    if points.is_empty() {
+        return String::new();
+    }
+    let spread = |f: &dyn Fn(&ScalePoint) -> f64| {
+        let (lo, hi) = points.iter().map(f).fold((f64::MAX, 0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+        (hi - lo) / lo.max(1e-9)
+    };
+    let mut out = String::from(
+        "\n| scale (the emulator without a rate limit) | pending B/delivery | settled B/delivery | daemon CPU s per 10k emails | seconds |\n|---|---|---|---|---|\n",
+    );
+    for p in points {
+        out.push_str(&format!(
+            "| {} deliveries | {:.0} | {:.0} | {:.3} | {:.1} |\n",
+            p.deliveries, p.pending_bytes, p.settled_bytes, p.cpu_seconds_per_10k, p.seconds
+        ));
+    }
+    out.push_str(&format!(
+        "| largest over smallest, less 1 (target: each within 10 %) | {:.0} % | {:.0} % | {:.0} % | |\n",
+        spread(&|p| p.pending_bytes) * 100.0,
+        spread(&|p| p.settled_bytes) * 100.0,
+        spread(&|p| p.cpu_seconds_per_10k) * 100.0
+    ));
+    out
 }
 
 /// The headroom points as table rows (the target is the one at 50 requests/s, one daemon).

@@ -6,8 +6,9 @@
 -- Returns per delivery one of:
 --   {'claimed', claims}   ours now; claims counts this claim too
 --   {'held'}              another holder's lease is live: do nothing
---   {'gone'}              no record (a lost write): the caller records it as lost
---   {state}               already sealed into a batch, or settled
+--   {'gone'}              no record, and none kept compactly (a lost write): the caller
+--                         records it as lost
+--   {state}               already sealed into a batch, or settled (with or without its record)
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
@@ -15,7 +16,8 @@ for i, key in ipairs(KEYS) do
   local d = redis.call('HMGET', key, 'state', 'lease_until')
   local state = d[1]
   if not state then
-    out[i] = {'gone'}
+    -- Settled compactly (its record is gone by design), or lost.
+    out[i] = {compacted(key) or 'gone'}
   elseif state == 'pending' or (state == 'processing' and tonumber(d[2] or 0) <= now) then
     local claims = redis.call('HINCRBY', key, 'claims', 1)
     redis.call('HSET', key, 'state', 'processing', 'lease_owner', owner, 'lease_until', now + lease)

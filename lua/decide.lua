@@ -1,9 +1,11 @@
 -- decide.lua: settle claimed deliveries that will not be sent (skipped: no longer wanted at
 -- send time; failed: cannot be rendered, claimed too often, or its record was lost) and
 -- acknowledge their stream entries. Only deliveries this owner still holds change, except a
--- lost record, which is written back as failed so the operator sees it and can requeue it.
--- A settled record expires after the retention and joins the recent settlements; failed ones
--- go to the dead-letter stream.
+-- lost record, which is written back as failed so the operator sees it and can requeue it
+-- (lost: no record, and none kept compactly either). A delivery sent (an application event)
+-- or skipped is settled compactly (prelude.lua); a failed or outcome_unknown record expires
+-- after the retention. Each joins the recent settlements; failed ones go to the dead-letter
+-- stream.
 --
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4..3+c] counts hashes,
 -- KEYS[4+c..] delivery keys
@@ -19,13 +21,18 @@ for i = 4 + c, #KEYS do
   local entry, id, state, reason = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
   local ci, expect = tonumber(ARGV[base + 5]), ARGV[base + 6]
   local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
-  local ours = (expect == 'held' and d[1] == 'processing' and d[2] == owner) or (expect == 'lost' and not d[1])
+  local ours = (expect == 'held' and d[1] == 'processing' and d[2] == owner)
+    or (expect == 'lost' and not d[1] and not compacted(KEYS[i]))
   if ours then
-    local field = 'reason'
-    if state == 'failed' then field = 'error' end
-    redis.call('HSET', KEYS[i], 'state', state, field, reason, 'settled_ms', now)
-    redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-    redis.call('EXPIRE', KEYS[i], retention)
+    if state == 'sent' or state == 'skipped' then
+      compact(KEYS[i], entry_text(state, now, reason, 0), retention)
+    else
+      local field = 'reason'
+      if state == 'failed' then field = 'error' end
+      redis.call('HSET', KEYS[i], 'state', state, field, reason, 'settled_ms', now)
+      redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
+      redis.call('EXPIRE', KEYS[i], retention)
+    end
     redis.call('ZADD', KEYS[3], now, id)
     redis.call('HINCRBY', KEYS[3 + ci], state, 1)
     redis.call('EXPIRE', KEYS[3 + ci], retention)

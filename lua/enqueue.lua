@@ -1,45 +1,63 @@
 -- enqueue.lua: enqueue deliveries of one partition and one campaign period, each at most once.
 -- A delivery's record is named by its natural dedup key (campaign:period:subscriber:target,
--- plus `:<channel>` for a channel other than email), so HSETNX on it is the dedup check, and
--- the record and its stream entry are written in this one atomic step: a double kick, a
+-- plus `:<channel>` for a channel other than email), so HSETNX on it is the dedup check, once
+-- the period's settled history (prelude.lua) has no entry for it either (a delivery settled
+-- sent or skipped keeps no record); the record and its stream entry are written in this one
+-- atomic step: a double kick, a
 -- retried kick or two daemons kicking at once enqueue once, every channel of a subscriber
 -- together. The record has no expiry until it is settled (nothing expires while unsettled). A
 -- delivery due later (a campaign sent at each recipient's local hour) waits in its channel's
 -- due set, scored by its release time, instead of the stream; the reclaimer releases it
 -- (due.lua). The period is listed in the partition's periods index (what /metrics and
 -- `mailstream slo` report on), and each channel's counts hash keeps how many were new and how
--- many were duplicates.
+-- many were duplicates. A channel's first enqueue of the period fixes the period's number of
+-- settled-history buckets, for as many deliveries as the partition's audience has subscribers.
 --
--- KEYS[1] periods index; then per channel c (1..n): KEYS[3c-1] its stream, KEYS[3c] its counts
---   hash, KEYS[3c+1] its due set; then per item KEYS[2+3n+i] delivery key: the partition's
---   delivery prefix plus the delivery id
+-- KEYS[1] periods index, KEYS[2] the partition's audience; then per channel c (1..n): KEYS[3c]
+--   its stream, KEYS[3c+1] its counts hash, KEYS[3c+2] its due set; then per item
+--   KEYS[3+3n+i] delivery key: the partition's delivery prefix plus the delivery id
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the prefix's length,
 --   ARGV[4] '1' if a release time (ms; 0: now) follows each item's channel, else '0' (all now),
 --   ARGV[5] n; then per item: its channel (1..n) [, its release time]
 -- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
 local retention, plen, timed, n = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local now = now_ms()
-local first, per = 2 + 3 * n, 1
+local first, per = 3 + 3 * n, 1
 if timed then
   per = 2
 end
-local result, added, dups = {}, {}, {}
+local result, added, dups, nb, settled = {}, {}, {}, {}, {}
 for c = 1, n do
   added[c], dups[c] = 0, 0
+end
+-- Channel c's bucket count, and whether any of its deliveries of the period settled compactly.
+local function history_of(c)
+  if not nb[c] then
+    local h = redis.call('HMGET', KEYS[3 * c + 1], 'buckets', 'sent', 'skipped')
+    nb[c] = tonumber(h[1]) or buckets(KEYS[3 * c + 1], redis.call('HLEN', KEYS[2]))
+    settled[c] = (h[2] or h[3]) ~= nil
+  end
+  return nb[c], settled[c]
 end
 for i = first, #KEYS do
   local a = 6 + (i - first) * per
   local c = tonumber(ARGV[a])
-  if redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
+  local n_buckets, any_settled = history_of(c)
+  local kept = false
+  if any_settled then
+    local _, prefix, h, field = history(KEYS[i])
+    kept = redis.call('HEXISTS', prefix .. (h % n_buckets), field) == 1
+  end
+  if not kept and redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
     local id, release = string.sub(KEYS[i], plen + 1), 0
     if timed then
       release = tonumber(ARGV[a + 1])
     end
     if release > now then
       redis.call('HSET', KEYS[i], 'release_ms', release)
-      redis.call('ZADD', KEYS[3 * c + 1], release, id)
+      redis.call('ZADD', KEYS[3 * c + 2], release, id)
     else
-      redis.call('XADD', KEYS[3 * c - 1], '*', 'delivery', id)
+      redis.call('XADD', KEYS[3 * c], '*', 'delivery', id)
     end
     added[c] = added[c] + 1
     result[#result + 1] = 1
@@ -50,12 +68,12 @@ for i = first, #KEYS do
 end
 for c = 1, n do
   if added[c] > 0 then
-    redis.call('HINCRBY', KEYS[3 * c], 'enqueued', added[c])
+    redis.call('HINCRBY', KEYS[3 * c + 1], 'enqueued', added[c])
   end
   if dups[c] > 0 then
-    redis.call('HINCRBY', KEYS[3 * c], 'duplicates', dups[c])
+    redis.call('HINCRBY', KEYS[3 * c + 1], 'duplicates', dups[c])
   end
-  redis.call('EXPIRE', KEYS[3 * c], retention)
+  redis.call('EXPIRE', KEYS[3 * c + 1], retention)
 end
 -- Scored by the last enqueue; a period drops out once its counts have expired.
 redis.call('ZADD', KEYS[1], now, ARGV[2])

@@ -9,7 +9,8 @@
 -- 'sending' (so a taker after a crash knows the request may have left) and counts the request
 -- (`sends`: once per request that may leave, not per look: a second look before the request
 -- left counts nothing, and reschedule.lua takes back the count of one put back unsent).
--- Members no longer wanted are settled 'skipped' here (and join the recent settlements). A batch never sent is re-sealed
+-- Members no longer wanted are settled 'skipped' here, compactly (prelude.lua), and join the
+-- recent settlements. A batch never sent is re-sealed
 -- without them under a new key (its body rebuilt byte-exactly from `sizes`); a batch that
 -- may have been sent is resent byte-identical or not at all ('withhold').
 --
@@ -40,7 +41,9 @@ local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'firs
   'members', 'addresses', 'state', 'sends')
 if not b[1] then
   for m = 1, n do
-    if not FINAL[redis.call('HGET', KEYS[5 + c + 2 * m - 1], 'state') or ''] then
+    local dkey = KEYS[5 + c + 2 * m - 1]
+    local state = redis.call('HGET', dkey, 'state')
+    if not FINAL[state or ''] and not (not state and compacted(dkey)) then
       return {'lost'}
     end
   end
@@ -145,8 +148,7 @@ for m = 1, n do
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
     local dkey, ci = KEYS[5 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
-      redis.call('HSET', dkey, 'state', 'skipped', 'reason', reasons[m], 'settled_ms', now)
-      redis.call('EXPIRE', dkey, retention)
+      compact(dkey, entry_text('skipped', now, reasons[m], 0), retention)
       redis.call('ZADD', KEYS[5], now, ids[m])
       redis.call('HINCRBY', KEYS[5 + ci], 'skipped', 1)
       redis.call('EXPIRE', KEYS[5 + ci], retention)

@@ -6,22 +6,31 @@
 -- (recipient, content, data): the only place an address given inline is kept; the stream
 -- entry carries the id only. Recorded, written to the transactional stream and counted in
 -- one atomic step; an item whose template lists the application channel gets its event's
--- delivery (`<id>:app`, state and time only: the request stays in the email's record) in
--- the same step.
+-- delivery (`<id>:app`) in the same step. The event's record keeps what the event needs of
+-- the request (its template and data keys, never an address): the email's record is gone
+-- once it is sent (prelude.lua). The day's first item fixes the day's number of
+-- settled-history buckets, for as many deliveries as the day before had.
 --
 -- KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
---   application stream, KEYS[5] the application channel's counts hash;
---   then per item: KEYS[3+3i] guard key, KEYS[4+3i] delivery key, KEYS[5+3i] its event's key
+--   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
+--   hash of the day before; then per item: KEYS[4+3i] guard key, KEYS[5+3i] delivery key,
+--   KEYS[6+3i] its event's key
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
---   hash, request JSON, '1' with the application channel (else '0')
+--   hash, request JSON, its event's request JSON ('' without the application channel)
 -- Returns per item {status, delivery id} with status 'new', 'duplicate' or 'conflict'.
 local retention = tonumber(ARGV[1])
 local now = now_ms()
 local out, added, dups, app_added, app_dups = {}, 0, 0, 0, 0
-local n = (#KEYS - 5) / 3
+local n = (#KEYS - 6) / 3
+local function fix_buckets(counts)
+  if redis.call('HEXISTS', counts, 'buckets') == 0 then
+    buckets(counts, tonumber(redis.call('HGET', KEYS[6], 'enqueued') or '0'))
+  end
+end
 for i = 1, n do
-  local guard, dkey, akey = KEYS[3 + 3 * i], KEYS[4 + 3 * i], KEYS[5 + 3 * i]
-  local id, hash, request, app = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2] == '1'
+  local guard, dkey, akey = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
+  local id, hash, request, event = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
+  local app = event ~= ''
   local seen = redis.call('GET', guard)
   if seen then
     local sid, shash = string.match(seen, '^(%S+) (%S+)$')
@@ -40,7 +49,7 @@ for i = 1, n do
     redis.call('XADD', KEYS[1], '*', 'delivery', id)
     added = added + 1
     if app and redis.call('HSETNX', akey, 'state', 'pending') == 1 then
-      redis.call('HSET', akey, 'enqueued_ms', now)
+      redis.call('HSET', akey, 'enqueued_ms', now, 'request', event)
       redis.call('XADD', KEYS[4], '*', 'delivery', id .. ':app')
       app_added = app_added + 1
     end
@@ -48,6 +57,7 @@ for i = 1, n do
   end
 end
 if added > 0 then
+  fix_buckets(KEYS[2])
   redis.call('HINCRBY', KEYS[2], 'enqueued', added)
 end
 if dups > 0 then
@@ -55,6 +65,7 @@ if dups > 0 then
 end
 redis.call('EXPIRE', KEYS[2], retention)
 if app_added > 0 then
+  fix_buckets(KEYS[5])
   redis.call('HINCRBY', KEYS[5], 'enqueued', app_added)
 end
 if app_dups > 0 then

@@ -37,3 +37,103 @@ local function unwanted(email, entitled, subscribed, suppressed, off)
   end
   return ''
 end
+
+-- Settled history (key layout 7). A delivery settled `sent` or `skipped` does not keep its
+-- record: what the delivery log, the SLO and its period's dedup need of it is one field of a
+-- bucket of its campaign period, `settled:<campaign>:<period>[:<channel>]:<n>`, named
+-- `<subscriber>:<target>` and holding `<state> <settled_ms> <detail> <sends>` (detail: the
+-- provider's email id, or the reason; `-` for none), then ` fallback` and ` variant=<v>` where
+-- they apply. A `failed` or `outcome_unknown` delivery keeps its whole record: it is a dead
+-- letter an operator reads and may requeue, and there are few. A period has a fixed number of
+-- buckets, a power of two recorded as `buckets` in its counts hash by its first enqueue (for
+-- about BUCKET_FILL deliveries each, so every bucket stays a small listpack); a delivery's
+-- bucket is a hash of its home (the subscriber; a receipt's idempotency key) modulo that
+-- number, so a subscriber's deliveries of a period share one. A bucket expires the retention
+-- after its last settlement, as the counts hash does. Every name here is built from the
+-- delivery's own key, so it carries the same hash tag: one slot (`db::history` builds the
+-- same names in Rust, and a test holds the two together).
+local BUCKET_FILL, MAX_BUCKETS = 48, 65536
+
+local function buckets_for(expected)
+  local n = 1
+  while n * BUCKET_FILL < expected and n < MAX_BUCKETS do
+    n = n * 2
+  end
+  return n
+end
+
+-- The bucket count of the period whose counts hash is `counts`: the recorded one, or one
+-- recorded now for `expected` deliveries (nil: as many as its counts say were enqueued).
+local function buckets(counts, expected)
+  local n = redis.call('HGET', counts, 'buckets')
+  if n then
+    return tonumber(n)
+  end
+  n = buckets_for(expected or tonumber(redis.call('HGET', counts, 'enqueued') or '0'))
+  redis.call('HSET', counts, 'buckets', n)
+  return n
+end
+
+-- h = h * 31 + byte over the string, modulo 2^31 - 1 (exact in Lua's doubles).
+local function home_hash(s)
+  local h = 0
+  for i = 1, #s do
+    h = (h * 31 + string.byte(s, i)) % 2147483647
+  end
+  return h
+end
+
+-- For the record key `dkey` (`<prefix>:{p}:d:<id>`): its period's counts hash, the prefix of
+-- its buckets' names, its home's hash and its field.
+local function history(dkey)
+  local at = string.find(dkey, '}:d:', 1, true)
+  local base, p = string.sub(dkey, 1, at), {}
+  for part in string.gmatch(string.sub(dkey, at + 4), '[^:]+') do
+    p[#p + 1] = part
+  end
+  local period = p[1] .. ':' .. p[2]
+  if p[5] then
+    period = period .. ':' .. p[5]
+  end
+  local home = p[3]
+  if p[1] == 'transactional' then
+    home = p[4]
+  end
+  return base .. ':counts:' .. period, base .. ':settled:' .. period .. ':', home_hash(home), p[3] .. ':' .. p[4]
+end
+
+-- A compact entry's text.
+local function entry_text(state, now, detail, sends, fallback, variant)
+  if not detail or detail == '' then
+    detail = '-'
+  end
+  local v = state .. ' ' .. now .. ' ' .. detail .. ' ' .. (sends or 0)
+  if fallback == '1' then
+    v = v .. ' fallback'
+  end
+  if variant and variant ~= '' then
+    v = v .. ' variant=' .. variant
+  end
+  return v
+end
+
+-- Settles the delivery of record `dkey` compactly: its entry written, its bucket's expiry
+-- renewed, its record deleted.
+local function compact(dkey, value, retention)
+  local counts, prefix, h, field = history(dkey)
+  local bucket = prefix .. (h % buckets(counts))
+  redis.call('HSET', bucket, field, value)
+  redis.call('EXPIRE', bucket, retention)
+  redis.call('DEL', dkey)
+end
+
+-- The state the delivery of record `dkey` was settled compactly in, or nil.
+local function compacted(dkey)
+  local counts, prefix, h, field = history(dkey)
+  local n = redis.call('HGET', counts, 'buckets')
+  if not n then
+    return nil
+  end
+  local v = redis.call('HGET', prefix .. (h % tonumber(n)), field)
+  return v and string.match(v, '^%S+')
+end

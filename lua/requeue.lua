@@ -10,7 +10,8 @@
 -- Returns 'requeued', 'missing', or the state that prevented it.
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
-  return 'missing'
+  -- Sent or skipped: settled compactly, never requeued.
+  return compacted(KEYS[2]) or 'missing'
 end
 if state == 'failed' or (state == 'outcome_unknown' and ARGV[2] == '1') then
   redis.call('HSET', KEYS[2], 'state', 'pending', 'claims', 0)

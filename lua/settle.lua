@@ -1,8 +1,10 @@
 -- settle.lua: record the final outcome of each member of a sealed batch, then delete the
 -- batch (its body holds addresses). Idempotent: a batch already settled is left alone, and
--- only members still sealed into this batch change. A settled record expires after the
--- retention (its TTL starts here); a sent member with an A/B variant counts as that
--- variant's exposure (`exposed:<variant>` in the counts hash); failed members go to the dead-letter stream and
+-- only members still sealed into this batch change. A member sent is settled compactly (its
+-- entry in its period's settled history, its record deleted: prelude.lua); a failed or
+-- outcome_unknown one keeps its record, which expires after the retention (its TTL starts
+-- here). A sent member with an A/B variant counts as that variant's exposure
+-- (`exposed:<variant>` in the counts hash); failed members go to the dead-letter stream and
 -- outcome_unknown ones to the unknown stream, with the number of requests made. Every member
 -- settled now joins the partition's recent settlements (the delivery log's newest first).
 --
@@ -42,7 +44,7 @@ elseif owner ~= '' and owner ~= '*lost*' and b[1] ~= owner then
 end
 local now = now_ms()
 local sends = b[3] or 0
-local all_final = true
+local all_final, counted = true, {}
 for i = 6 + c, #KEYS do
   local base = 4 + 5 * (i - 6 - c)
   local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
@@ -50,22 +52,27 @@ for i = 6 + c, #KEYS do
   if state == 'failed' and owner ~= '' and b[2] == '1' then
     state = 'outcome_unknown'
   end
-  local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant')
-  all_final = all_final and FINAL[d[1] or ''] == true
+  local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant', 'fallback')
+  if status == 'missing' and all_final and not FINAL[d[1] or ''] then
+    -- Settled by another holder and kept compactly since, or not final at all.
+    all_final = not d[1] and compacted(KEYS[i]) ~= nil
+  end
   local open = d[1] == 'sealed' and d[2] == bid
   if status == 'missing' and owner == '' then
     -- The seal was lost but the provider accepted: record it unless already final.
     open = d[1] == 'sealed' or d[1] == 'processing' or d[1] == 'pending'
   end
   if open then
-    local field = 'error'
-    if state == 'sent' then field = 'provider_id' end
-    redis.call('HSET', KEYS[i], 'state', state, field, detail, 'settled_ms', now, 'sends', sends)
-    if state ~= 'sent' and said ~= '' then
-      redis.call('HSET', KEYS[i], 'error_message', said)
+    if state == 'sent' then
+      compact(KEYS[i], entry_text('sent', now, detail, sends, d[4], d[3]), retention)
+    else
+      redis.call('HSET', KEYS[i], 'state', state, 'error', detail, 'settled_ms', now, 'sends', sends)
+      if said ~= '' then
+        redis.call('HSET', KEYS[i], 'error_message', said)
+      end
+      redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
+      redis.call('EXPIRE', KEYS[i], retention)
     end
-    redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-    redis.call('EXPIRE', KEYS[i], retention)
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HINCRBY', KEYS[5 + ci], state, 1)
     if state == 'sent' then
@@ -74,7 +81,7 @@ for i = 6 + c, #KEYS do
         redis.call('HINCRBY', KEYS[5 + ci], 'exposed:' .. d[3], 1)
       end
     end
-    redis.call('EXPIRE', KEYS[5 + ci], retention)
+    counted[ci] = true
     if state == 'failed' then
       redis.call('XADD', KEYS[3], 'MINID', '~', now - retention * 1000, '*',
         'delivery', id, 'error', detail, 'attempts', sends)
@@ -86,6 +93,9 @@ for i = 6 + c, #KEYS do
   else
     out[#out + 1] = ''
   end
+end
+for ci in pairs(counted) do
+  redis.call('EXPIRE', KEYS[5 + ci], retention)
 end
 keep_recent(KEYS[5], now, retention)
 redis.call('DEL', KEYS[1])

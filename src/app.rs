@@ -102,14 +102,15 @@ pub async fn fix_bodies(
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    let mut write = redis::pipe();
     let mut read = redis::pipe();
+    let mut write = Vec::new();
     for (d, body) in items {
         let key = store.keys.delivery(p, &d.id());
-        write.hset_nx(&key, BODY_FIELD, body).ignore();
         read.hget(&key, BODY_FIELD);
+        write.push((key, body.as_str()));
     }
-    let _: () = write.query_async(conn).await?;
+    // Never onto a record settled (and gone) meanwhile: that event is not sent again.
+    scripts::note(conn, BODY_FIELD, &write).await?;
     store.durable(conn, &store.keys.lane_stream(p, Lane::App)).await?;
     Ok(read.query_async(conn).await?)
 }
@@ -293,18 +294,21 @@ impl AppChannel {
             let stream = keys.lane_stream(p, Lane::App);
             let _: () = redis::cmd("XACK").arg(stream).arg(group).arg(&ack).query_async(conn).await?;
         }
-        // A transactional event: the request its email's record keeps (no subscription
-        // applies to a receipt, and it has no address of its own).
+        // A transactional event: what its record keeps of the request (no subscription
+        // applies to a receipt, and it has no address of its own); an event ingested by
+        // an earlier version reads its email's record.
         let (transactional, live): (Vec<usize>, Vec<usize>) =
             live.into_iter().partition(|&i| wellformed[i].delivery.campaign == TRANSACTIONAL);
         let mut send = Vec::new();
         let mut pipe = redis::pipe();
         for &i in &transactional {
             let d = &wellformed[i].delivery;
+            pipe.hget(keys.delivery(p, &d.id()), "request");
             pipe.hget(keys.delivery(p, &d.clone().on(Channel::Email).id()), "request");
         }
-        let requests: Vec<Option<String>> =
+        let requests: Vec<(Option<String>, Option<String>)> =
             if transactional.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+        let requests = requests.into_iter().map(|(own, email)| own.or(email));
         for (&i, request) in transactional.iter().zip(requests) {
             match request.and_then(|r| serde_json::from_str::<crate::ingest::Request>(&r).ok()) {
                 Some(r) => {
@@ -402,7 +406,7 @@ impl AppChannel {
         if status.is_none() {
             // No answer: the application may have taken it. Marked before it is put off, so
             // an outcome given later does not say it was never sent.
-            let _: () = conn.hset(ctx.store.keys.delivery(p, &id), MAYBE_TAKEN_FIELD, 1).await?;
+            scripts::note(&mut conn, MAYBE_TAKEN_FIELD, &[(ctx.store.keys.delivery(p, &id), "1")]).await?;
         }
         let decide =
             |outcome, reason| Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost: false };

@@ -2,27 +2,27 @@
 //! Pages start with settled deliveries, newest first, from each partition's recent
 //! settlements (`recent`: the newest 10,000 ids of the partition, scored by when they
 //! settled, written by the script that settles them; see `newest`). Past the oldest
-//! time every partition's index covers, the rest (unsettled deliveries, older ones)
-//! follows by SCAN in Redis's order: a delivery's key is its natural id
-//! (`campaign:period:subscriber:target`), so a filter on campaign, period or subscriber
-//! is a SCAN pattern over one partition's records (a subscriber's live in one
-//! partition), SCAN reads at most `SCAN_COUNT` keys per step and never blocks Redis.
-//! Statuses and `since` are checked on each record. Addresses are shown masked.
+//! time every partition's index covers, the rest follows a partition at a time, in
+//! Redis's order (`scan`): first the deliveries that keep a record (unsettled, failed,
+//! outcome_unknown), by SCAN over their natural ids (`campaign:period:subscriber:target`,
+//! so a filter on campaign, period or subscriber is a SCAN pattern; SCAN reads at most
+//! `SCAN_COUNT` keys per step and never blocks Redis); then those settled compactly,
+//! bucket by bucket of each period's settled history (`db::history`; a subscriber's
+//! deliveries of a period share one bucket). Statuses and `since` are checked on each.
+//! Addresses are shown masked.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::db::Store;
+use crate::db::{Store, history};
 use crate::outcome::DeliveryState;
 use crate::resend::error::mask;
 use crate::work::DeliveryRef;
 
 mod newest;
-
-/// Keys SCAN looks at per step.
-const SCAN_COUNT: usize = 500;
+mod scan;
 
 /// The statuses a delivery can be in (what `--status` accepts).
 pub(crate) const STATUSES: [&str; 8] =
@@ -77,11 +77,6 @@ pub struct Page {
     pub rows: Vec<Row>,
     /// Pass back as `cursor` for the next page; none after the last.
     pub next: Option<String>,
-}
-
-/// SCAN MATCH treats `*?[]\` specially; a filter value is matched literally.
-fn glob_literal(s: &str) -> String {
-    s.chars().flat_map(|c| if "*?[]\\".contains(c) { vec!['\\', c] } else { vec![c] }).collect()
 }
 
 fn time(ms: &str) -> Option<String> {
@@ -156,6 +151,9 @@ enum Cursor {
     /// A partition, SCAN's cursor in it, and how many matches of that SCAN step the
     /// previous page already showed.
     Scan { span: Span, partition: u16, scan: u64, skip: usize },
+    /// A partition's settled history (after its records): the `campaign:period`, channel
+    /// and bucket reached, and how many of that bucket's matches the previous page showed.
+    History { span: Span, partition: u16, period: String, channel: crate::work::Channel, bucket: u32, skip: usize },
 }
 
 impl Cursor {
@@ -167,6 +165,19 @@ impl Cursor {
             DeliveryRef::parse(id).ok_or_else(bad)?;
             let span = Span { floor: n(floor)?, until: n(until)? };
             return Ok(Cursor::Newest { span, ms: n(ms)?, id: id.to_string() });
+        }
+        if let Some(rest) = s.strip_prefix("h.") {
+            let [floor, until, p, channel, bucket, skip, period] = rest.splitn(7, '.').collect::<Vec<_>>()[..] else {
+                return Err(bad());
+            };
+            return Ok(Cursor::History {
+                span: Span { floor: n(floor)?, until: n(until)? },
+                partition: p.parse().map_err(|_| bad())?,
+                period: period.to_string(),
+                channel: channel.parse().map_err(|_| bad())?,
+                bucket: bucket.parse().map_err(|_| bad())?,
+                skip: skip.parse().map_err(|_| bad())?,
+            });
         }
         let rest = s.strip_prefix("s.").ok_or_else(bad)?;
         let [floor, until, p, scan, skip] = rest.split('.').collect::<Vec<_>>()[..] else { return Err(bad()) };
@@ -183,6 +194,9 @@ impl Cursor {
             Cursor::Newest { span, ms, id } => format!("n.{}.{}.{ms}.{id}", span.floor, span.until),
             Cursor::Scan { span, partition, scan, skip } => {
                 format!("s.{}.{}.{partition}.{scan}.{skip}", span.floor, span.until)
+            }
+            Cursor::History { span, partition, period, channel, bucket, skip } => {
+                format!("h.{}.{}.{partition}.{channel}.{bucket}.{skip}.{period}", span.floor, span.until)
             }
         }
     }
@@ -220,35 +234,30 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
         }
         at = Cursor::Scan { span, partition: partitions[0], scan: 0, skip: 0 };
     }
-    let Cursor::Scan { span, partition: first, mut scan, mut skip } = at else { unreachable!("past the newest") };
-    let part = |f: &Option<String>| f.as_deref().map_or("*".to_string(), glob_literal);
-    let id_pattern = format!("{}:{}:{}:*", part(&filter.campaign), part(&filter.period), part(&filter.subscriber));
-    for &p in partitions.iter().filter(|&&p| p >= first) {
-        if p != first {
-            (scan, skip) = (0, 0);
-        }
-        let pattern = keys.delivery(p, &id_pattern);
-        loop {
-            let cmd = redis::cmd("SCAN").arg(scan).arg("MATCH").arg(&pattern).arg("COUNT").arg(SCAN_COUNT).clone();
-            let (next, found): (u64, Vec<String>) = conn.on_node_of(&keys.stream(p), &cmd).await?;
-            let refs: Vec<DeliveryRef> =
-                found.iter().filter_map(|k| k.split_once(":d:").and_then(|(_, id)| DeliveryRef::parse(id))).collect();
-            let matched = read_rows(&mut conn, store, p, refs, filter, span).await?;
-            for (i, r) in matched.into_iter().flatten().enumerate().skip(skip) {
-                if rows.len() == filter.limit {
-                    let next = Cursor::Scan { span, partition: p, scan, skip: i };
-                    return Ok(Page { rows, next: Some(next.render()) });
-                }
-                rows.push(r);
-            }
-            skip = 0;
-            if next == 0 {
-                break;
-            }
-            scan = next;
+    scan::page(&mut conn, store, &partitions, filter, at, rows).await
+}
+
+/// What delivery `d` keeps, as a record's fields: its record, or its compact entry in the
+/// settled history (empty: neither).
+pub async fn kept(store: &Store, d: &DeliveryRef) -> anyhow::Result<BTreeMap<String, String>> {
+    let p = store.keys.partition_of(d.home());
+    let mut conn = store.conn().await?;
+    Ok(fields_of(&mut conn, store, p, std::slice::from_ref(d)).await?.pop().unwrap_or_default())
+}
+
+/// Every row `filter` wants, all pages of it (`filter.limit` rows a page): for reports
+/// and tests over a whole period.
+pub async fn every(store: &Store, filter: &Filter) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let mut cursor = None;
+    loop {
+        let page = page(store, filter, cursor.as_deref()).await?;
+        rows.extend(page.rows);
+        match page.next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(rows),
         }
     }
-    Ok(Page { rows, next: None })
 }
 
 /// The rows of `refs` (deliveries of partition `p`) that `filter` wants, aligned with
@@ -262,14 +271,51 @@ async fn read_rows(
     filter: &Filter,
     span: Span,
 ) -> anyhow::Result<Vec<Option<Row>>> {
+    let fields = fields_of(conn, store, p, &refs).await?;
+    rows_of(conn, store, p, refs.into_iter().zip(fields).collect(), filter, span).await
+}
+
+/// What each of `refs` (deliveries of partition `p`) keeps, as a record's fields: its
+/// record, or its compact entry in the settled history (empty: neither, it expired).
+async fn fields_of(
+    conn: &mut crate::db::Conn,
+    store: &Store,
+    p: u16,
+    refs: &[DeliveryRef],
+) -> anyhow::Result<Vec<BTreeMap<String, String>>> {
     if refs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for d in refs {
+        pipe.cmd("HGETALL").arg(store.keys.delivery(p, &d.id()));
+    }
+    let mut fields: Vec<BTreeMap<String, String>> = pipe.query_async(conn).await?;
+    let gone: Vec<usize> = (0..refs.len()).filter(|&i| fields[i].is_empty()).collect();
+    let compact: Vec<DeliveryRef> = gone.iter().map(|&i| refs[i].clone()).collect();
+    for (i, entry) in gone.into_iter().zip(history::lookup(conn, &store.keys, p, &compact).await?) {
+        fields[i] = entry.map(|e| e.fields()).unwrap_or_default();
+    }
+    Ok(fields)
+}
+
+/// The rows of `items` (deliveries of partition `p` with what they keep) that `filter`
+/// wants, aligned with them; see [`read_rows`].
+async fn rows_of(
+    conn: &mut crate::db::Conn,
+    store: &Store,
+    p: u16,
+    items: Vec<(DeliveryRef, BTreeMap<String, String>)>,
+    filter: &Filter,
+    span: Span,
+) -> anyhow::Result<Vec<Option<Row>>> {
+    if items.is_empty() {
         return Ok(Vec::new());
     }
     // Whether each was shown newest first is asked only when something was.
     let asks_index = span != Span::NONE;
     let mut pipe = redis::pipe();
-    for d in &refs {
-        pipe.cmd("HGETALL").arg(store.keys.delivery(p, &d.id()));
+    for (d, _) in &items {
         pipe.cmd("HGET").arg(store.keys.subscriber(p, &d.subscriber)).arg("email");
         if asks_index {
             pipe.cmd("ZSCORE").arg(store.keys.recent(p)).arg(d.id());
@@ -278,12 +324,11 @@ async fn read_rows(
     let replies: Vec<redis::Value> = pipe.query_async(conn).await?;
     let mut out = Vec::new();
     let mut sealed_into = Vec::new();
-    for (d, reply) in refs.into_iter().zip(replies.chunks(if asks_index { 3 } else { 2 })) {
-        let fields: BTreeMap<String, String> = redis::from_redis_value_ref(&reply[0]).unwrap_or_default();
-        let registered: Option<String> = redis::from_redis_value_ref(&reply[1]).ok().flatten();
-        let indexed: Option<f64> = reply.get(2).and_then(|v| redis::from_redis_value_ref(v).ok().flatten());
+    for ((d, fields), reply) in items.into_iter().zip(replies.chunks(if asks_index { 2 } else { 1 })) {
+        let registered: Option<String> = redis::from_redis_value_ref(&reply[0]).ok().flatten();
+        let indexed: Option<f64> = reply.get(1).and_then(|v| redis::from_redis_value_ref(v).ok().flatten());
         let shown = indexed.is_some_and(|ms| span.holds(ms));
-        // An empty record expired between finding and reading it.
+        // Nothing kept: it expired between finding and reading it.
         let r = (!fields.is_empty() && !shown)
             .then(|| row(d, &fields, inline_to(&fields).or(registered).as_deref()))
             .filter(|r| wanted(filter, &fields, r));
@@ -341,8 +386,7 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     let d = DeliveryRef::parse(id).ok_or_else(|| anyhow::anyhow!("not a delivery id: {id:?}"))?;
     let p = store.keys.partition_of(d.home());
     let mut conn = store.conn().await?;
-    let mut fields: BTreeMap<String, String> =
-        redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await?;
+    let mut fields = fields_of(&mut conn, store, p, std::slice::from_ref(&d)).await?.pop().unwrap_or_default();
     if fields.is_empty() {
         return Ok(None);
     }
@@ -470,7 +514,7 @@ mod tests {
     fn addresses_are_masked_and_filters_are_literal() {
         assert_eq!(mask("ann@acme.example"), "a***@acme.example");
         assert_eq!(mask("broken"), "***");
-        assert_eq!(glob_literal("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+        assert_eq!(scan::glob_literal("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
 
     #[test]
@@ -493,7 +537,10 @@ mod tests {
         assert_eq!(Cursor::parse(&c.render()).unwrap(), c);
         let n = Cursor::Newest { span: Span::NONE, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
         assert_eq!(Cursor::parse(&n.render()).unwrap(), n);
-        for bad in ["3-x-1", "", "s.1.2.3.4", "n.1.2.3.not-an-id", "s.1.2.x.3.4"] {
+        let channel = crate::work::Channel::App;
+        let h = Cursor::History { span, partition: 1, period: "c.1:2026-W48".into(), channel, bucket: 9, skip: 3 };
+        assert_eq!(Cursor::parse(&h.render()).unwrap(), h);
+        for bad in ["3-x-1", "", "s.1.2.3.4", "n.1.2.3.not-an-id", "s.1.2.x.3.4", "h.1.2.3.fax.1.0.c:p", "h.1.2.3"] {
             assert!(Cursor::parse(bad).is_err(), "{bad}");
         }
         let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").unwrap().with_timezone(&Utc);

@@ -28,7 +28,7 @@ const INLINE: &str = "-";
 /// One transactional item as checked: exactly one recipient, exactly one kind of
 /// content. Stored as JSON in the delivery record (`request`) and read back by the
 /// consumer.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Request {
     /// Not stored (it is the delivery id's last part).
@@ -133,6 +133,14 @@ impl Request {
     }
 
     /// The request as the delivery record keeps it, and its hash (a replay must match).
+    /// What its application event keeps of it: the template and the names of its data
+    /// fields (never a value, never an address), as a request's JSON.
+    pub fn for_event(&self) -> String {
+        let names = self.data.as_ref().map(|d| d.keys().map(|k| (k.clone(), serde_json::Value::Null)).collect());
+        let event = Request { template: self.template.clone(), data: names, ..Request::default() };
+        serde_json::to_string(&event).expect("a request serializes")
+    }
+
     pub fn stored(&self) -> (String, String) {
         let json = serde_json::to_string(self).expect("a request serializes");
         let mut hash = Sha256::new();
@@ -176,7 +184,8 @@ impl ItemResult {
 
 /// A valid item as ingest.lua takes it: its index, delivery, stored request, the
 /// request's hash, and whether its template lists the application channel.
-type Stored = (usize, DeliveryRef, String, String, bool);
+/// An item to enqueue: its index, delivery, request, hash, and its event's request if any.
+type Stored = (usize, DeliveryRef, String, String, Option<String>);
 
 /// Checks `items` and enqueues the valid ones; one result per item, in order.
 pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Value>) -> anyhow::Result<Vec<ItemResult>> {
@@ -201,7 +210,8 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
             .as_ref()
             .and_then(|t| config.templates.get(t))
             .is_some_and(|t| t.channels.contains(&Channel::App));
-        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, app));
+        let event = app.then(|| r.for_event());
+        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, event));
     }
     let mut conn = store.waited_conn().await?;
     let retention = config.retention().as_secs();
@@ -209,7 +219,7 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
         for chunk in list.chunks(500) {
             let calls: Vec<IngestItem<'_>> = chunk
                 .iter()
-                .map(|(_, d, request, hash, app)| IngestItem { delivery: d, hash, request, app: *app })
+                .map(|(_, d, request, hash, event)| IngestItem { delivery: d, hash, request, event: event.as_deref() })
                 .collect();
             let done = scripts::ingest(&mut conn, keys, *p, &calls, retention).await?;
             for ((index, ..), ingested) in chunk.iter().zip(done) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
+use mailstream::db::history;
 use mailstream::db::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, Settlement, Settler, Verdict};
 use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::outcome::{Failpoint, Reason};
@@ -328,10 +329,21 @@ async fn records_do_not_expire_while_unsettled_and_a_lost_one_is_a_dead_letter()
     let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].delivery.as_str(), dead[0].error.as_str()), (lost.id().as_str(), "record_lost"));
-    for (d, _) in deliveries(&world.store).await {
-        let ttl: i64 =
-            redis::cmd("TTL").arg(world.store.keys.delivery(0, &d.id())).query_async(&mut conn).await.unwrap();
-        assert!(ttl > 0, "settled records expire after the retention");
+    // The failed one keeps its record, the sent ones their entries in the period's
+    // settled history: each expires after the retention.
+    let all = deliveries(&world.store).await;
+    assert_eq!(all.len(), 20);
+    let keys = &world.store.keys;
+    let mut c = world.store.conn().await.unwrap();
+    for (d, fields) in all {
+        let key = if fields["state"] == "failed" {
+            keys.delivery(0, &d.id())
+        } else {
+            let n = history::buckets(&mut c, keys, 0, &d.campaign, &d.period, d.channel).await.unwrap().unwrap();
+            history::bucket_of(keys, 0, &d, n)
+        };
+        let ttl: i64 = redis::cmd("TTL").arg(&key).query_async(&mut conn).await.unwrap();
+        assert!(ttl > 0, "{key} expires after the retention");
     }
 }
 
@@ -467,4 +479,90 @@ async fn a_consumer_is_forgotten_only_when_idle_with_nothing_pending() {
         !scripts::forget_consumer(&mut conn, keys, 0, Lane::Digest, "mailstream", "old", 10).await.unwrap(),
         "gone"
     );
+}
+
+/// A delivery settled sent keeps no record, only its period's settled history, and
+/// everything that asks about it reads the history: enqueued again after the send it is a
+/// duplicate; a stale stream entry of it is acknowledged, not taken for a lost record;
+/// the delivery log and the dry run still show it sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_sent_and_kept_compactly_is_never_enqueued_again() {
+    let mut world = World::with(Default::default(), one_partition).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(30).await;
+    world.kick().await;
+    let daemon = world.daemon();
+    assert_eq!(world.settled(SETTLE).await.sent, 30);
+    daemon.stop().await;
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let records: Vec<String> = redis::cmd("KEYS").arg("mailstream:*:d:*").query_async(&mut conn).await.unwrap();
+    assert!(records.is_empty(), "a sent delivery keeps no record: {records:?}");
+
+    // Enqueued again, straight through enqueue.lua: every one is a duplicate.
+    let refs: Vec<_> = subs.iter().map(delivery_of).collect();
+    let added = scripts::enqueue(&mut conn, keys, 0, &refs, world.config.retention().as_secs()).await.unwrap();
+    assert!(added.iter().all(|new| !new), "{added:?}");
+    assert_eq!((world.counts().await.enqueued, world.counts().await.duplicates), (30, 30));
+    let dry = mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    assert_eq!((dry.new, dry.already_enqueued), (0, 30));
+
+    // A stale entry of a sent delivery (a reclaim that raced its holder): acknowledged.
+    let stale = delivery_of(&subs[7]);
+    let _: String = redis::cmd("XADD")
+        .arg(keys.stream(0))
+        .arg("*")
+        .arg("delivery")
+        .arg(stale.id())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let daemon = world.daemon();
+    let group = world.config.redis.group.clone();
+    let drained = eventually(SETTLE, || {
+        let (store, group) = (world.store.clone(), group.clone());
+        async move {
+            let mut c = store.conn().await.ok()?;
+            let groups: Vec<std::collections::HashMap<String, redis::Value>> =
+                redis::cmd("XINFO").arg("GROUPS").arg(store.keys.stream(0)).query_async(&mut c).await.ok()?;
+            let g = groups.iter().find(|g| {
+                g.get("name").is_some_and(|n| redis::from_redis_value_ref::<String>(n).ok() == Some(group.clone()))
+            })?;
+            let number = |k: &str| g.get(k).and_then(|v| redis::from_redis_value_ref::<i64>(v).ok());
+            (number("lag") == Some(0) && number("pending") == Some(0)).then_some(())
+        }
+    })
+    .await;
+    daemon.stop().await;
+    assert!(drained.is_some(), "the stale entry was read and acknowledged");
+    let counts = world.counts().await;
+    assert_eq!((counts.sent, counts.failed), (30, 0), "{counts:?}");
+    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
+    assert!(dead.is_empty(), "no record_lost dead letter: {dead:?}");
+    assert_eq!(emulator.stats().emails_accepted, 30);
+
+    // The log reads the history: each delivery, sent, with its provider id.
+    let found = mailstream::deliveries::get(&world.store, &stale.id()).await.unwrap().expect("in the log");
+    assert_eq!(found.row.status, "sent");
+    assert!(found.row.provider_id.is_some() && found.row.settled_at.is_some(), "{:?}", found.row);
+    let filter = mailstream::deliveries::Filter { period: Some(PERIOD.into()), limit: 7, ..Default::default() };
+    let rows = mailstream::deliveries::every(&world.store, &filter).await.unwrap();
+    assert_eq!(rows.len(), 30, "every one, once, over five pages");
+    assert!(rows.iter().all(|r| r.status == "sent" && r.provider_id.is_some()));
+    let distinct: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(distinct.len(), 30);
+    // Past the newest-first index (gone here), page by page through the history's buckets.
+    let _: () = redis::cmd("DEL").arg(keys.recent(0)).query_async(&mut conn).await.unwrap();
+    let again = mailstream::deliveries::every(&world.store, &filter).await.unwrap();
+    let ids = |rows: &[mailstream::deliveries::Row]| {
+        let mut ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(ids(&again), ids(&rows));
+    let first = mailstream::deliveries::page(&world.store, &filter, None).await.unwrap();
+    assert!(first.next.as_deref().is_some_and(|c| c.starts_with("h.")), "{:?}", first.next);
+    let one = mailstream::deliveries::Filter { subscriber: Some(subs[7].id.clone()), ..filter };
+    let mine = mailstream::deliveries::every(&world.store, &one).await.unwrap();
+    assert_eq!(ids(&mine), vec![stale.id()], "a subscriber's one bucket");
 }

@@ -13,8 +13,10 @@ use crate::work::{Channel, DeliveryRef, Lane};
 /// partitions could share a request (since retired: this version cannot send one);
 /// 5: one partition's batch per request, and every partition keeps the suppressed
 /// addresses its last gate reads; 6: deliveries of other channels than email, each
-/// with its own stream, due set and counts; an email delivery's keys are as in 5).
-pub(crate) const LAYOUT: u32 = 6;
+/// with its own stream, due set and counts; an email delivery's keys are as in 5;
+/// 7: a delivery settled sent or skipped keeps a compact entry in its period's settled
+/// history instead of its record, which the dedup reads too).
+pub(crate) const LAYOUT: u32 = 7;
 
 /// The layout that also needs the audience index built (`subscribers::build_audience`)
 /// on its way to [`LAYOUT`].
@@ -25,7 +27,7 @@ pub(crate) const AUDIENCE_LAYOUT: u32 = 2;
 pub(crate) const SHARED_TAIL_LAYOUT: u32 = 4;
 
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
-pub(crate) const UPGRADABLE_LAYOUTS: [u32; 4] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT, 5];
+pub(crate) const UPGRADABLE_LAYOUTS: [u32; 5] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT, 5, 6];
 
 /// How many settlements each partition's `recent` index keeps (`RECENT_KEEP` in
 /// lua/prelude.lua: a test holds them together).
@@ -262,6 +264,16 @@ impl Keys {
     /// (their lease expiry, or their retry due time), in Redis-clock milliseconds.
     pub fn batches(&self, p: u16) -> String {
         self.tagged(p, "batches")
+    }
+
+    /// Hash: bucket `n` of a campaign period's settled history on `channel` (email's
+    /// `settled:<campaign>:<period>:<n>`, another channel's adds `:<channel>` before the
+    /// bucket), one field per delivery settled sent or skipped (`db::history`).
+    pub fn settled(&self, p: u16, campaign: &str, period: &str, channel: Channel, n: u32) -> String {
+        match channel {
+            Channel::Email => self.tagged(p, &format!("settled:{campaign}:{period}:{n}")),
+            other => self.tagged(p, &format!("settled:{campaign}:{period}:{other}:{n}")),
+        }
     }
 
     /// Sorted set: the ids of this partition's newest settled deliveries (at most 10,000,

@@ -7,6 +7,7 @@
 
 pub mod conn;
 mod counts;
+pub mod history;
 pub mod keys;
 pub mod scripts;
 pub mod streams;
@@ -321,6 +322,12 @@ impl Store {
                 "{meta} says this deployment uses key layout {SHARED_TAIL_LAYOUT}, whose batches may share a request, \
                  which this version cannot send; stop kicks and ingest, let a layout-4 mailstream settle what it \
                  holds, stop every instance, run `mailstream upgrade` once, then start this version"
+            ),
+            (Some(6), _) => bail!(
+                "{meta} says this deployment uses key layout 6, whose settled deliveries keep their whole record \
+                 and whose dedup does not read the settled history; stop every instance, run `mailstream \
+                 upgrade` once (it records the layout; records settled before it are read as they are until they \
+                 expire), then start this version"
             ),
             (Some(5), _) => bail!(
                 "{meta} says this deployment uses key layout 5, from before deliveries of channels other than \

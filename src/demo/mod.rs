@@ -309,6 +309,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     // Receipts through the transactional lane, spread over the digest's expected run.
     let every = Duration::from_secs_f64((expected / (TRANSACTIONAL_SENDS + 2) as f64).max(0.05));
     let mut receipts = 0u64;
+    let mut posted: Vec<(String, i64)> = Vec::new();
     loop {
         counts = store.counts(&campaign.name, &period).await?;
         let digest_done = counts.settled() >= counts.enqueued
@@ -320,6 +321,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
                 "subject": "Your receipt",
                 "text": "Thank you for your order.",
             });
+            posted.push((format!("demo-receipt-{receipts}"), store.time().await?.timestamp_millis()));
             crate::ingest::enqueue(&store, &config, vec![item]).await?;
             receipts += 1;
         }
@@ -365,8 +367,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
         }
         None => None,
     };
-    let keys: Vec<String> = (0..receipts).map(|i| format!("demo-receipt-{i}")).collect();
-    let transactional = transactional_latencies(&store, &tx_day, &keys).await?;
+    let transactional = transactional_latencies(&store, &tx_day, &posted).await?;
     if opts.redis_url.is_some() {
         // Someone else's Redis: take the demo's keys (addresses included) away again.
         let removed = store.delete_all().await?;
@@ -404,29 +405,27 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     Ok(report)
 }
 
-/// Transactional sends to inline addresses enqueued on `day` under `keys`: how many
-/// were sent, and their enqueue → accepted latencies, from their records.
-pub async fn transactional_latencies(store: &Store, day: &str, keys: &[String]) -> anyhow::Result<Transactional> {
-    let mut conn = store.conn().await?;
+/// Transactional sends to inline addresses enqueued on `day` under these keys, each with
+/// when it was posted (Redis-clock ms, read just before): how many were sent, and their
+/// post → accepted latencies (to when each settled, as the delivery log reads it).
+pub async fn transactional_latencies(
+    store: &Store,
+    day: &str,
+    posted: &[(String, i64)],
+) -> anyhow::Result<Transactional> {
     let mut latencies = Vec::new();
-    for k in keys {
+    for (k, from) in posted {
         let d = crate::work::DeliveryRef::new(crate::work::TRANSACTIONAL, day, "-", k);
-        let key = store.keys.delivery(store.keys.partition_of(d.home()), &d.id());
-        let (state, enqueued_ms, settled_ms): (Option<String>, Option<u64>, Option<u64>) = redis::cmd("HMGET")
-            .arg(key)
-            .arg("state")
-            .arg("enqueued_ms")
-            .arg("settled_ms")
-            .query_async(&mut conn)
-            .await?;
-        if let (Some("sent"), Some(from), Some(to)) = (state.as_deref(), enqueued_ms, settled_ms) {
-            latencies.push(to.saturating_sub(from));
+        let Some(found) = crate::deliveries::get(store, &d.id()).await? else { continue };
+        let to = found.fields.get("settled_ms").and_then(|ms| ms.parse::<i64>().ok());
+        if let (true, Some(to)) = (found.row.status == "sent", to) {
+            latencies.push(to.saturating_sub(*from).max(0) as u64);
         }
     }
     latencies.sort_unstable();
     let at = |q: f64| latencies.get(((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)).copied();
     Ok(Transactional {
-        enqueued: keys.len() as u64,
+        enqueued: posted.len() as u64,
         sent: latencies.len() as u64,
         p50_latency_ms: at(0.5).unwrap_or(0),
         p99_latency_ms: at(0.99).unwrap_or(0),

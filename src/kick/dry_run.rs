@@ -109,7 +109,14 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
                 for (d, _) in &wanted {
                     pipe.cmd("EXISTS").arg(store.keys.delivery(p, &d.id()));
                 }
-                let exists: Vec<bool> = pipe.query_async(&mut conn).await?;
+                let mut exists: Vec<bool> = pipe.query_async(&mut conn).await?;
+                // Settled sent or skipped: kept compactly, without a record.
+                let recordless: Vec<usize> = (0..wanted.len()).filter(|&i| !exists[i]).collect();
+                let refs: Vec<DeliveryRef> = recordless.iter().map(|&i| wanted[i].0.clone()).collect();
+                let kept = crate::db::history::lookup(&mut conn, &store.keys, p, &refs).await?;
+                for (i, entry) in recordless.into_iter().zip(kept) {
+                    exists[i] = entry.is_some();
+                }
                 for ((_, release), exists) in wanted.iter().zip(exists) {
                     if exists {
                         out.already_enqueued += 1;

@@ -3,7 +3,8 @@
 //! nothing changes); a verified body that is not JSON is 400; every verified
 //! event is 200, unknown types included (counted, ignored). Each effect happens
 //! once per event id (SET NX in the same script as the effect): an event about a
-//! delivery is written on its record; a permanent bounce, a complaint or the
+//! delivery is counted in the hour's tally and written on its record while it keeps
+//! one (a delivery settled sent keeps a compact entry instead); a permanent bounce, a complaint or the
 //! provider's suppression suppresses the address (cascading to its
 //! subscribers); transient bounces are counted. A Redis failure is 500, so the
 //! sender retries.
@@ -189,7 +190,7 @@ impl Webhooks {
             // and are made durable by one fsync (no WAIT follows on it).
             let mut conn = self.store.shared().await?;
             let wrote = scripts::event(&mut conn, &self.store.keys, d, id, event.kind.as_str(), ttl).await?;
-            duplicate &= wrote != scripts::EventWrite::Written;
+            duplicate &= wrote == scripts::EventWrite::Repeat;
         }
         if let Some(act) = event.act {
             for to in &event.to {

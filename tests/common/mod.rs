@@ -245,18 +245,19 @@ where
     }
 }
 
-/// A delivery record's fields (`id` is `campaign:period:subscriber:target`).
+/// What a delivery keeps (`id` is `campaign:period:subscriber:target`), as a record's
+/// fields: its record, or its compact entry in the settled history.
 pub async fn delivery(store: &Store, id: &str) -> std::collections::HashMap<String, String> {
-    let mut conn = store.conn().await.unwrap();
     let d = mailstream::work::DeliveryRef::parse(id).expect("a delivery id");
-    let p = store.keys.partition_of(d.home());
-    redis::cmd("HGETALL").arg(store.keys.delivery(p, id)).query_async(&mut conn).await.unwrap()
+    mailstream::deliveries::kept(store, &d).await.unwrap().into_iter().collect()
 }
 
-/// Every delivery enqueued with its record.
+/// Every delivery enqueued, with what it keeps: the records, then the settled history's
+/// entries (as a record's fields).
 pub async fn deliveries(
     store: &Store,
 ) -> Vec<(mailstream::work::DeliveryRef, std::collections::HashMap<String, String>)> {
+    use mailstream::work::{Channel, DeliveryRef};
     let mut conn = store.conn().await.unwrap();
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
@@ -265,7 +266,22 @@ pub async fn deliveries(
             let fields: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap();
             let id = key.split_once(":d:").unwrap().1;
-            out.push((mailstream::work::DeliveryRef::parse(id).unwrap(), fields));
+            out.push((DeliveryRef::parse(id).unwrap(), fields));
+        }
+        // `settled:<campaign>:<period>[:<channel>]:<n>`
+        let pattern = format!("{}:{{{p}}}:settled:*", store.keys.prefix());
+        for key in store.scan(&pattern).await.unwrap() {
+            let name = key.split_once("}:settled:").unwrap().1;
+            let parts: Vec<&str> = name.split(':').collect();
+            let channel = if parts.len() == 4 { parts[2].parse().unwrap() } else { Channel::Email };
+            let entries: std::collections::HashMap<String, String> =
+                redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap();
+            for (field, text) in entries {
+                let (subscriber, target) = field.split_once(':').unwrap();
+                let d = DeliveryRef::new(parts[0], parts[1], subscriber, target).on(channel);
+                let entry = mailstream::db::history::Entry::parse(&text).expect("a compact entry");
+                out.push((d, entry.fields().into_iter().collect()));
+            }
         }
     }
     out

@@ -20,8 +20,9 @@ use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 /// The mutants the bound must catch (the three named ones, a WAIT answered by
 /// another node, which the redis crate's cluster client could do after a failover, a
 /// sender fallback after a request that may have been sent, and, on the channel's bound,
-/// an application event whose body is written anew or not waited for).
-const REQUIRED: [Mutant; 7] = [
+/// an application event whose body is written anew or not waited for, and, on the settled
+/// history's bound, a kick whose dedup does not read the history).
+const REQUIRED: [Mutant; 8] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
@@ -29,6 +30,7 @@ const REQUIRED: [Mutant; 7] = [
     Mutant::FallbackAfterMaybeSent,
     Mutant::AppBodyRewritten,
     Mutant::AppBodyNotWaited,
+    Mutant::KickForgetsSettledHistory,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
@@ -105,9 +107,34 @@ fn channel_bound(mutant: Option<Mutant>) -> Protocol {
     }
 }
 
-/// The bound a mutant is checked on: the channel's for the channel's mutants.
+/// The settled history's bound: one subscriber's email and application event, kicked
+/// twice (the second kick may come after either settled compactly), one holder, one
+/// partition, no trouble.
+fn history_bound(mutant: Option<Mutant>) -> Protocol {
+    let mut m = channel_bound(mutant);
+    m.budget = Budget {
+        kicks: 2,
+        crashes: 0,
+        stalls: 0,
+        failovers: 0,
+        unsubscribes: 0,
+        suppressions: 0,
+        failures: 0,
+        wait_failures: 0,
+        windows: 0,
+        pauses: 0,
+    };
+    m
+}
+
+/// The bound a mutant is checked on: the channel's for the channel's mutants, the
+/// settled history's for its own.
 fn bound_for(mutant: Mutant) -> Protocol {
-    if mutant.is_channel() { channel_bound(Some(mutant)) } else { ci_bound(Some(mutant)) }
+    match mutant {
+        Mutant::KickForgetsSettledHistory => history_bound(Some(mutant)),
+        m if m.is_channel() => channel_bound(Some(mutant)),
+        _ => ci_bound(Some(mutant)),
+    }
 }
 
 /// A larger bound, explored by random simulation: a campaign delivery to its registry
@@ -312,6 +339,14 @@ fn main() -> ExitCode {
     for (property, steps) in &channel.failures {
         print_trace("the application channel", property, steps);
     }
+    let history = check(history_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the settled history's bound, exhaustive)",
+        history.states, history.depth, history.seconds
+    );
+    for (property, steps) in &history.failures {
+        print_trace("the settled history", property, steps);
+    }
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
         let run = check_mutant(bound_for(mutant));
@@ -361,6 +396,7 @@ fn main() -> ExitCode {
             "seconds": base.seconds,
             "channel_states": channel.states,
             "channel_seconds": channel.seconds,
+            "history_states": history.states,
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
@@ -376,7 +412,7 @@ fn main() -> ExitCode {
     let larger_ok = larger_report
         .as_ref()
         .is_none_or(|r| r["properties"].as_object().is_some_and(|p| p.values().all(|v| v == true)));
-    let bounds_hold = base.failures.is_empty() && channel.failures.is_empty();
+    let bounds_hold = base.failures.is_empty() && channel.failures.is_empty() && history.failures.is_empty();
     if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {

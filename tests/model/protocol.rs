@@ -137,10 +137,14 @@ pub enum Mutant {
     /// app.rs: the event's body is not WAITed for before the request, so a failover may
     /// take it back and the next holder post the id with another body.
     AppBodyNotWaited,
+    /// enqueue.lua: the dedup reads the delivery's record only, not its period's settled
+    /// history, so a kick after a delivery was settled sent (its record gone for its
+    /// compact entry) enqueues it again.
+    KickForgetsSettledHistory,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 16] = [
+    pub const ALL: [Mutant; 17] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -157,6 +161,7 @@ impl Mutant {
         Mutant::FallbackAfterMaybeSent,
         Mutant::AppBodyRewritten,
         Mutant::AppBodyNotWaited,
+        Mutant::KickForgetsSettledHistory,
     ];
 
     /// Whether it is about the application channel (checked on the channel's bound).
@@ -182,11 +187,15 @@ impl Mutant {
             Mutant::FallbackAfterMaybeSent => "fallback_after_maybe_sent",
             Mutant::AppBodyRewritten => "app_body_rewritten",
             Mutant::AppBodyNotWaited => "app_body_not_waited",
+            Mutant::KickForgetsSettledHistory => "kick_forgets_settled_history",
         }
     }
 }
 
-/// A delivery record's state (`d:<id>` `state`, with `lease_owner` or `batch`).
+/// A delivery record's state (`d:<id>` `state`, with `lease_owner` or `batch`). A
+/// delivery settled sent or skipped keeps its period's settled-history entry instead of
+/// its record (key layout 7): `Sent` and `Skipped` stand for that entry, which holds no
+/// event body and which the kick's dedup reads as it reads a record.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Rec {
     Absent,
@@ -805,7 +814,9 @@ impl Model for Protocol {
                 // key) and XADD, one step for every channel of the key; then WAIT before the
                 // kick (or the ingest API) says it is enqueued.
                 for e in std::iter::once(d).chain(self.deliveries[usize::from(d)].sibling) {
-                    if node.live.recs[usize::from(e)] == Rec::Absent {
+                    let forgotten = self.on(Mutant::KickForgetsSettledHistory)
+                        && matches!(node.live.recs[usize::from(e)], Rec::Sent | Rec::Skipped);
+                    if node.live.recs[usize::from(e)] == Rec::Absent || forgotten {
                         node.live.recs[usize::from(e)] = Rec::Pending;
                         node.live.unacked |= bit(e);
                     }
@@ -883,7 +894,11 @@ impl Model for Protocol {
                 // Only what this holder still holds changes.
                 if live.recs[usize::from(d)] == Rec::Processing(h) {
                     match answer.expect("answered") {
-                        AppAnswer::Taken => live.recs[usize::from(d)] = Rec::Sent,
+                        AppAnswer::Taken => {
+                            // decide.lua settles it compactly: the record, body and all, goes.
+                            live.recs[usize::from(d)] = Rec::Sent;
+                            live.app_body[usize::from(d)] = 0;
+                        }
                         AppAnswer::Gone => live.recs[usize::from(d)] = Rec::Failed,
                         // defer.lua: pending again, due later (a fresh entry then).
                         AppAnswer::Again | AppAnswer::TakenAnswerLost => {

@@ -11,7 +11,9 @@
 //! batch's `sealed_ms` moved there. The production scripts are run unchanged. `WAIT`,
 //! failovers and lost writes need more than one server: they stay model-only here. The
 //! projection reads only what the model holds: counts, `sends` and the delivery log's
-//! `recent` index are written by the scripts as in production and left unread.
+//! `recent` index are written by the scripts as in production and left unread; a
+//! delivery settled sent or skipped is read from its period's settled history, where the
+//! scripts keep it instead of its record.
 
 use std::collections::BTreeMap;
 
@@ -223,7 +225,7 @@ impl Walker {
                         scripts::enqueue(conn, keys, p, &both, RETENTION).await?;
                     }
                     Lane::Transactional => {
-                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}", app: false };
+                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}", event: None };
                         scripts::ingest(conn, keys, p, &[item], RETENTION).await?;
                     }
                 }
@@ -761,6 +763,18 @@ impl Walker {
             });
         }
         data.batches.sort_by_key(|b| b.id);
+        // A delivery without a record may be settled compactly: its period's settled history.
+        let recordless: Vec<usize> = mine.iter().copied().filter(|&d| data.recs[d] == Rec::Absent).collect();
+        let refs: Vec<DeliveryRef> = recordless.iter().map(|&d| self.names.deliveries[d].clone()).collect();
+        let kept = mailstream::db::history::lookup(conn, keys, p, &refs).await?;
+        for (d, entry) in recordless.into_iter().zip(kept) {
+            data.recs[d] = match entry.as_ref().map(|e| e.state.as_str()) {
+                None => Rec::Absent,
+                Some("sent") => Rec::Sent,
+                Some("skipped") => Rec::Skipped,
+                Some(other) => anyhow::bail!("a compact entry in a state the model does not keep so: {other}"),
+            };
+        }
         Ok(data)
     }
 }

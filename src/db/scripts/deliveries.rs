@@ -63,7 +63,7 @@ pub(crate) async fn enqueue_ids(
     let prefix = keys.delivery(partition, "");
     let timed = items.iter().any(|(_, release_ms, _)| *release_ms > 0);
     let mut call = SCRIPTS.enqueue.prepare_invoke();
-    call.key(keys.periods(partition));
+    call.key(keys.periods(partition)).key(keys.audience(partition));
     // Every channel's stream, counts and due set, in the order of `Channel::ALL`.
     for channel in Channel::ALL {
         let lane = Lane::of(campaign, channel);
@@ -101,8 +101,9 @@ pub struct IngestItem<'a> {
     pub delivery: &'a DeliveryRef,
     pub hash: &'a str,
     pub request: &'a str,
-    /// Its template lists the application channel: its event is enqueued with it.
-    pub app: bool,
+    /// Its template lists the application channel: its event is enqueued with it, and its
+    /// record keeps this much of the request (`Request::for_event`).
+    pub event: Option<&'a str>,
 }
 
 /// What ingest.lua did with one item; each names the delivery of its idempotency key.
@@ -131,6 +132,7 @@ pub async fn ingest(
         .key(keys.periods(partition))
         .key(keys.lane_stream(partition, Lane::App))
         .key(keys.channel_counts(partition, campaign, period, Channel::App))
+        .key(keys.counts(partition, campaign, &day_before(period)))
         .arg(retention_secs)
         .arg(format!("{campaign}:{period}"));
     for item in items {
@@ -140,9 +142,17 @@ pub async fn ingest(
         call.key(keys.idempotency(partition, item.delivery.home()))
             .key(keys.delivery(partition, &id))
             .key(keys.delivery(partition, &event));
-        call.arg(id).arg(item.hash).arg(item.request).arg(if item.app { "1" } else { "0" });
+        call.arg(id).arg(item.hash).arg(item.request).arg(item.event.unwrap_or(""));
     }
     read_ingested(call.invoke_async(conn).await?)
+}
+
+/// The day before `day` (`%Y-%m-%d`, a transactional period); `day` itself if it is not one.
+fn day_before(day: &str) -> String {
+    chrono::NaiveDate::parse_from_str(day, "%Y-%m-%d")
+        .ok()
+        .and_then(|d| d.pred_opt())
+        .map_or_else(|| day.to_string(), |d| d.format("%Y-%m-%d").to_string())
 }
 
 /// ingest.lua's answer: per item, what it did and the delivery of its key.
@@ -418,6 +428,24 @@ pub async fn renew(
     }
     for b in batches {
         call.key(keys.batch(partition, b)).arg(*b);
+    }
+    call.invoke_async(conn).await
+}
+
+/// Writes `field` once on each delivery record of `items` (key, value) that still exists
+/// (note.lua); returns per item the field's value now, `None` where there is no record.
+pub async fn note(
+    conn: &mut impl ConnectionLike,
+    field: &str,
+    items: &[(String, &str)],
+) -> RedisResult<Vec<Option<String>>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut call = SCRIPTS.note.prepare_invoke();
+    call.arg(field);
+    for (key, value) in items {
+        call.key(key).arg(*value);
     }
     call.invoke_async(conn).await
 }

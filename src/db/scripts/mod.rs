@@ -50,7 +50,7 @@ macro_rules! scripts {
 
 scripts!(
     enqueue, ingest, defer, claim, seal, gate, take, reschedule, settle, decide, requeue, release, renew, pause,
-    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback,
+    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback, note,
 );
 
 /// The prelude every script of `lua/` is joined to (for a script run by another tool,

@@ -122,15 +122,19 @@ pub(super) fn read_cascade(changed: i64) -> RedisResult<Option<u64>> {
     }
 }
 
-/// What `event` did to a delivery.
+/// What `event` did with an event about a delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum EventWrite {
+    /// Counted, and written on the delivery's record.
     Written,
+    /// Counted; the delivery keeps no record (settled compactly, or expired).
+    Counted,
+    /// Seen before: nothing changed.
     Repeat,
-    NoDelivery,
 }
 
-/// Writes a provider event (`kind`, e.g. `delivered`) on a delivery once per event id.
+/// Counts a provider event (`kind`, e.g. `delivered`) about a delivery, and writes it on the
+/// delivery's record if it has one, once per event id.
 pub(crate) async fn event(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -176,8 +180,8 @@ pub async fn webhook_events_last_24h(store: &crate::db::Store) -> anyhow::Result
 pub(super) fn read_event(written: i64) -> RedisResult<EventWrite> {
     match written {
         1 => Ok(EventWrite::Written),
+        2 => Ok(EventWrite::Counted),
         0 => Ok(EventWrite::Repeat),
-        -1 => Ok(EventWrite::NoDelivery),
         other => Err(unexpected("event.lua", &other.to_string())),
     }
 }
