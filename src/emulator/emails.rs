@@ -74,7 +74,10 @@ enum Cursor {
 
 /// The accepted emails, oldest first, at most `capacity` of them.
 pub(crate) struct Emails {
-    sent: VecDeque<Sent>,
+    /// Boxed: growing the queue past a power of two moves pointers, not whole emails (a
+    /// stall of milliseconds at 65,536 emails held the emulator's lock, so the next
+    /// requests' heads were read late, stamped together, and one was refused 429).
+    sent: VecDeque<Box<Sent>>,
     /// The sequence number of `sent[0]`; each email's never changes, so an id maps to it.
     first: u64,
     by_id: HashMap<String, u64>,
@@ -89,7 +92,10 @@ impl Default for Emails {
 
 impl Emails {
     pub(crate) fn with_capacity(capacity: usize) -> Emails {
-        Emails { sent: VecDeque::new(), first: 0, by_id: HashMap::new(), capacity: capacity.max(1) }
+        // The id map at its full size from the start: growing, it rehashes under the
+        // emulator's lock (see `SENDS_PRESIZED`).
+        let by_id = HashMap::with_capacity(capacity.min(KEPT));
+        Emails { sent: VecDeque::new(), first: 0, by_id, capacity: capacity.max(1) }
     }
 
     /// Remembers an email accepted as `id` at `created_at`, whose fate (the events it
@@ -107,7 +113,7 @@ impl Emails {
             a => json!(a),
         };
         self.by_id.insert(id.to_string(), self.first + self.sent.len() as u64);
-        self.sent.push_back(Sent {
+        self.sent.push_back(Box::new(Sent {
             id: id.to_string(),
             created_at,
             from: field("from"),
@@ -121,7 +127,7 @@ impl Emails {
             tags: email.get("tags").cloned(),
             scheduled_at: field("scheduled_at"),
             last_event,
-        });
+        }));
     }
 
     /// Every email remembered, oldest first, as `GET /emails/{id}` shows it.
