@@ -12,7 +12,7 @@ end
 -- by the delivery log for its newest-first pages. Whoever settles adds the id; this keeps the
 -- newest RECENT_KEEP within the retention, and lets the key expire with the retention if
 -- nothing settles. Display only: nothing on the sending path reads it.
-local RECENT_KEEP = 10000
+local RECENT_KEEP = 1000
 local function keep_recent(key, now, retention)
   redis.call('ZREMRANGEBYRANK', key, 0, -RECENT_KEEP - 1)
   redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. (now - retention * 1000))

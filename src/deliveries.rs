@@ -1,6 +1,6 @@
 //! The delivery log: "who got what, and why not?" from what Redis already holds.
 //! Pages start with settled deliveries, newest first, from each partition's recent
-//! settlements (`recent`: the newest 10,000 ids of the partition, scored by when they
+//! settlements (`recent`: the newest 1,000 ids of the partition, scored by when they
 //! settled, written by the script that settles them; see `newest`). Past the oldest
 //! time every partition's index covers, the rest follows a partition at a time, in
 //! Redis's order (`scan`): first the deliveries that keep a record (unsettled, failed,

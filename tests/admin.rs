@@ -105,7 +105,7 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     assert!(settled.windows(2).all(|w| w[0] >= w[1]), "newest first: {settled:?}");
     assert!(all[60..].iter().all(|r| r.status == "pending") && all.len() == 114);
 
-    // One partition's index trimmed to its newest 10,000 (here: ids of records that
+    // One partition's index trimmed to its newest 1,000 (here: ids of records that
     // do not exist, newer than any real one): what the indexes no longer cover comes
     // from the scan, still once each.
     let mut conn = store.conn().await.unwrap();
@@ -114,7 +114,7 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let mut zadd = redis::cmd("ZADD");
     zadd.arg(&recent);
-    for i in 0..10_000 {
+    for i in 0..mailstream::db::keys::RECENT_KEEP as i64 {
         zadd.arg(later + i).arg(format!("gone:2026-W01:nobody:{i}"));
     }
     let _: () = zadd.query_async(&mut conn).await.unwrap();

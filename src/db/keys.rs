@@ -31,7 +31,7 @@ pub(crate) const UPGRADABLE_LAYOUTS: [u32; 5] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL
 
 /// How many settlements each partition's `recent` index keeps (`RECENT_KEEP` in
 /// lua/prelude.lua: a test holds them together).
-pub const RECENT_KEEP: usize = 10_000;
+pub const RECENT_KEEP: usize = 1_000;
 
 /// Builds key names for one deployment (one prefix, fixed partition count).
 #[derive(Debug, Clone)]
@@ -276,7 +276,7 @@ impl Keys {
         }
     }
 
-    /// Sorted set: the ids of this partition's newest settled deliveries (at most 10,000,
+    /// Sorted set: the ids of this partition's newest settled deliveries (at most 1,000,
     /// within the retention), scored by when they settled: the delivery log's newest-first
     /// pages. Written by whoever settles (settle, decide, the last gate's skips).
     pub fn recent(&self, p: u16) -> String {
