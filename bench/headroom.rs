@@ -322,6 +322,12 @@ async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
         eprintln!("{}", String::from_utf8_lossy(&report.stdout));
     }
     let stats = emulator.stats();
+    let seen = emulator.seen();
+    let refused: Vec<String> =
+        seen.iter().enumerate().filter(|(_, s)| s.status == 429).map(|(i, _)| format!("#{i}")).collect();
+    if !refused.is_empty() {
+        eprintln!("   rate-limited: request {} of {}", refused.join(", "), seen.len());
+    }
     let times: Vec<Instant> = emulator.send_times_matching("").into_values().flatten().collect();
     let window = match (times.iter().min(), times.iter().max()) {
         (Some(first), Some(last)) => (*last - *first).as_secs_f64() + 1.0 / f64::from(rps),

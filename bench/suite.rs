@@ -250,8 +250,8 @@ async fn run(quick: bool, sizes: &Sizes) -> anyhow::Result<Results> {
             eprintln!("== 6. scale: {n} deliveries, the emulator without a rate limit");
             let point = scale(&dir, n).await?;
             eprintln!(
-                "   {:.0} B per pending delivery, {:.0} B per settled one, {:.3} CPU s per 10k emails",
-                point.pending_bytes, point.settled_bytes, point.cpu_seconds_per_10k
+                "   {:.0} B per pending delivery, {:.0} B per settled one, {:.3} CPU s per 10k emails; settled by family {:.0?}",
+                point.pending_bytes, point.settled_bytes, point.cpu_seconds_per_10k, point.settled_by_family
             );
             r.scale.push(point);
         }
@@ -282,13 +282,19 @@ fn config_text(redis: &str, emulator: &str, batch: usize) -> String {
     text
 }
 
+/// Redis's `used_memory` less what running the scripts costs whatever the data: their
+/// cache (`used_memory_scripts`, ~220 KB) and the Lua heap (`used_memory_vm_eval`, ~750 KB
+/// after a run, garbage-collected), which a run that loads them mid-way (the daemon's
+/// start, the kick's first call) would otherwise charge to its deliveries.
 async fn used_memory(store: &Store) -> anyhow::Result<u64> {
     let mut conn = store.conn().await?;
     let info: String = redis::cmd("INFO").arg("memory").query_async(&mut conn).await?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .context("INFO memory has no used_memory")
+    let field = |name: &str| -> Option<u64> {
+        info.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(':')).and_then(|v| v.trim().parse().ok())
+    };
+    let used = field("used_memory").context("INFO memory has no used_memory")?;
+    let scripts = field("used_memory_scripts").unwrap_or(0) + field("used_memory_vm_eval").unwrap_or(0);
+    Ok(used.saturating_sub(scripts))
 }
 
 /// The newest-first index's bytes (MEMORY USAGE, every partition) and bytes per entry.
@@ -329,6 +335,49 @@ struct ScalePoint {
     cpu_seconds_per_10k: f64,
     sent: u64,
     seconds: f64,
+    /// Where the settled bytes are, by key family (`d`, `settled`, `stream`, `recent`,
+    /// ...; MEMORY USAGE of every key but the registry's), bytes per delivery.
+    settled_by_family: BTreeMap<String, f64>,
+}
+
+/// Waits (two minutes at most) for the steady state of a settled period: the daemon's
+/// reclaimer trims from the streams what every group has acknowledged (every tenth pass).
+async fn trimmed(store: &Store) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stream_entries(store).await? > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+/// Entries in every stream of every partition (XLEN).
+async fn stream_entries(store: &Store) -> anyhow::Result<u64> {
+    let mut conn = store.conn().await?;
+    let mut n = 0;
+    for p in 0..store.keys.partitions() {
+        for lane in [Lane::Digest, Lane::Transactional, Lane::App] {
+            let len: u64 = redis::cmd("XLEN").arg(store.keys.lane_stream(p, lane)).query_async(&mut conn).await?;
+            n += len;
+        }
+    }
+    Ok(n)
+}
+
+/// MEMORY USAGE of every key of the deployment but the subscribers' registry, summed by
+/// family (the first name after the partition's tag: `d`, `settled`, `stream`, ...).
+async fn memory_by_family(store: &Store) -> anyhow::Result<BTreeMap<String, u64>> {
+    let mut conn = store.conn().await?;
+    let mut out = BTreeMap::new();
+    for key in store.scan(&format!("{}:*", store.keys.prefix())).await? {
+        let family = key.split_once("}:").map_or("(global)", |(_, rest)| rest.split(':').next().unwrap_or(""));
+        if matches!(family, "subscriber" | "subscribers" | "audience" | "addr") {
+            continue;
+        }
+        let used: Option<u64> =
+            redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query_async(&mut conn).await?;
+        *out.entry(family.to_string()).or_default() += used.unwrap_or(0);
+    }
+    Ok(out)
 }
 
 /// Kicks `n` deliveries and sends them through a daemon process, the emulator and the
@@ -367,7 +416,7 @@ async fn scale(dir: &Path, n: u64) -> anyhow::Result<ScalePoint> {
         .arg(&config_path)
         .env("RESEND_API_KEY", "re_bench")
         .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", "warn")
+        .env("MAILSTREAM_LOG", std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -385,9 +434,11 @@ async fn scale(dir: &Path, n: u64) -> anyhow::Result<ScalePoint> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     let seconds = started.elapsed().as_secs_f64();
+    trimmed(&store).await?;
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = daemon.wait();
     let settled = used_memory(&store).await?;
+    let by_family = memory_by_family(&store).await?;
     stop_emulator.trigger();
     let _ = emulator_task.await;
     anyhow::ensure!(counts.sent == n, "{} of {n} sent", counts.sent);
@@ -398,6 +449,7 @@ async fn scale(dir: &Path, n: u64) -> anyhow::Result<ScalePoint> {
         cpu_seconds_per_10k: cpu / counts.sent.max(1) as f64 * 10_000.0,
         sent: counts.sent,
         seconds,
+        settled_by_family: by_family.into_iter().map(|(k, b)| (k, b as f64 / n as f64)).collect(),
     })
 }
 
@@ -427,7 +479,7 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
         .arg(&config_path)
         .env("RESEND_API_KEY", "re_bench")
         .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", "warn")
+        .env("MAILSTREAM_LOG", std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -445,6 +497,7 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let elapsed = started.elapsed().as_secs_f64();
+    trimmed(&store).await?;
     let _ = Command::new("kill").arg("-TERM").arg(pid.to_string()).status();
     let _ = daemon.wait();
     let after = used_memory(&store).await?;
