@@ -1,9 +1,14 @@
-//! `bench/webhooks [--seconds S] [--connections C] [--json]`: the daemon (the
-//! release binary, as a process of its own) with its public listener on
+//! `bench/webhooks [--seconds S] [--connections C] [--pending] [--json]`: the daemon
+//! (the release binary, as a process of its own) with its public listener on
 //! loopback and a private Redis (append-only, fsync always); `C` keep-alive
 //! connections post signed `email.delivered` events, each about a real
-//! delivery and with its own event id, for `S` seconds. Sending is paused
-//! meanwhile, so the daemon's only work is the webhooks. Reports verified
+//! delivery and with its own event id, for `S` seconds. As in production, the
+//! events are about emails already sent: the daemon first sends the period's
+//! 20,000 emails to the emulator (no rate limit), so each delivery is settled and
+//! kept compactly, and an event is counted in the hour's tally. With `--pending`
+//! sending is paused instead and the events are about deliveries not yet sent,
+//! each written on its record too (a case Resend does not produce, kept to compare).
+//! Either way the daemon's only work meanwhile is the webhooks. Reports verified
 //! events per second, latency percentiles and errors, and the reference the
 //! storage sets: `redis-benchmark -c C -t set` against the same Redis right
 //! before and right after (one fsynced write per request, as an event's is; the mean
@@ -17,6 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use mailstream::config::{Config, Secret};
 use mailstream::db::Store;
+use mailstream::emulator::{Emulator, EmulatorConfig};
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::subscribers::{self, Subscriber};
 use mailstream::svix::SigningKey;
@@ -46,7 +52,7 @@ struct Report {
 }
 
 fn main() -> ExitCode {
-    let (mut seconds, mut connections, mut json) = (10u64, 32usize, false);
+    let (mut seconds, mut connections, mut json, mut pending) = (10u64, 32usize, false, false);
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -55,6 +61,7 @@ fn main() -> ExitCode {
                 connections = args.next().and_then(|v| v.parse().ok()).expect("--connections needs a number")
             }
             "--json" => json = true,
+            "--pending" => pending = true,
             "--bench" => {}
             other => {
                 eprintln!("unknown argument {other}");
@@ -63,7 +70,7 @@ fn main() -> ExitCode {
         }
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    match runtime.block_on(run(seconds, connections)) {
+    match runtime.block_on(run(seconds, connections, pending)) {
         Ok(r) => {
             eprintln!(
                 "{} events in {:.1} s over {} connections: {:.0} verified events/s, p50 {:.2} ms, p99 {:.2} ms, max {:.1} ms, {} errors",
@@ -85,8 +92,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
-    eprintln!("partitions: {PARTITIONS}");
+async fn run(seconds: u64, connections: usize, pending: bool) -> anyhow::Result<Report> {
+    let about = if pending { "not yet sent (--pending)" } else { "sent and settled" };
+    eprintln!("partitions: {PARTITIONS}; the events are about deliveries {about}");
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
     let mut config = Config::example();
     config.campaigns.iter_mut().for_each(|c| c.schedule = None);
@@ -98,9 +106,14 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     let campaign = config.campaigns[0].clone();
     let period = "2026-W49";
     mailstream::kick::kick_registry(&store, &config, &campaign.name, period).await?;
-    // Sending paused: the daemon's only work is the webhooks.
-    let until = std::time::SystemTime::now() + Duration::from_secs(3600);
-    mailstream::pause::Pause::default().begin(&store, until, "daily_quota_exceeded").await?;
+    if pending {
+        // Sending paused: the daemon's only work is the webhooks.
+        let until = std::time::SystemTime::now() + Duration::from_secs(3600);
+        mailstream::pause::Pause::default().begin(&store, until, "daily_quota_exceeded").await?;
+    }
+    // The emulator without a rate limit: the period is sent before the events start.
+    let emulator = Emulator::new(EmulatorConfig { requests_per_second: None, ..Default::default() });
+    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
 
     let dir = std::env::temp_dir().join(format!("mailstream-webhooks-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -114,9 +127,14 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
             "metrics_listen = \"127.0.0.1:0\"\npublic_listen = \"127.0.0.1:0\"",
             1,
         )
-        .replacen("public_requests_per_second_per_source = 5000", "public_requests_per_second_per_source = 1000000", 1);
+        .replacen("public_requests_per_second_per_source = 5000", "public_requests_per_second_per_source = 1000000", 1)
+        .replacen("base_url = \"https://api.resend.com\"", &format!("base_url = \"{emulator_url}\""), 1)
+        .replacen("requests_per_second = 10\n", "requests_per_second = 1000\n", 1);
     anyhow::ensure!(
-        text.contains("public_listen = \"127.0.0.1:0\"") && text.contains("= 1000000"),
+        text.contains("public_listen = \"127.0.0.1:0\"")
+            && text.contains("= 1000000")
+            && text.contains(&emulator_url)
+            && text.contains("requests_per_second = 1000\n"),
         "config.toml changed shape"
     );
     std::fs::write(&config_path, text)?;
@@ -141,6 +159,21 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
             return Err(e);
         }
     };
+    if !pending {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let counts = loop {
+            let c = store.counts(&campaign.name, period).await.unwrap_or_default();
+            if (c.enqueued > 0 && c.settled() >= c.enqueued) || Instant::now() > deadline {
+                break c;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        if counts.sent != DELIVERIES {
+            let _ = daemon.kill();
+            let _ = daemon.wait();
+            anyhow::bail!("{} of {DELIVERIES} sent before the events", counts.sent);
+        }
+    }
 
     // Every request made before the clock starts: bodies, ids, signatures.
     let key = SigningKey::parse(SECRET).expect("a key");
@@ -225,13 +258,11 @@ async fn run(seconds: u64, connections: usize) -> anyhow::Result<Report> {
     let ms = |d: Option<&Duration>| d.map_or(0.0, |d| d.as_secs_f64() * 1000.0);
     let _ = Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status();
     let _ = daemon.wait();
-    // What the daemon itself counted as verified (from its delivery records).
-    let mut conn = store.conn().await?;
-    let mut verified = 0u64;
-    for key in store.scan("mailstream:*:d:*").await? {
-        let n: Option<u64> = redis::cmd("HGET").arg(&key).arg("events").query_async(&mut conn).await?;
-        verified += n.unwrap_or(0);
-    }
+    stop_emulator.trigger();
+    let _ = emulator_task.await;
+    // What the daemon itself counted as verified (event.lua's hourly tallies).
+    let tallies = mailstream::db::scripts::webhook_events_last_24h(&store).await?;
+    let verified = tallies.get("delivered").copied().unwrap_or(0);
     let reference = (reference_before + reference_set(redis.port(), connections)?) / 2.0;
     let events_per_second = (latencies.len() as u64 - errors) as f64 / elapsed;
     Ok(Report {

@@ -2,8 +2,8 @@
 -- effect once: the event id is recorded with SET NX and a TTL in the same step, so ten
 -- deliveries of one event change state once. Each event is counted by type in the hour's
 -- tally of its partition (for the admin overview's last 24 hours), which expires after a day
--- and an hour (set once, by the hour's first event: NX, so no other event writes it again, to
--- memory or to the AOF). While the delivery keeps its record (not settled yet, or failed or
+-- and an hour (set once, by the hour's first event of each type: NX, so no other event writes it
+-- again, to memory or to the AOF). While the delivery keeps its record (not settled yet, or failed or
 -- outcome_unknown: prelude.lua), the event is also written on it; a delivery settled sent
 -- keeps only its compact entry, and the provider's own log of the email is found by the
 -- provider id that entry keeps.
@@ -15,8 +15,9 @@
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2])) then
   return 0
 end
-redis.call('HINCRBY', KEYS[3], ARGV[1], 1)
-redis.call('EXPIRE', KEYS[3], 90000, 'NX')
+if redis.call('HINCRBY', KEYS[3], ARGV[1], 1) == 1 then
+  redis.call('EXPIRE', KEYS[3], 90000, 'NX')
+end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return 2
 end

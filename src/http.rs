@@ -181,6 +181,11 @@ pub fn json(status: StatusCode, value: &serde_json::Value) -> HttpResponse {
     response
 }
 
+/// A JSON response from its text.
+pub fn json_text(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse {
+    typed(status, body.into(), "application/json")
+}
+
 /// A plain-text response.
 pub fn text(status: StatusCode, body: impl Into<Bytes>) -> HttpResponse {
     typed(status, body.into(), "text/plain; charset=utf-8")

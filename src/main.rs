@@ -117,8 +117,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Moves a deployment of an earlier key layout (2 or 3) to this version's: from 2 it
-    /// builds the kick's audience index from the subscriber records. Stop every instance
+    /// Moves a deployment of an earlier key layout (2 to 6) to this version's: from 2 it
+    /// builds the kick's audience index from the subscriber records; settled records of an
+    /// earlier layout stay as they are and expire with the retention. Stop every instance
     /// first.
     Upgrade(At),
     /// Look at, add and lift address suppressions (bounces, complaints, by hand).
