@@ -41,8 +41,8 @@ end
 -- Settled history (key layout 7). A delivery settled `sent` or `skipped` does not keep its
 -- record: what the delivery log, the SLO and its period's dedup need of it is one field of a
 -- bucket of its campaign period, `settled:<campaign>:<period>[:<channel>]:<n>`, named
--- `<subscriber>:<target>` and holding `<state> <settled_ms> <detail> <sends>` (detail: the
--- provider's email id, or the reason; `-` for none), then ` fallback` and ` variant=<v>` where
+-- `<subscriber>:<target>` and holding `<state> <settled_ms> <detail>[ <sends>]` (detail: the
+-- provider's email id, or the reason; `-` for none; sends, the requests made, when not 1), then ` fallback` and ` variant=<v>` where
 -- they apply. A `failed` or `outcome_unknown` delivery keeps its whole record: it is a dead
 -- letter an operator reads and may requeue, and there are few. A period has a fixed number of
 -- buckets, a power of two recorded as `buckets` in its counts hash by its first enqueue (for
@@ -107,7 +107,11 @@ local function entry_text(state, now, detail, sends, fallback, variant)
   if not detail or detail == '' then
     detail = '-'
   end
-  local v = state .. ' ' .. now .. ' ' .. detail .. ' ' .. (sends or 0)
+  local v = state .. ' ' .. now .. ' ' .. detail
+  -- Requests made: left out when one (most entries), so it costs nothing there.
+  if tostring(sends or 0) ~= '1' then
+    v = v .. ' ' .. (sends or 0)
+  end
   if fallback == '1' then
     v = v .. ' fallback'
   end

@@ -9,8 +9,8 @@ use super::Conn;
 use super::keys::Keys;
 use crate::work::{Channel, DeliveryRef};
 
-/// What a delivery settled compactly keeps: `<state> <settled_ms> <detail> <sends>`, then
-/// ` fallback` and ` variant=<v>` where they apply.
+/// What a delivery settled compactly keeps: `<state> <settled_ms> <detail>[ <sends>]` (the
+/// requests made, left out when 1), then ` fallback` and ` variant=<v>` where they apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Entry {
     /// `sent` or `skipped` (whatever the text says: shown, never acted on).
@@ -29,11 +29,18 @@ pub struct Entry {
 impl Entry {
     /// An entry's text, `None` unless it has the four leading parts.
     pub fn parse(text: &str) -> Option<Entry> {
-        let mut parts = text.split(' ');
+        let mut parts = text.split(' ').peekable();
         let state = parts.next().filter(|s| !s.is_empty())?.to_string();
         let settled_ms = parts.next()?.parse().ok()?;
-        let detail = parts.next().filter(|d| *d != "-").map(str::to_string);
-        let sends = parts.next()?.parse().ok()?;
+        let detail = parts.next()?;
+        let detail = (detail != "-").then(|| detail.to_string());
+        let sends = match parts.peek().map(|t| t.parse()) {
+            Some(Ok(n)) => {
+                parts.next();
+                n
+            }
+            Some(Err(_)) | None => 1,
+        };
         let (mut fallback, mut variant) = (false, None);
         for flag in parts {
             match flag.strip_prefix("variant=") {
@@ -164,18 +171,22 @@ mod tests {
 
     #[test]
     fn an_entry_reads_back_as_the_fields_of_a_record() {
-        let e = Entry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01 1").unwrap();
+        // One request made, the usual case: the count is left out.
+        let e = Entry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01").unwrap();
+        assert_eq!(Entry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01 1"), Some(e.clone()));
         assert_eq!(e.fields()["provider_id"], "4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01");
         assert_eq!((e.state.as_str(), e.settled_ms, e.sends, e.fallback), ("sent", 1764720000123, 1, false));
         let skipped = Entry::parse("skipped 1764720000123 not_entitled 0").unwrap();
         assert_eq!(skipped.fields()["reason"], "not_entitled");
         let flagged = Entry::parse("sent 17 re_1 2 fallback variant=b").unwrap();
-        assert!(flagged.fallback && flagged.variant.as_deref() == Some("b"));
+        assert!(flagged.fallback && flagged.variant.as_deref() == Some("b") && flagged.sends == 2);
+        let once = Entry::parse("sent 17 re_1 variant=a").unwrap();
+        assert_eq!((once.sends, once.variant.as_deref(), once.fallback), (1, Some("a"), false));
         assert_eq!(flagged.fields()["fallback"], "1");
         let event = Entry::parse("sent 17 accepted 0").unwrap();
         assert_eq!(event.fields()["reason"], "accepted");
         assert_eq!(Entry::parse("sent 17 - 0").unwrap().detail, None);
-        for bad in ["", "sent", "sent x - 0", "sent 17 re_1", "sent 17 re_1 many"] {
+        for bad in ["", "sent", "sent x - 0", "sent 17", "sent 17.5 re_1"] {
             assert_eq!(Entry::parse(bad), None, "{bad:?}");
         }
     }
