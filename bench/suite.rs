@@ -340,6 +340,22 @@ struct ScalePoint {
     settled_by_family: BTreeMap<String, f64>,
 }
 
+/// The release daemon on `config`, logging to `log` (at `BENCH_DAEMON_LOG`, warn unless
+/// set), as a process of its own.
+fn daemon(config: &Path, log: &Path) -> anyhow::Result<Child> {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
+    Command::new(&binary)
+        .args(["run", "--config"])
+        .arg(config)
+        .env("RESEND_API_KEY", "re_bench")
+        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
+        .env("MAILSTREAM_LOG", std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))
+}
+
 /// Waits (two minutes at most) for the steady state of a settled period: the daemon's
 /// reclaimer trims from the streams what every group has acknowledged (every tenth pass).
 async fn trimmed(store: &Store) -> anyhow::Result<()> {
@@ -409,18 +425,7 @@ async fn scale(dir: &Path, n: u64) -> anyhow::Result<ScalePoint> {
     kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
     let pending = used_memory(&store).await?;
 
-    let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
-    let log = std::fs::File::create(dir.join("daemon-scale.log"))?;
-    let mut daemon: Child = Command::new(&binary)
-        .args(["run", "--config"])
-        .arg(&config_path)
-        .env("RESEND_API_KEY", "re_bench")
-        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
+    let mut daemon = daemon(&config_path, &dir.join("daemon-scale.log"))?;
     let pid = daemon.id();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(600 + n / 500);
@@ -471,19 +476,7 @@ async fn throughput(dir: &Path, n: u64, batch: usize, r: &mut Results) -> anyhow
     let before = used_memory(&store).await?;
     kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
 
-    let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));
-    let log = std::fs::File::create(dir.join(format!("daemon-{batch}.log")))?;
-    let mut daemon: Child = Command::new(&binary)
-        .arg("run")
-        .arg("--config")
-        .arg(&config_path)
-        .env("RESEND_API_KEY", "re_bench")
-        .env("MAILSTREAM_UNSUBSCRIBE_SECRET", "unsubscribe-secret-of-the-bench")
-        .env("MAILSTREAM_LOG", std::env::var("BENCH_DAEMON_LOG").unwrap_or_else(|_| "warn".into()))
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {}", binary.display()))?;
+    let mut daemon = daemon(&config_path, &dir.join(format!("daemon-{batch}.log")))?;
     let pid = daemon.id();
     let started = Instant::now();
     let deadline = started + Duration::from_secs(120 + n * 3 / (u64::from(RPS) * batch as u64).max(1));
