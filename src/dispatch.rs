@@ -34,15 +34,16 @@ use crate::{batch, claims};
 /// Tells the dispatcher a batch was gated.
 type Signal = tokio::sync::oneshot::Sender<()>;
 
-/// A batch aimed at a slot it has not taken yet. It stops counting among the batches
-/// whose slots lie ahead of the next one's as it goes to take its slot, before the
-/// limiter grants it; and when dropped (its slot taken or given up) the dispatcher is
-/// told. Counting a batch until the dispatcher heard its slot was taken let a batch
-/// aimed just after the limiter granted another's slot count that slot twice, aim an
-/// interval too late, miss its cadence by more than the limiter's slack and restart it:
-/// every batch then took two intervals (0.55 to 0.9 of the ceiling at 10 requests/s, in
-/// about half the runs). Counted too little, a batch is only ready early and waits at
-/// its slot.
+/// A batch aimed at a slot it has not taken yet. It counts among the batches whose
+/// slots lie ahead of the next one's until the limiter grants its slot (uncounted in the
+/// same step, under the dispatcher's `book`) or it gives the slot up; dropped, it tells
+/// the dispatcher. Counted until the dispatcher heard (a task's hop later, on a busy
+/// machine milliseconds), a batch aimed just after the limiter granted another's slot
+/// counted that slot twice, aimed an interval too late, missed its cadence by more than
+/// the limiter's slack and restarted it: every batch then took two intervals (0.55 to 0.9
+/// of the ceiling at 10 requests/s, in about half the runs). Uncounted as soon as it went
+/// to take its slot, several batches waited at the limiter at once and the first to poll
+/// won: a receipt's batch waited behind digest batches for over a second.
 struct Aimed {
     _taken: Signal,
     aiming: Arc<AtomicUsize>,
@@ -55,8 +56,8 @@ impl Aimed {
         Aimed { _taken: taken, aiming: aiming.clone(), counted: true }
     }
 
-    /// It goes to take its slot: no longer counted ahead of the next batch.
-    fn arriving(&mut self) {
+    /// Its slot is granted: no longer ahead of the next batch's.
+    fn granted(&mut self) {
         if std::mem::take(&mut self.counted) {
             self.aiming.fetch_sub(1, Ordering::SeqCst);
         }
@@ -65,7 +66,7 @@ impl Aimed {
 
 impl Drop for Aimed {
     fn drop(&mut self) {
-        self.arriving();
+        self.granted();
     }
 }
 
@@ -106,6 +107,10 @@ pub(crate) struct Dispatcher {
     batcher: Arc<Batcher>,
     sender: Sender,
     gates: batch::GateConns,
+    /// Held over a look at the next slot with the count of batches aimed ahead of it,
+    /// and over each grant with its uncounting, so a look never sees a slot granted but
+    /// its batch still counted.
+    book: tokio::sync::Mutex<()>,
     /// How long requests on the wire may take to finish at shutdown.
     drain: Duration,
 }
@@ -119,6 +124,7 @@ impl Dispatcher {
             batcher,
             sender,
             gates,
+            book: tokio::sync::Mutex::new(()),
             drain: Duration::from_secs(ctx.config.resend.timeout_seconds + 5),
         }
     }
@@ -164,10 +170,10 @@ impl Dispatcher {
             }
             let asked = Instant::now();
             // The batches still being prepared take the slots before this one's.
-            let next = self.limiter.next_slot().await;
-            // Read after the slot: a batch that took its slot in between is not counted
-            // again (aiming early only means waiting at the slot; aiming late loses it).
-            let ahead = aiming.load(Ordering::SeqCst);
+            let (next, ahead) = {
+                let _booked = self.book.lock().await;
+                (self.limiter.next_slot().await, aiming.load(Ordering::SeqCst))
+            };
             let slot = next + self.limiter.interval() * ahead as u32;
             tokio::select! {
                 _ = shutdown.wait() => break,
@@ -309,8 +315,7 @@ impl Dispatcher {
         mut taken: Aimed,
     ) -> Option<Sealed> {
         let mut shutdown = ctx.shutdown.clone();
-        taken.arriving();
-        let slot = match self.limiter.take(SLOT_PATIENCE, &mut shutdown).await {
+        let slot = match self.limiter.take(SLOT_PATIENCE, &mut shutdown, &self.book, || taken.granted()).await {
             Ok(slot) => slot,
             Err(delay) => {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).

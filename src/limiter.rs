@@ -93,22 +93,32 @@ impl Limiter {
     /// Waits for the next slot and takes it: the caller writes its request right away.
     /// Gives up, returning how far off the slot is, when it lies more than `patience`
     /// ahead, or at shutdown (`Duration::ZERO`).
-    pub async fn take(&self, patience: Duration, shutdown: &mut Shutdown) -> Result<Taken, Duration> {
+    ///
+    /// Each attempt holds `book`, and `on_grant` runs under it when the slot is granted:
+    /// whoever looks at the next slot holding `book` sees a granted slot and its taker's
+    /// bookkeeping together (see `Dispatcher::run`).
+    pub async fn take(
+        &self,
+        patience: Duration,
+        shutdown: &mut Shutdown,
+        book: &tokio::sync::Mutex<()>,
+        on_grant: impl FnOnce(),
+    ) -> Result<Taken, Duration> {
         loop {
-            let wait = match self {
-                Limiter::Process(l) => match l.try_take() {
-                    Ok(n) => return Ok(Taken { n }),
-                    Err(wait) => wait,
-                },
-                Limiter::Redis(s) => {
-                    match s.try_take().await {
-                        Ok(Ok(n)) => return Ok(Taken { n }),
-                        Ok(Err(wait)) => wait,
-                        // No slot without Redis: never send unpaced.
-                        Err(_) => REDIS_RETRY,
-                    }
-                }
+            let booked = book.lock().await;
+            let granted = match self {
+                Limiter::Process(l) => l.try_take(),
+                // No slot without Redis: never send unpaced.
+                Limiter::Redis(s) => s.try_take().await.unwrap_or(Err(REDIS_RETRY)),
             };
+            let wait = match granted {
+                Ok(n) => {
+                    on_grant();
+                    return Ok(Taken { n });
+                }
+                Err(wait) => wait,
+            };
+            drop(booked);
             if wait > patience {
                 return Err(wait);
             }
