@@ -13,7 +13,8 @@
 //! projection reads only what the model holds: counts, `sends` and the delivery log's
 //! `recent` index are written by the scripts as in production and left unread; a
 //! delivery settled sent or skipped is read from its period's settled history, where the
-//! scripts keep it instead of its record.
+//! scripts keep it instead of its record (its entry's request count, left out when 1, is
+//! checked against what each settling script writes).
 
 use std::collections::BTreeMap;
 
@@ -768,6 +769,16 @@ impl Walker {
         let refs: Vec<DeliveryRef> = recordless.iter().map(|&d| self.names.deliveries[d].clone()).collect();
         let kept = mailstream::db::history::lookup(conn, keys, p, &refs).await?;
         for (d, entry) in recordless.into_iter().zip(kept) {
+            // The entry's request count (left out when 1) as the scripts write it: a
+            // skipped delivery's is 0; one sent through the provider made at least one
+            // (an application event taken, `accepted`, made none through it).
+            if let Some(e) = &entry {
+                let provider_sent = e.state == "sent" && e.detail.as_deref() != Some("accepted");
+                anyhow::ensure!(
+                    (e.state != "skipped" || e.sends == 0) && (!provider_sent || e.sends >= 1),
+                    "a compact entry's request count the scripts do not write: {e:?}"
+                );
+            }
             data.recs[d] = match entry.as_ref().map(|e| e.state.as_str()) {
                 None => Rec::Absent,
                 Some("sent") => Rec::Sent,
