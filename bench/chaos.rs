@@ -2,7 +2,15 @@
 //! [--outage-seconds S] [--pause-with-unsubscribes P] [--json]`:
 //! the chaos run (see chaos_run.rs). Exits non-zero when a delivery was sent
 //! twice, never settled, or recorded as sent without a real send.
+//!
+//! `bench/chaos --push-outage-seconds S [--deliveries N] [--rps R] [--json]`: the push
+//! services down instead (channels_run.rs): the weekly digest on email alone, then on
+//! email and Web Push with the push service answering 503 for the first S seconds; exits
+//! non-zero when the email throughput ratio moved by more than 0.02, anything was sent
+//! twice, or a delivery of either channel was left unsettled.
 
+#[path = "channels_run.rs"]
+mod channels_run;
 #[path = "chaos_run.rs"]
 mod chaos_run;
 
@@ -23,15 +31,28 @@ fn main() -> ExitCode {
         verbose: true,
     };
     let mut json = false;
+    let mut push_outage: Option<u64> = None;
+    let mut deliveries_given = false;
+    let mut chaos_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| -> u64 {
             args.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} needs a number"))
         };
         match arg.as_str() {
-            "--deliveries" => opts.deliveries = value("--deliveries"),
-            "--kills" => opts.kills = value("--kills") as u32,
-            "--redis-restarts" => opts.redis_restarts = value("--redis-restarts") as u32,
+            "--deliveries" => {
+                opts.deliveries = value("--deliveries");
+                deliveries_given = true;
+            }
+            "--push-outage-seconds" => push_outage = Some(value("--push-outage-seconds")),
+            "--kills" => {
+                opts.kills = value("--kills") as u32;
+                chaos_only = true;
+            }
+            "--redis-restarts" => {
+                opts.redis_restarts = value("--redis-restarts") as u32;
+                chaos_only = true;
+            }
             "--rps" => opts.rps = value("--rps") as u32,
             "--seed" => opts.seed = value("--seed"),
             "--outage-seconds" => opts.outage_seconds = value("--outage-seconds"),
@@ -49,6 +70,21 @@ fn main() -> ExitCode {
                 return ExitCode::from(2);
             }
         }
+    }
+    if let Some(outage_seconds) = push_outage {
+        if chaos_only {
+            eprintln!("--push-outage-seconds runs the push outage alone: leave out --kills and --redis-restarts");
+            return ExitCode::from(2);
+        }
+        // A minute of email at the default 10 requests/s, all of it inside the outage.
+        let subscribers = if deliveries_given { opts.deliveries } else { 60_000 };
+        let channels = channels_run::Options {
+            subscribers,
+            outage_seconds,
+            rps: opts.rps,
+            channel: mailstream::work::Channel::Push,
+        };
+        return channels_run::main_with(&channels, json);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
     let report = match runtime.block_on(chaos(&opts)) {

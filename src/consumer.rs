@@ -235,7 +235,7 @@ impl Consumer {
         let fates = match lane {
             Lane::Digest => self.campaign_fates(p, conn, &live).await?,
             Lane::Transactional => self.transactional_fates(p, conn, &live).await?,
-            Lane::App => anyhow::bail!("the application channel's entries are read by its own sender"),
+            Lane::App | Lane::Push => anyhow::bail!("a channel other than email is read by its own sender"),
         };
         let mut ready = Vec::new();
         let mut deferred: Vec<(&str, &DeliveryRef)> = Vec::new();

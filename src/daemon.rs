@@ -86,6 +86,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     }
     let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
     let app = crate::app::AppChannel::from_ctx(&ctx)?;
+    let push = crate::push::PushChannel::from_ctx(&ctx)?;
     for p in 0..c.redis.partitions {
         for lane in Lane::EMAIL {
             let reader = tracing::info_span!("reader", partition = p, lane = lane.as_str());
@@ -94,7 +95,12 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         // The application channel's own readers, with their own connections and requests.
         if let Some(app) = &app {
             let reader = tracing::info_span!("reader", partition = p, lane = Lane::App.as_str());
-            tasks.spawn(app.clone().read_partition(p).instrument(reader));
+            tasks.spawn(crate::channel::read_partition(app.clone(), p).instrument(reader));
+        }
+        // And the Web Push channel's.
+        if let Some(push) = &push {
+            let reader = tracing::info_span!("reader", partition = p, lane = Lane::Push.as_str());
+            tasks.spawn(crate::channel::read_partition(push.clone(), p).instrument(reader));
         }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));

@@ -104,12 +104,21 @@ pub enum Reason {
     AppGone,
     /// The application did not take the event before the delivery deadline.
     AppUnavailable,
+    /// Web Push: no subscription of the subscriber's was there to take it.
+    NoSubscription,
+    /// Web Push: the push service refused the payload as too large (413).
+    PushTooLarge,
+    /// Web Push: the push service refused the request (another 4xx: a VAPID key it
+    /// will not take, a malformed request).
+    PushRefused,
+    /// Web Push: no push service took it before the delivery deadline.
+    PushUnavailable,
     /// The provider refused it, by this name.
     Provider(ErrorName),
 }
 
 impl Reason {
-    const LOCAL: [Reason; 20] = [
+    const LOCAL: [Reason; 24] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -130,6 +139,10 @@ impl Reason {
         Reason::Accepted,
         Reason::AppGone,
         Reason::AppUnavailable,
+        Reason::NoSubscription,
+        Reason::PushTooLarge,
+        Reason::PushRefused,
+        Reason::PushUnavailable,
     ];
 
     /// The name stored in Redis and shown to operators.
@@ -155,6 +168,10 @@ impl Reason {
             Reason::Accepted => "accepted",
             Reason::AppGone => "app_gone",
             Reason::AppUnavailable => "app_unavailable",
+            Reason::NoSubscription => "no_subscription",
+            Reason::PushTooLarge => "push_too_large",
+            Reason::PushRefused => "push_refused",
+            Reason::PushUnavailable => "push_unavailable",
             Reason::Provider(name) => name.as_str(),
         }
     }

@@ -250,7 +250,7 @@ const RELEASE_PER_PASS: usize = 1000;
 /// the application channel's.
 async fn release_due(ctx: &Ctx, p: u16) -> anyhow::Result<()> {
     let mut conn = ctx.store.conn().await?;
-    for lane in [Lane::Digest, Lane::App] {
+    for lane in [Lane::Digest, Lane::App, Lane::Push] {
         let released = scripts::release_due(&mut conn, &ctx.store.keys, p, lane, 0, RELEASE_PER_PASS).await?;
         if released > 0 {
             tracing::info!(partition = p, lane = lane.as_str(), released, "deliveries released at their time");

@@ -30,6 +30,30 @@ pub struct TemplateConfig {
     /// made by the one ingest step; email alone by default.
     #[serde(default = "email_only")]
     pub channels: Vec<Channel>,
+    /// What a campaign of this template sends on the Web Push channel.
+    #[serde(default)]
+    pub push: Option<PushTemplate>,
+}
+
+/// A Web Push notification's parts (`[templates.NAME.push]`): minijinja sources, not
+/// escaped (the payload is JSON, which escapes what it must).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushTemplate {
+    pub title: String,
+    pub body: String,
+    /// Where a click on the notification leads (optional).
+    #[serde(default)]
+    pub url: Option<String>,
+}
+
+/// A rendered notification: what the payload carries besides its `tag`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Notification {
+    pub title: String,
+    pub body: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 fn email_only() -> Vec<Channel> {
@@ -46,6 +70,7 @@ impl TemplateConfig {
             audience: Audience::Customers,
             fallback_from: None,
             channels: email_only(),
+            push: None,
         }
     }
 }
@@ -236,11 +261,51 @@ impl Renderer {
     }
 }
 
+impl Renderer {
+    /// Renders `template`'s push parts for one delivery (the same context as an email's,
+    /// without a variant).
+    pub fn render_push(
+        &self,
+        template: &str,
+        d: &DeliveryRef,
+        data: &serde_json::Value,
+    ) -> Result<Notification, minijinja::Error> {
+        let empty = serde_json::Value::Object(Default::default());
+        let data = if data.is_object() { data } else { &empty };
+        let ctx = context! {
+            campaign => &d.campaign,
+            period => &d.period,
+            target => &d.target,
+            delivery_id => d.id(),
+            subscriber => context! { id => &d.subscriber, data => minijinja::Value::from(minijinja::value::Serde(data)) },
+        };
+        let part = |suffix: &str| self.env.get_template(&format!("{template}.{suffix}"))?.render(&ctx);
+        let url = match self.env.get_template(&format!("{template}.push_url")) {
+            Ok(t) => Some(t.render(&ctx)?.trim().to_string()).filter(|u| !u.is_empty()),
+            Err(_) => None,
+        };
+        Ok(Notification {
+            title: part("push_title")?.trim().to_string(),
+            body: part("push_body")?.trim().to_string(),
+            url,
+        })
+    }
+}
+
 fn add(env: &mut Environment<'static>, name: &str, t: &TemplateConfig) -> Result<(), minijinja::Error> {
     // The suffix picks auto-escaping: `.html` escapes, the others do not.
     let parts = BTreeMap::from([("subject", &t.subject), ("html", &t.html), ("text", &t.text)]);
     for (suffix, source) in parts {
         env.add_template_owned(format!("{name}.{suffix}"), source.clone())?;
+    }
+    if let Some(push) = &t.push {
+        let parts =
+            [("push_title", Some(&push.title)), ("push_body", Some(&push.body)), ("push_url", push.url.as_ref())];
+        for (suffix, source) in parts {
+            if let Some(source) = source {
+                env.add_template_owned(format!("{name}.{suffix}"), source.clone())?;
+            }
+        }
     }
     Ok(())
 }

@@ -19,12 +19,14 @@ names! {
     /// member's entry on its own lane's stream). `ALL` is in the order the dispatcher
     /// serves them. Deliveries of the application channel (any campaign) wait in a
     /// lane of their own, `App`, read by the channel's sender (`app.rs`), never by the
-    /// batcher: an application that is down holds no email.
+    /// batcher: an application that is down holds no email; so do those of the Web Push
+    /// channel, `Push` (`push/`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
     pub enum Lane {
         Transactional = "transactional",
         Digest = "digest",
         App = "app",
+        Push = "push",
     }
 }
 
@@ -34,6 +36,7 @@ impl Lane {
     pub fn of(campaign: &str, channel: Channel) -> Lane {
         match (channel, campaign == TRANSACTIONAL) {
             (Channel::App, _) => Lane::App,
+            (Channel::Push, _) => Lane::Push,
             (Channel::Email, true) => Lane::Transactional,
             (Channel::Email, false) => Lane::Digest,
         }
@@ -62,6 +65,8 @@ names! {
         Email = "email",
         /// A signed POST of the delivery's event to the application (`[channels.app]`).
         App = "app",
+        /// A Web Push notification to each of the subscriber's browsers (`[channels.push]`).
+        Push = "push",
     }
 }
 

@@ -1,5 +1,6 @@
 //! `[channels.app]`: the application channel, a signed POST of each delivery's event to
-//! the application (Standard Webhooks), and what a campaign's `channels` need of it.
+//! the application (Standard Webhooks); `[channels.push]`: Web Push notifications to the
+//! subscribers' browsers; and what a campaign's `channels` need of each.
 
 use std::path::PathBuf;
 
@@ -11,11 +12,83 @@ use crate::work::Channel;
 /// The environment variable holding the application channel's signing secret.
 pub(super) const ENV_APP_WEBHOOK_SECRET: &str = "MAILSTREAM_APP_WEBHOOK_SECRET";
 
+/// The environment variable holding the VAPID private key of the Web Push channel.
+pub(super) const ENV_VAPID_PRIVATE_KEY: &str = "MAILSTREAM_VAPID_PRIVATE_KEY";
+
 /// `[channels]`: the settings of each channel other than email.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ChannelsConfig {
     pub app: Option<AppChannelConfig>,
+    pub push: Option<PushChannelConfig>,
+}
+
+/// `[channels.push]`: how Web Push notifications are sent.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushChannelConfig {
+    /// The VAPID `sub`: how a push service reaches the sender's operators (`mailto:` or
+    /// `https:`).
+    pub subject: String,
+    /// How long a push service keeps a message for a browser that is offline (`TTL`).
+    #[serde(default = "default_ttl_seconds")]
+    pub ttl_seconds: u64,
+    /// `Urgency`: `very-low`, `low`, `normal` or `high` (a phone on battery may hold the
+    /// lower ones back).
+    #[serde(default)]
+    pub urgency: Urgency,
+    /// Per request; a request that takes longer is retried later with the same `Topic`
+    /// and payload.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Requests in flight at once, per instance.
+    #[serde(default = "default_push_concurrency")]
+    pub concurrency: usize,
+    /// Requests per second to one push service (an origin, e.g. fcm.googleapis.com), per
+    /// instance.
+    #[serde(default = "default_per_service")]
+    pub requests_per_second_per_service: u32,
+    /// A file holding the VAPID private key (the raw P-256 scalar, base64url; `mailstream
+    /// vapid-keys` makes one), if not in `MAILSTREAM_VAPID_PRIVATE_KEY` or the credential
+    /// `vapid_private_key`.
+    #[serde(default)]
+    pub vapid_private_key_file: Option<PathBuf>,
+    #[serde(skip)]
+    pub vapid_private_key: Option<Secret>,
+}
+
+/// `Urgency` of a push message (RFC 8030 §5.3).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Urgency {
+    VeryLow,
+    Low,
+    #[default]
+    Normal,
+    High,
+}
+
+impl Urgency {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Urgency::VeryLow => "very-low",
+            Urgency::Low => "low",
+            Urgency::Normal => "normal",
+            Urgency::High => "high",
+        }
+    }
+}
+
+fn default_ttl_seconds() -> u64 {
+    86_400
+}
+
+fn default_push_concurrency() -> usize {
+    32
+}
+
+fn default_per_service() -> u32 {
+    100
 }
 
 /// `[channels.app]`: where the application takes its events, and how they are sent.
@@ -50,7 +123,7 @@ fn default_concurrency() -> usize {
 fn list_errors(at: &str, channels: &[Channel]) -> Vec<String> {
     let mut out = Vec::new();
     if channels.is_empty() {
-        out.push(format!("{at}: name at least one channel (\"email\", \"app\")"));
+        out.push(format!("{at}: name at least one channel (\"email\", \"app\", \"push\")"));
     }
     for (i, channel) in channels.iter().enumerate() {
         if channels[..i].contains(channel) {
@@ -76,6 +149,7 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
     };
     let mut lists = config.campaigns.iter().map(|c| &c.channels).chain(config.templates.values().map(|t| &t.channels));
     let wants_app = lists.any(|l| l.contains(&Channel::App));
+    let wants_push = config.campaigns.iter().any(|c| c.channels.contains(&Channel::Push));
     for (name, t) in &config.templates {
         let at = format!("templates.{name}.channels");
         // Operator mail is for the team: no subscriber's application event.
@@ -83,7 +157,28 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
             t.audience != crate::work::Audience::Operators || t.channels == [Channel::Email],
             format!("{at}: an operator template (audience = \"operators\") goes by email only"),
         );
+        // A transactional item names no subscriber whose browsers it could reach.
+        check(
+            !t.channels.contains(&Channel::Push),
+            format!("{at}: \"push\" is for campaigns (a transactional item has no subscriber's browsers)"),
+        );
     }
+    for (i, c) in config.campaigns.iter().enumerate().filter(|(_, c)| c.channels.contains(&Channel::Push)) {
+        let has_push = config.templates.get(&c.template).is_some_and(|t| t.push.is_some());
+        check(
+            has_push,
+            format!(
+                "campaign[{i}].channels: \"push\" needs [templates.{}.push] (title, body and optionally url)",
+                c.template
+            ),
+        );
+    }
+    validate_push(config.channels.push.as_ref(), wants_push, config.delivery.lease_seconds, errors);
+    let mut check = |ok: bool, message: String| {
+        if !ok {
+            errors.push(message);
+        }
+    };
     let Some(app) = &config.channels.app else {
         check(
             !wants_app,
@@ -113,6 +208,52 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
         key.is_some(),
         format!(
             "channels.app: a signing secret (whsec_<base64>) is needed in {ENV_APP_WEBHOOK_SECRET}, channels.app.secret_file or the credential app_webhook_secret"
+        ),
+    );
+}
+
+/// What is wrong with `[channels.push]` (needed when a campaign lists `push`).
+fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: u64, errors: &mut Vec<String>) {
+    let mut check = |ok: bool, message: String| {
+        if !ok {
+            errors.push(message);
+        }
+    };
+    let Some(push) = push else {
+        check(!wanted, "channels.push: a campaign lists the channel \"push\", so [channels.push] is needed".into());
+        return;
+    };
+    check(
+        push.subject.starts_with("mailto:") || push.subject.starts_with("https://"),
+        format!("channels.push.subject: must be a mailto: or https: contact (got {:?})", push.subject),
+    );
+    check(
+        push.ttl_seconds <= 2_419_200,
+        format!("channels.push.ttl_seconds: at most 2419200 (4 weeks; got {})", push.ttl_seconds),
+    );
+    check(
+        (100..=60_000).contains(&push.timeout_ms) && push.timeout_ms + 1000 <= lease_seconds * 1000,
+        format!(
+            "channels.push.timeout_ms: must be 100..=60000 and at least 1 s under delivery.lease_seconds (got {})",
+            push.timeout_ms
+        ),
+    );
+    check(
+        (1..=1024).contains(&push.concurrency),
+        format!("channels.push.concurrency: must be 1..=1024 (got {})", push.concurrency),
+    );
+    check(
+        (1..=100_000).contains(&push.requests_per_second_per_service),
+        format!(
+            "channels.push.requests_per_second_per_service: must be 1..=100000 (got {})",
+            push.requests_per_second_per_service
+        ),
+    );
+    let key = push.vapid_private_key.as_ref().and_then(|s| crate::push::crypto::VapidKey::parse(s.expose()));
+    check(
+        key.is_some(),
+        format!(
+            "channels.push: a VAPID private key (a P-256 scalar, base64url) is needed in {ENV_VAPID_PRIVATE_KEY}, channels.push.vapid_private_key_file or the credential vapid_private_key (mailstream vapid-keys makes one)"
         ),
     );
 }

@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
-pub use self::channels::{AppChannelConfig, ChannelsConfig};
+pub use self::channels::{AppChannelConfig, ChannelsConfig, PushChannelConfig, Urgency};
 pub use self::delivery::DeliveryConfig;
 pub use self::features::{Feature, Features, SecretSource, check};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
@@ -226,6 +226,11 @@ impl Config {
             let file = ("channels.app.secret_file", &app.secret_file);
             app.secret =
                 read(channels::ENV_APP_WEBHOOK_SECRET, file, "app_webhook_secret")?.map(|s| Secret::new(s.trim()));
+        }
+        if let Some(push) = &mut self.channels.push {
+            let file = ("channels.push.vapid_private_key_file", &push.vapid_private_key_file);
+            push.vapid_private_key =
+                read(channels::ENV_VAPID_PRIVATE_KEY, file, "vapid_private_key")?.map(|s| Secret::new(s.trim()));
         }
         self.sources = sources;
         Ok(())

@@ -155,6 +155,7 @@ impl Keys {
             Lane::Digest => self.stream(p),
             Lane::Transactional => self.tagged(p, "stream:tx"),
             Lane::App => self.tagged(p, "stream:app"),
+            Lane::Push => self.tagged(p, "stream:push"),
         }
     }
 
@@ -164,6 +165,7 @@ impl Keys {
     pub fn lane_due(&self, p: u16, lane: Lane) -> String {
         match lane {
             Lane::App => self.tagged(p, "due:app"),
+            Lane::Push => self.tagged(p, "due:push"),
             Lane::Digest | Lane::Transactional => self.due(p),
         }
     }
@@ -226,6 +228,12 @@ impl Keys {
     /// Hash: a subscriber (address, targets, entitled, subscribed, data, time_zone).
     pub fn subscriber(&self, p: u16, id: &str) -> String {
         self.tagged(p, &format!("subscriber:{id}"))
+    }
+
+    /// Hash: a subscriber's Web Push subscriptions, by their id (a hash of the endpoint:
+    /// the endpoint itself, personal data, is only ever a value here).
+    pub fn push_subscriptions(&self, p: u16, id: &str) -> String {
+        self.tagged(p, &format!("push:{id}"))
     }
 
     /// Set: ids of the subscribers in this partition (the registry).

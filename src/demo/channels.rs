@@ -1,16 +1,25 @@
-//! `demo --channels email,app`: the campaign on several channels, with a small
+//! `demo --channels email,push,app`: the campaign on several channels, with a small
 //! application endpoint that verifies each event's signature and counts an event id
-//! taken twice; what each channel came to.
+//! taken twice, and a push service (the emulator's) whose browsers count a notification
+//! shown twice, one subscription in ten of which is gone; what each channel came to.
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::{AppChannelConfig, Config, Secret};
+use crate::config::{AppChannelConfig, Config, PushChannelConfig, Secret, Urgency};
 use crate::db::Store;
 use crate::emulator::Stats;
 use crate::emulator::app::{AppEndpoint, AppStats};
+use crate::emulator::push::{PushService, PushStats};
+use crate::push::crypto::VapidKey;
+use crate::push::subscriptions::{self, Subscription};
 use crate::work::Channel;
+
+/// In the demo, one push subscription in this many answers 410 Gone.
+pub const GONE_EVERY: u64 = 10;
+/// And one subscriber in this many has a second browser.
+const SECOND_BROWSER_EVERY: u64 = 3;
 
 /// `--channels`: a comma-separated list of channels (`email`, `app`).
 pub fn parse(list: &str) -> Result<Vec<Channel>, String> {
@@ -25,28 +34,84 @@ pub fn parse(list: &str) -> Result<Vec<Channel>, String> {
     if out.is_empty() { Err("name at least one channel".into()) } else { Ok(out) }
 }
 
-/// The application endpoint of a run, while it runs.
-pub struct Endpoint {
-    pub endpoint: AppEndpoint,
+/// A server of a run (the application endpoint, the push service), while it runs.
+pub struct Serving<T> {
+    pub server: T,
     stop: crate::shutdown::Trigger,
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Endpoint {
+impl<T> Serving<T> {
     pub async fn stop(self) {
         self.stop.trigger();
         let _ = self.task.await;
     }
 }
 
+/// The far ends of the channels other than email.
+#[derive(Default)]
+pub struct Ends {
+    pub app: Option<Serving<AppEndpoint>>,
+    pub push: Option<Serving<PushService>>,
+    /// The VAPID public key the push channel signs with (subscriptions are made for it).
+    vapid_public: String,
+}
+
+impl Ends {
+    pub async fn stop(self) {
+        if let Some(app) = self.app {
+            app.stop().await;
+        }
+        if let Some(push) = self.push {
+            push.stop().await;
+        }
+    }
+
+    /// With the push channel: a subscription from the push service for each subscriber
+    /// (a second one for every third), registered as `subscribe --push-subscription` does.
+    /// Returns how many were registered.
+    pub async fn subscribe(&self, store: &Store, ids: impl Iterator<Item = String>) -> anyhow::Result<u64> {
+        let Some(push) = &self.push else { return Ok(0) };
+        let mut items: Vec<(String, Subscription)> = Vec::new();
+        for (i, id) in ids.enumerate() {
+            items.push((id.clone(), push.server.subscribe(&self.vapid_public)));
+            if (i as u64).is_multiple_of(SECOND_BROWSER_EVERY) {
+                items.push((id, push.server.subscribe(&self.vapid_public)));
+            }
+        }
+        subscriptions::add_many(store, &items).await?;
+        Ok(items.len() as u64)
+    }
+}
+
 /// Puts `channels` on `campaign` and, with the application channel, starts its endpoint
-/// and points `[channels.app]` at it.
-pub async fn configure(config: &mut Config, campaign: &str, channels: &[Channel]) -> anyhow::Result<Option<Endpoint>> {
+/// and points `[channels.app]` at it; with Web Push, starts a push service (one
+/// subscription in [`GONE_EVERY`] gone) and sets `[channels.push]` with a new VAPID key.
+pub async fn configure(config: &mut Config, campaign: &str, channels: &[Channel]) -> anyhow::Result<Ends> {
     for c in config.campaigns.iter_mut().filter(|c| c.name == campaign) {
         c.channels = channels.to_vec();
     }
+    let mut ends = Ends::default();
+    if channels.contains(&Channel::Push) {
+        let service = PushService::new();
+        service.set_gone_every(GONE_EVERY);
+        let (_, stop, task) = service.spawn_local().await?;
+        let (private, key) = VapidKey::generate();
+        ends.vapid_public = key.public;
+        config.channels.push = Some(PushChannelConfig {
+            subject: "mailto:ops@example.com".into(),
+            ttl_seconds: 3600,
+            urgency: Urgency::Normal,
+            timeout_ms: 5000,
+            concurrency: 32,
+            requests_per_second_per_service: 1000,
+            vapid_private_key_file: None,
+            vapid_private_key: Some(Secret::new(private)),
+        });
+        ends.push = Some(Serving { server: service, stop, task });
+    }
     if !channels.contains(&Channel::App) {
-        return Ok(None);
+        return Ok(ends);
     }
     let secret = format!(
         "whsec_{}",
@@ -61,7 +126,8 @@ pub async fn configure(config: &mut Config, campaign: &str, channels: &[Channel]
         secret_file: None,
         secret: Some(Secret::new(secret)),
     });
-    Ok(Some(Endpoint { endpoint, stop, task }))
+    ends.app = Some(Serving { server: endpoint, stop, task });
+    Ok(ends)
 }
 
 /// What one channel came to.
@@ -73,10 +139,63 @@ pub struct ChannelReport {
     pub skipped: u64,
     pub not_settled: u64,
     /// Email: emails the provider sent twice. App: event ids the application took twice.
+    /// Push: notifications a browser was shown twice (one tag, one subscription).
     pub duplicate_sends: u64,
     /// App only: what the application endpoint saw.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<AppStats>,
+    /// Push only: deliveries skipped because no subscription was left to take them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_subscription: Option<u64>,
+    /// Push only: subscriptions removed because their push service said they are gone.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gone_removed: Option<u64>,
+    /// Push only: what the push service and its browsers saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub push_service: Option<PushStats>,
+}
+
+/// What the push channel's run left: how many of the registered subscriptions are gone
+/// from the registry now, and how many deliveries were skipped for having none.
+pub struct PushRun {
+    pub registered: u64,
+    pub stats: PushStats,
+}
+
+/// (subscriptions removed, deliveries skipped `no_subscription`) of a period, read from
+/// the registry and the period's settled history.
+async fn push_outcomes(store: &Store, campaign: &str, period: &str, registered: u64) -> anyhow::Result<(u64, u64)> {
+    let keys = &store.keys;
+    let mut left = 0u64;
+    let mut skipped = 0u64;
+    let mut conn = store.conn().await?;
+    for p in 0..keys.partitions() {
+        let mut cursor = 0u64;
+        loop {
+            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(keys.push_subscriptions(p, "*"))
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await?;
+            for key in found {
+                let n: u64 = redis::cmd("HLEN").arg(key).query_async(&mut conn).await?;
+                left += n;
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        let buckets = crate::db::history::buckets(&mut conn, keys, p, campaign, period, Channel::Push).await?;
+        for n in 0..buckets.unwrap_or(0) {
+            let entries = crate::db::history::bucket(&mut conn, keys, p, campaign, period, Channel::Push, n).await?;
+            skipped += entries.iter().filter(|(_, e)| e.detail.as_deref() == Some("no_subscription")).count() as u64;
+        }
+    }
+    Ok((registered.saturating_sub(left), skipped))
 }
 
 /// Whether every channel of `campaign`'s `period` other than email is settled.
@@ -97,6 +216,7 @@ pub async fn report(
     channels: &[Channel],
     provider: &Stats,
     app: Option<&AppStats>,
+    push: Option<&PushRun>,
 ) -> anyhow::Result<BTreeMap<String, ChannelReport>> {
     let mut out = BTreeMap::new();
     for &channel in channels {
@@ -114,6 +234,15 @@ pub async fn report(
             Channel::App => {
                 r.duplicate_sends = app.map_or(0, |a| a.duplicates);
                 r.endpoint = app.copied();
+            }
+            Channel::Push => {
+                if let Some(push) = push {
+                    let (removed, none) = push_outcomes(store, campaign, period, push.registered).await?;
+                    r.duplicate_sends = push.stats.duplicates;
+                    r.gone_removed = Some(removed);
+                    r.no_subscription = Some(none);
+                    r.push_service = Some(push.stats);
+                }
             }
         }
         out.insert(channel.as_str().to_string(), r);
@@ -139,6 +268,20 @@ pub fn problems(channels: &BTreeMap<String, ChannelReport>) -> Vec<String> {
                 p.push(format!("{name}: the application took {} events but {} are recorded as sent", e.taken, r.sent));
             }
         }
+        if let Some(s) = &r.push_service {
+            if s.rejected + s.malformed > 0 {
+                p.push(format!(
+                    "{name}: the push service refused {} requests as forged or malformed",
+                    s.rejected + s.malformed
+                ));
+            }
+            if s.gone > 0 && r.gone_removed == Some(0) {
+                p.push(format!(
+                    "{name}: the push service answered 410 {} times but no subscription was removed",
+                    s.gone
+                ));
+            }
+        }
     }
     p
 }
@@ -156,6 +299,9 @@ pub fn summary(
         )?;
         if let Some(e) = &r.endpoint {
             write!(out, " (application: {} requests, {} signatures rejected)", e.received, e.rejected)?;
+        }
+        if let (Some(none), Some(removed)) = (r.no_subscription, r.gone_removed) {
+            write!(out, " ({none} with no subscription left, {removed} gone subscriptions removed)")?;
         }
         writeln!(out)?;
     }

@@ -216,7 +216,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     config.resend.requests_per_second = opts.rps;
     config.http.metrics_listen = None;
     let channels = opts.channels.clone().unwrap_or_else(|| vec![crate::work::Channel::Email]);
-    let app = channels::configure(&mut config, &opts.campaign, &channels).await?;
+    let ends = channels::configure(&mut config, &opts.campaign, &channels).await?;
     config.validate()?;
     let campaign = config
         .campaign(&opts.campaign)
@@ -235,6 +235,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     // A few are Resend's test addresses that bounce or complain: their webhooks suppress them.
     let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(demo_subscriber).collect();
     subscribers::upsert(&store, &subscribers).await?;
+    let push_registered = ends.subscribe(&store, subscribers.iter().map(|s| s.id.clone())).await?;
     drop(subscribers);
 
     let (stop, down) = shutdown::channel();
@@ -355,15 +356,16 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     }
     stop_emulator.trigger();
     let _ = emulator_task.await;
-    let app_stats = app.as_ref().map(|a| a.endpoint.stats());
-    if let Some(app) = app {
-        app.stop().await;
-    }
+    let (app_end, push_service) =
+        (ends.app.as_ref().map(|a| a.server.clone()), ends.push.as_ref().map(|p| p.server.clone()));
+    ends.stop().await;
+    let app_stats = app_end.map(|a| a.stats());
+    let push_run = push_service.map(|p| channels::PushRun { registered: push_registered, stats: p.stats() });
     let counts = store.counts(&campaign.name, &period).await.unwrap_or(counts);
     let by_channel = match &opts.channels {
         Some(list) => {
             let at = (campaign.name.as_str(), period.as_str());
-            Some(channels::report(&store, at, list, &emulator.stats(), app_stats.as_ref()).await?)
+            Some(channels::report(&store, at, list, &emulator.stats(), app_stats.as_ref(), push_run.as_ref()).await?)
         }
         None => None,
     };

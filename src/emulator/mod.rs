@@ -9,6 +9,7 @@ mod command;
 pub mod emails;
 pub mod faults;
 pub mod idempotency;
+pub mod push;
 pub mod rate;
 pub mod validate;
 pub mod webhooks;

@@ -36,6 +36,8 @@ pub struct Metrics {
     registry: Registry,
     outcomes: IntCounterVec,
     app_requests: IntCounterVec,
+    push_requests: IntCounterVec,
+    push_removed: prometheus::IntCounter,
     provider_requests: IntCounterVec,
     provider_duration: HistogramVec,
     batch_emails: Histogram,
@@ -133,6 +135,12 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(records_lost.clone())).expect("unique metric");
+        let push_removed = prometheus::IntCounter::new(
+            "mailstream_push_subscriptions_removed_total",
+            "Web Push subscriptions removed because their push service answered 404 or 410",
+        )
+        .expect("valid metric");
+        r.register(Box::new(push_removed.clone())).expect("unique metric");
         let durability_relaxed = IntGauge::new(
             "mailstream_durability_relaxed",
             "1 when running with redis.durability = relaxed on a Redis that may lose acknowledged writes",
@@ -174,6 +182,13 @@ impl Metrics {
                 "Requests of the application channel, by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
                 &["status_class"],
             ),
+            push_requests: counter(
+                &r,
+                "mailstream_push_requests_total",
+                "Requests to push services (Web Push), by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
+                &["status_class"],
+            ),
+            push_removed,
             provider_requests: counter(
                 &r,
                 "mailstream_provider_requests_total",
@@ -334,6 +349,16 @@ impl Metrics {
         self.app_requests.with_label_values(&[status_class(status)]).inc();
     }
 
+    /// One request to a push service answered `status` (`None`: no answer).
+    pub fn push_request(&self, status: Option<u16>) {
+        self.push_requests.with_label_values(&[status_class(status)]).inc();
+    }
+
+    /// A Web Push subscription removed (its push service said it is gone).
+    pub fn push_subscription_removed(&self) {
+        self.push_removed.inc();
+    }
+
     /// Facts from the config: the objectives, the ceiling, the version.
     pub(crate) fn configure(&self, config: &Config) {
         self.objective.set(config.slo.failure_rate);
@@ -352,6 +377,11 @@ impl Metrics {
         if config.channels.app.is_some() {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
                 self.app_requests.with_label_values(&[class]).inc_by(0);
+            }
+        }
+        if config.channels.push.is_some() {
+            for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
+                self.push_requests.with_label_values(&[class]).inc_by(0);
             }
         }
         for p in 0..config.redis.partitions {

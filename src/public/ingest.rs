@@ -7,6 +7,12 @@
 //! each item is checked and enqueued on its own: 202 when every item was
 //! accepted (or was a duplicate of one accepted before), 207 when some were
 //! refused, with one result per item, in order, naming the field and why.
+//!
+//! `POST /v1/push-subscriptions` (the same token): a browser's Web Push subscription for a
+//! subscriber, `{"subscriber": "u42", "subscription": <PushSubscription.toJSON()>}`. 201
+//! with the subscription's id (a hash of its endpoint; registering it again replaces its
+//! keys); 400 when it is not one, naming the field and never quoting it; 404 when the
+//! subscriber is not in the registry; 409 when it has as many subscriptions as it may.
 
 use std::sync::Arc;
 
@@ -21,6 +27,7 @@ use crate::ingest::{self, ItemResult, MAX_ITEMS};
 use crate::metrics::Metrics;
 
 pub const PATH: &str = "/v1/deliveries";
+pub const PUSH_PATH: &str = "/v1/push-subscriptions";
 
 pub(crate) struct Ingest {
     tokens: Vec<Secret>,
@@ -40,19 +47,67 @@ impl Ingest {
     }
 
     pub async fn handle(&self, req: HttpRequest) -> HttpResponse {
+        if let Some(refused) = self.admit(&req) {
+            return refused;
+        }
+        if req.uri().path() == PUSH_PATH {
+            return self.push_subscription(&req).await;
+        }
+        self.deliveries(&req).await
+    }
+
+    /// The token and the method, checked: `Some` refusal, or `None` to go on.
+    fn admit(&self, req: &HttpRequest) -> Option<HttpResponse> {
         if self.tokens.is_empty() {
-            return http::text(
+            return Some(http::text(
                 StatusCode::NOT_FOUND,
                 "the ingest API is off: set MAILSTREAM_INGEST_TOKEN, http.ingest_token_file or the ingest_token credential\n",
-            );
+            ));
         }
-        let presented = http::bearer(&req);
+        let presented = http::bearer(req);
         if !self.tokens.iter().any(|t| http::same_secret(presented, t.expose())) {
-            return refuse(StatusCode::UNAUTHORIZED, "a valid bearer token is required");
+            return Some(refuse(StatusCode::UNAUTHORIZED, "a valid bearer token is required"));
         }
         if req.method() != Method::POST {
-            return refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST");
+            return Some(refuse(StatusCode::METHOD_NOT_ALLOWED, "use POST"));
         }
+        None
+    }
+
+    /// `POST /v1/push-subscriptions` (see the module doc).
+    async fn push_subscription(&self, req: &HttpRequest) -> HttpResponse {
+        use crate::push::subscriptions::{self, Subscription};
+        let Ok(serde_json::Value::Object(mut body)) = serde_json::from_slice::<serde_json::Value>(req.body()) else {
+            return refuse(StatusCode::BAD_REQUEST, "the body must be JSON: {\"subscriber\", \"subscription\"}");
+        };
+        let Some(serde_json::Value::String(subscriber)) = body.remove("subscriber") else {
+            return refuse(StatusCode::BAD_REQUEST, "subscriber: a subscriber id is needed");
+        };
+        if subscriber.is_empty() || subscriber.contains(':') || subscriber.len() > 256 {
+            return refuse(StatusCode::BAD_REQUEST, "subscriber: not a subscriber id");
+        }
+        let s = match Subscription::from_value(body.remove("subscription").unwrap_or_default()) {
+            Ok(s) => s,
+            Err(e) => return refuse(StatusCode::BAD_REQUEST, &e),
+        };
+        match subscriptions::add(&self.store, &subscriber, &s).await {
+            Ok(sid) => http::json(StatusCode::CREATED, &json!({ "subscription": sid })),
+            Err(e) if e.to_string().contains("is not in the registry") => {
+                refuse(StatusCode::NOT_FOUND, "subscriber: not in the registry")
+            }
+            Err(e) if e.to_string().contains("push subscriptions already") => refuse(
+                StatusCode::CONFLICT,
+                &format!("subscriber: at most {} push subscriptions", subscriptions::MAX_PER_SUBSCRIBER),
+            ),
+            Err(e) => {
+                self.metrics.redis_error("push_subscription", &e);
+                refuse(StatusCode::SERVICE_UNAVAILABLE, "could not register it for certain now; try again")
+            }
+        }
+    }
+
+    /// The deliveries of one request.
+    async fn deliveries(&self, req: &HttpRequest) -> HttpResponse {
         let items = match serde_json::from_slice::<serde_json::Value>(req.body()) {
             Ok(serde_json::Value::Object(mut body)) => match body.remove("deliveries") {
                 Some(serde_json::Value::Array(items)) => items,

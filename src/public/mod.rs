@@ -68,7 +68,7 @@ impl Public {
         if path == webhook::PATH {
             return self.webhooks.handle(req).await;
         }
-        if path == ingest::PATH {
+        if path == ingest::PATH || path == ingest::PUSH_PATH {
             return self.ingest.handle(req).await;
         }
         if path.starts_with(crate::tokens::PATH) {

@@ -43,6 +43,12 @@ pub struct Args {
     /// (`weekly_digest:app`: its application events, email left on).
     #[arg(long = "off", conflicts_with = "ndjson", value_name = "CAMPAIGN[:CHANNEL]")]
     off: Vec<String>,
+    /// Register a browser's Web Push subscription for this subscriber (repeat): its
+    /// `PushSubscription.toJSON()` (`{"endpoint", "keys": {"p256dh", "auth"}}`), or `-` to
+    /// read it from stdin. The endpoint is kept in the registry only; what is printed names
+    /// it by its id.
+    #[arg(long = "push-subscription", conflicts_with = "ndjson", value_name = "JSON")]
+    push_subscriptions: Vec<String>,
     /// One JSON object on stdout: `{"written": n}`.
     #[arg(long)]
     json: bool,
@@ -67,6 +73,23 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         }
         off.push((campaign, channel));
     }
+    let mut push = Vec::new();
+    for (i, given) in args.push_subscriptions.iter().enumerate() {
+        let text = if given == "-" { crate::cli::read_source("-")? } else { given.clone() };
+        let s = crate::push::subscriptions::Subscription::parse(&text)
+            .map_err(|e| anyhow::anyhow!("--push-subscription #{}: {e}", i + 1))?;
+        push.push(s);
+    }
+    // Flags alone that only add a subscription to a stored subscriber leave its record as is.
+    let record_untouched = args.ndjson.is_none()
+        && !push.is_empty()
+        && args.email.is_none()
+        && args.targets.is_empty()
+        && args.entitled.is_none()
+        && args.subscribed.is_none()
+        && args.time_zone.is_none()
+        && !args.replace;
+    let list = if record_untouched { Vec::new() } else { list };
     upsert(&store, &list).await?;
     let out = crate::cli::Report { json: args.json };
     out.line(format_args!("{} subscribers written", list.len()));
@@ -77,7 +100,15 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         store.durable(&mut conn, &store.keys.subscriber(store.keys.partition_of(id), id)).await?;
         out.line(format_args!("{campaign} turned off on {channel} for {id}"));
     }
-    out.object(&serde_json::json!({ "written": list.len(), "turned_off": args.off }))?;
+    let mut registered = Vec::new();
+    for s in &push {
+        let sid = crate::push::subscriptions::add(&store, id, s).await?;
+        out.line(format_args!("push subscription {sid} ({}) registered for {id}", s.masked()));
+        registered.push(sid);
+    }
+    out.object(
+        &serde_json::json!({ "written": list.len(), "turned_off": args.off, "push_subscriptions": registered }),
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -437,7 +437,7 @@ pub(crate) fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
 }
 
 /// serde_json errors quote input; this names only the kind of problem.
-trait ClassifyName {
+pub(crate) trait ClassifyName {
     fn classify_name(&self) -> &'static str;
 }
 

@@ -308,7 +308,7 @@ impl Walker {
                     match skip {
                         Some(reason) => {
                             let outcome = if lane == Lane::App {
-                                mailstream::app::unwanted_outcome(written)
+                                mailstream::channel::unwanted_outcome(written)
                             } else {
                                 Outcome::Skipped
                             };
@@ -317,7 +317,13 @@ impl Walker {
                         None if lane == Lane::App => {
                             // Each holder's body differs, so one written over another shows.
                             let body = mailstream::app::event_body(dref, &format!("walk-{h}"), &[]);
-                            mailstream::app::fix_bodies(conn, &self.store, u16::from(p), &[(dref, body)]).await?;
+                            mailstream::channel::fix_bodies(
+                                conn,
+                                &self.store,
+                                (u16::from(p), WorkLane::App, mailstream::app::BODY_FIELD),
+                                &[(dref, body)],
+                            )
+                            .await?;
                         }
                         None => {}
                     }

@@ -1,0 +1,310 @@
+//! The Web Push channel: each of its deliveries is one notification (`[templates.NAME.push]`
+//! title, body and url, rendered with the subscriber's data) sent to each of the
+//! subscriber's browsers through its push service (RFC 8030), encrypted for that browser
+//! (RFC 8291) and signed for by the sender (VAPID, RFC 8292). Its readers (`channel.rs`)
+//! read the channel's own stream (`stream:push`) and put deliveries off into
+//! `due:push`: a push service that is down holds no email.
+//!
+//! Exactly once in effect, as far as the platform allows:
+//! - the payload (with its `tag`) is fixed in the record before the first request, and
+//!   every request of the delivery carries the same `Topic` (a hash of the delivery id):
+//!   a push service replaces a message it still holds with a newer one of the same topic,
+//!   and a browser replaces a shown notification with one of the same tag;
+//! - a subscription that answered 201 is marked in the record (`push_sent:<id>`) before
+//!   the delivery is settled or put off, and is not sent to again;
+//! - 404/410 removes the subscription; with none left and nothing sent, the delivery is
+//!   skipped `no_subscription`. 413 fails it (`push_too_large`); 429 puts it off for at
+//!   least its `Retry-After`; 5xx and no answer put it off until the delivery deadline.
+
+pub mod crypto;
+pub mod subscriptions;
+
+use std::collections::{BTreeSet, HashMap};
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+
+use self::crypto::VapidKey;
+use self::subscriptions::Subscription;
+use crate::channel::{self, Claimed, Sender, Slots};
+use crate::config::PushChannelConfig;
+use crate::ctx::Ctx;
+use crate::db::scripts::{self, Decision};
+use crate::outcome::{Outcome, Reason};
+use crate::render::Renderer;
+use crate::work::{Channel, DeliveryRef};
+
+/// The record field holding the notification's payload, fixed before its first request.
+pub const BODY_FIELD: &str = "push_body";
+/// The record field marking subscription `<id>` as sent to (201).
+pub fn sent_field(sid: &str) -> String {
+    format!("push_sent:{sid}")
+}
+
+/// How long a VAPID token is made valid for (push services take up to 24 h); one is made
+/// anew once less than an hour of it is left.
+const VAPID_VALID_SECONDS: i64 = 12 * 3600;
+
+/// The payload a browser's service worker gets: the notification and its `tag`.
+pub fn payload(notification: &crate::render::Notification, tag: &str) -> String {
+    let mut v = serde_json::to_value(notification).expect("serializes");
+    v["tag"] = tag.into();
+    v.to_string()
+}
+
+/// What one subscription's answer means for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// 2xx (201 Created): the push service has it.
+    Sent,
+    /// 404 or 410: the subscription is gone (the browser unsubscribed, or it expired).
+    Gone,
+    /// 413: the payload is too large for this push service.
+    TooLarge,
+    /// 429 or 5xx: asked again later, not before this long (ms; 0: the delivery's
+    /// backoff).
+    Again(u64),
+    /// No answer (a timeout, a lost connection): it may have been taken; asked again later.
+    Unanswered,
+    /// Another 4xx (400, 401, 403: a request or a VAPID key it will not take): not asked
+    /// again.
+    Refused(u16),
+}
+
+/// How a status (and its `Retry-After`, seconds) is read (`None`: no answer came).
+pub fn answered(status: Option<u16>, retry_after: Option<u64>) -> Answered {
+    match status {
+        Some(200..=299) => Answered::Sent,
+        Some(404 | 410) => Answered::Gone,
+        Some(413) => Answered::TooLarge,
+        Some(429) => Answered::Again(retry_after.unwrap_or(0).min(3600) * 1000),
+        Some(400..=499) => Answered::Refused(status.unwrap_or_default()),
+        Some(_) => Answered::Again(0),
+        None => Answered::Unanswered,
+    }
+}
+
+/// What a delivery comes to once every subscription asked has answered: `None` while one
+/// is to be asked again.
+pub fn settles(answers: &[Answered], sent_before: usize) -> Option<(Outcome, Reason)> {
+    if answers.iter().any(|a| matches!(a, Answered::Again(_) | Answered::Unanswered)) {
+        return None;
+    }
+    let sent = sent_before + answers.iter().filter(|a| **a == Answered::Sent).count();
+    Some(if sent > 0 {
+        (Outcome::Sent, Reason::Accepted)
+    } else if answers.contains(&Answered::TooLarge) {
+        (Outcome::Failed, Reason::PushTooLarge)
+    } else if answers.iter().any(|a| matches!(a, Answered::Refused(_))) {
+        (Outcome::Failed, Reason::PushRefused)
+    } else {
+        (Outcome::Skipped, Reason::NoSubscription)
+    })
+}
+
+/// A push service's VAPID header while it is valid: (header, valid until, unix s).
+type Token = (String, i64);
+
+/// The Web Push channel's sender: one per daemon, shared by its partition readers.
+pub(crate) struct PushChannel {
+    ctx: Arc<Ctx>,
+    config: PushChannelConfig,
+    vapid: VapidKey,
+    renderer: Renderer,
+    http: reqwest::Client,
+    slots: Slots,
+    /// The pace of each push service (by origin).
+    pace: DefaultKeyedRateLimiter<String>,
+    tokens: Mutex<HashMap<String, Token>>,
+}
+
+impl PushChannel {
+    /// The channel, if the config sets `[channels.push]`.
+    pub fn from_ctx(ctx: &Arc<Ctx>) -> anyhow::Result<Option<Arc<PushChannel>>> {
+        let Some(config) = ctx.config.channels.push.clone() else { return Ok(None) };
+        let key = config.vapid_private_key.as_ref().context("channels.push: no VAPID private key")?;
+        let vapid =
+            VapidKey::parse(key.expose()).context("channels.push: the VAPID key is not a base64url P-256 scalar")?;
+        crate::resend::client::install_crypto_provider();
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("mailstream/", env!("CARGO_PKG_VERSION")))
+            .timeout(Duration::from_millis(config.timeout_ms))
+            .build()?;
+        let per_second = NonZeroU32::new(config.requests_per_second_per_service).context("a positive pace")?;
+        Ok(Some(Arc::new(PushChannel {
+            renderer: ctx.config.renderer().context("compiling templates")?,
+            slots: Slots::new(ctx, config.concurrency),
+            pace: RateLimiter::keyed(Quota::per_second(per_second)),
+            tokens: Mutex::default(),
+            ctx: ctx.clone(),
+            config,
+            vapid,
+            http,
+        })))
+    }
+
+    /// The VAPID header for a push service (`origin`): kept while more than an hour of
+    /// it is left.
+    fn authorization(&self, origin: &str) -> String {
+        let now = chrono::Utc::now().timestamp();
+        let mut tokens = self.tokens.lock().expect("tokens");
+        if let Some((header, until)) = tokens.get(origin)
+            && *until - now > 3600
+        {
+            return header.clone();
+        }
+        let until = now + VAPID_VALID_SECONDS;
+        let header = self.vapid.authorization(origin, until, &self.config.subject);
+        tokens.insert(origin.to_string(), (header.clone(), until));
+        header
+    }
+
+    /// One request of `payload` to one subscription, paced per push service.
+    async fn post(&self, s: &Subscription, topic: &str, payload: &[u8]) -> Answered {
+        let Ok(receiver) = s.receiver() else { return Answered::Gone };
+        let Ok(body) = crypto::encrypt(payload, &receiver) else { return Answered::TooLarge };
+        let origin = s.origin().to_string();
+        self.pace.until_key_ready(&origin).await;
+        let request = self
+            .http
+            .post(&s.endpoint)
+            .header("authorization", self.authorization(&origin))
+            .header("ttl", self.config.ttl_seconds)
+            .header("urgency", self.config.urgency.as_str())
+            .header("topic", topic)
+            .header("content-encoding", "aes128gcm")
+            .header("content-type", "application/octet-stream")
+            .body(body);
+        let (status, retry_after) = match request.send().await {
+            Ok(r) => {
+                let after = r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.trim().parse().ok());
+                (Some(r.status().as_u16()), after)
+            }
+            Err(_) => (None, None),
+        };
+        self.ctx.metrics.push_request(status);
+        answered(status, retry_after)
+    }
+}
+
+impl Sender for PushChannel {
+    const CHANNEL: Channel = Channel::Push;
+    const BODY_FIELD: &'static str = BODY_FIELD;
+    const MAYBE_TAKEN_FIELD: &'static str = "push_maybe_taken";
+    const UNAVAILABLE: Reason = Reason::PushUnavailable;
+    const OPS: (&'static str, &'static str) = ("push_read", "push_settle");
+
+    fn ctx(&self) -> &Arc<Ctx> {
+        &self.ctx
+    }
+
+    fn slots(&self) -> &Slots {
+        &self.slots
+    }
+
+    fn body(&self, d: &DeliveryRef, template: &str, data: &serde_json::Value) -> Result<String, Reason> {
+        let notification = self.renderer.render_push(template, d, data).map_err(|_| Reason::RenderError)?;
+        let payload = payload(&notification, &crypto::topic(&d.id()));
+        if payload.len() > crypto::MAX_PAYLOAD {
+            return Err(Reason::PushTooLarge);
+        }
+        Ok(payload)
+    }
+
+    /// One request to each subscription not sent to yet, then the delivery settled or put
+    /// off.
+    async fn send(self: Arc<Self>, p: u16, item: Claimed, body: String) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        let keys = &ctx.store.keys;
+        let d = &item.delivery;
+        let record = keys.delivery(p, &d.id());
+        let mut conn = ctx.store.conn().await?;
+        let all = subscriptions::list(&mut conn, keys, p, &d.subscriber).await?;
+        let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(&mut conn).await?;
+        let sent_before: BTreeSet<&str> = fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).collect();
+        let asked: Vec<(String, Subscription)> =
+            all.into_iter().filter(|(sid, _)| !sent_before.contains(sid.as_str())).collect();
+        let topic = crypto::topic(&d.id());
+        let mut requests = tokio::task::JoinSet::new();
+        for (i, (_, s)) in asked.iter().enumerate() {
+            let (this, s, topic, body) = (self.clone(), s.clone(), topic.clone(), body.clone());
+            requests.spawn(async move { (i, this.post(&s, &topic, body.as_bytes()).await) });
+        }
+        let mut answers = vec![Answered::Unanswered; asked.len()];
+        while let Some(done) = requests.join_next().await {
+            let (i, a) = done.context("a push request's task")?;
+            answers[i] = a;
+        }
+        // What the push services said, kept before anything is settled or put off.
+        for ((sid, _), a) in asked.iter().zip(&answers) {
+            match a {
+                Answered::Sent => {
+                    scripts::note(&mut conn, &sent_field(sid), &[(record.clone(), "1")]).await?;
+                }
+                Answered::Gone if subscriptions::remove(&mut conn, keys, p, &d.subscriber, sid).await? => {
+                    ctx.metrics.push_subscription_removed();
+                    tracing::info!(partition = p, subscription = %sid, "push subscription gone: removed");
+                }
+                _ => {}
+            }
+        }
+        if answers.contains(&Answered::Unanswered) {
+            channel::maybe_taken(&*self, &mut conn, p, &item).await?;
+        }
+        let sent = sent_before.len() + answers.iter().filter(|a| **a == Answered::Sent).count();
+        match settles(&answers, sent_before.len()) {
+            Some((outcome, reason)) => {
+                let decision = Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
+                channel::decide(&*self, &mut conn, p, &[decision]).await
+            }
+            None => {
+                let wait = answers.iter().map(|a| if let Answered::Again(ms) = a { *ms } else { 0 }).max();
+                // Past the deadline, a delivery a browser has is sent; else it failed.
+                let reached = (sent > 0).then_some((Outcome::Sent, Reason::Accepted));
+                channel::put_off(&*self, &mut conn, p, &item, wait.unwrap_or(0), reached).await
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_read_as_the_channel_promises() {
+        assert_eq!(answered(Some(201), None), Answered::Sent);
+        assert_eq!(answered(Some(404), None), Answered::Gone);
+        assert_eq!(answered(Some(410), None), Answered::Gone);
+        assert_eq!(answered(Some(413), None), Answered::TooLarge);
+        assert_eq!(answered(Some(429), Some(7)), Answered::Again(7000));
+        assert_eq!(answered(Some(429), None), Answered::Again(0));
+        assert_eq!(answered(Some(503), Some(7)), Answered::Again(0));
+        assert_eq!(answered(None, None), Answered::Unanswered);
+        assert_eq!(answered(Some(403), None), Answered::Refused(403));
+    }
+
+    #[test]
+    fn a_delivery_settles_once_every_browser_has_answered() {
+        use Answered::*;
+        assert_eq!(settles(&[Sent, Gone], 0), Some((Outcome::Sent, Reason::Accepted)));
+        assert_eq!(settles(&[Gone, Gone], 0), Some((Outcome::Skipped, Reason::NoSubscription)));
+        assert_eq!(settles(&[], 0), Some((Outcome::Skipped, Reason::NoSubscription)));
+        assert_eq!(settles(&[], 1), Some((Outcome::Sent, Reason::Accepted)));
+        assert_eq!(settles(&[Gone], 1), Some((Outcome::Sent, Reason::Accepted)));
+        assert_eq!(settles(&[TooLarge, Gone], 0), Some((Outcome::Failed, Reason::PushTooLarge)));
+        assert_eq!(settles(&[Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));
+        assert_eq!(settles(&[Sent, Again(0)], 0), None);
+        assert_eq!(settles(&[Gone, Unanswered], 0), None);
+    }
+
+    #[test]
+    fn the_payload_carries_the_notification_and_its_tag() {
+        let n = crate::render::Notification { title: "Your week".into(), body: "3 new".into(), url: None };
+        let p: serde_json::Value = serde_json::from_str(&payload(&n, "abc")).unwrap();
+        assert_eq!(p, serde_json::json!({"title": "Your week", "body": "3 new", "tag": "abc"}));
+    }
+}

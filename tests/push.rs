@@ -1,0 +1,221 @@
+//! The Web Push channel against the emulator's push service over loopback, with a real
+//! Redis: each browser shown a notification once, gone subscriptions removed, a refusal,
+//! a throttle and a lost answer each with its outcome; the payload and the VAPID token
+//! checked by Python's http_ece and cryptography, which share no code with ours.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine;
+use common::{CAMPAIGN, PERIOD, World, delivery_of, eventually};
+use mailstream::config::{PushChannelConfig, Secret, Urgency};
+use mailstream::db::Counts;
+use mailstream::emulator::EmulatorConfig;
+use mailstream::emulator::push::PushService;
+use mailstream::push::crypto::{self, VapidKey};
+use mailstream::push::subscriptions::{self, Subscription};
+use mailstream::work::Channel;
+
+const SETTLE: Duration = Duration::from_secs(90);
+
+/// A world whose campaign goes by email and Web Push, signing with a new VAPID key, and a
+/// push service serving on loopback.
+async fn push_world(timeout_ms: u64) -> (World, PushService, VapidKey, mailstream::shutdown::Trigger) {
+    let service = PushService::new();
+    let (_, stop, _) = service.spawn_local().await.unwrap();
+    let (private, vapid) = VapidKey::generate();
+    let mut world = World::with(Default::default(), |c| {
+        c.campaigns[0].channels = vec![Channel::Email, Channel::Push];
+        c.channels.push = Some(PushChannelConfig {
+            subject: "mailto:ops@example.com".into(),
+            ttl_seconds: 60,
+            urgency: Urgency::High,
+            timeout_ms,
+            concurrency: 8,
+            requests_per_second_per_service: 1000,
+            vapid_private_key_file: None,
+            vapid_private_key: Some(Secret::new(private)),
+        });
+    })
+    .await;
+    let (_emulator, stop_emulator) = world.emulator(EmulatorConfig::default()).await;
+    std::mem::forget(stop_emulator);
+    (world, service, vapid, stop)
+}
+
+async fn push_settled(world: &World) -> Counts {
+    let store = world.store.clone();
+    eventually(SETTLE, || {
+        let store = store.clone();
+        async move {
+            let c = store.channel_counts(CAMPAIGN, PERIOD, Channel::Push).await.ok()?;
+            (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
+        }
+    })
+    .await
+    .expect("the push deliveries settled")
+}
+
+/// Runs tests/push_check.py on one message a browser got: (payload, VAPID claims).
+fn python_check(service: &PushService, s: &Subscription, origin: &str) -> serde_json::Value {
+    let (private_key, auth, taken) = service.taken(&s.endpoint).expect("the browser exists");
+    let (body, authorization) = taken.first().expect("a message was taken").clone();
+    let input = serde_json::json!({
+        "private_key": private_key,
+        "auth": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(auth),
+        "body": base64::engine::general_purpose::STANDARD.encode(body),
+        "authorization": authorization,
+        "audience": origin,
+    });
+    let mut child = std::process::Command::new("python3")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/push_check.py"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs (.ci/run installs http_ece and cryptography)");
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(input.to_string().as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "push_check.py: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn origin_of(s: &Subscription) -> String {
+    s.origin().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_browser_is_shown_a_notification_once_and_gone_ones_are_forgotten() {
+    let (world, service, vapid, _stop) = push_world(2000).await;
+    let subs = world.subscribers(6).await;
+    let (_, other_key) = VapidKey::generate();
+    // u0: one browser. u1: two, one of them gone. u2: one, gone. u3: none. u4: one made
+    // for another application server key (refused 403). u5: one.
+    let s0 = service.subscribe(&vapid.public);
+    let s1a = service.subscribe(&vapid.public);
+    let s1b = service.subscribe(&vapid.public);
+    let s2 = service.subscribe(&vapid.public);
+    let s4 = service.subscribe(&other_key.public);
+    let s5 = service.subscribe(&vapid.public);
+    service.make_gone(&s1b.endpoint);
+    service.make_gone(&s2.endpoint);
+    for (i, s) in [(0, &s0), (1, &s1a), (1, &s1b), (2, &s2), (4, &s4), (5, &s5)] {
+        subscriptions::add(&world.store, &subs[i].id, s).await.unwrap();
+    }
+    // Registering one again replaces it; an unknown subscriber is refused.
+    subscriptions::add(&world.store, &subs[0].id, &s0).await.unwrap();
+    let unknown = subscriptions::add(&world.store, "nobody", &s0).await.unwrap_err();
+    assert!(unknown.to_string().contains("not in the registry"), "{unknown}");
+    // The first two requests are throttled: asked again after their Retry-After.
+    service.throttle(2, 1);
+    world.kick().await;
+    let daemon = world.daemon();
+    let push = push_settled(&world).await;
+    world.settled(SETTLE).await;
+    daemon.stop().await;
+    service.show();
+
+    assert_eq!((push.sent, push.skipped, push.failed, push.outcome_unknown), (3, 2, 1, 0), "{push:?}");
+    let stats = service.stats();
+    assert_eq!(
+        (stats.duplicates, stats.throttled, stats.gone, stats.rejected, stats.malformed),
+        (0, 2, 2, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.shown, 3, "{stats:?}");
+    for (i, s) in [(0, &s0), (1, &s1a), (5, &s5)] {
+        let tag = crypto::topic(&delivery_of(&subs[i]).on(Channel::Push).id());
+        assert_eq!(service.shown(&s.endpoint).get(&tag), Some(&1), "subscriber {i}");
+    }
+    // The gone subscriptions are removed; the others stay.
+    let mut conn = world.store.conn().await.unwrap();
+    let keys = &world.store.keys;
+    for (i, left) in [(0, 1), (1, 1), (2, 0), (4, 1), (5, 1)] {
+        let id = &subs[i].id;
+        let found = subscriptions::list(&mut conn, keys, keys.partition_of(id), id).await.unwrap();
+        assert_eq!(found.len(), left, "subscriber {i}: {found:?}");
+    }
+    // What each delivery came to, as the delivery log reads it.
+    let refs: Vec<_> = [2, 3].iter().map(|&i| delivery_of(&subs[i]).on(Channel::Push)).collect();
+    for d in &refs {
+        let p = keys.partition_of(&d.subscriber);
+        let entry = mailstream::db::history::lookup(&mut conn, keys, p, std::slice::from_ref(d)).await.unwrap();
+        let entry = entry[0].clone().expect("settled compactly");
+        assert_eq!((entry.state.as_str(), entry.detail.as_deref()), ("skipped", Some("no_subscription")), "{d:?}");
+    }
+    let refused = common::delivery(&world.store, &delivery_of(&subs[4]).on(Channel::Push).id()).await;
+    assert_eq!((refused["state"].as_str(), refused["error"].as_str()), ("failed", "push_refused"), "{refused:?}");
+
+    // Independently: the payload decrypts with the browser's key, the token verifies.
+    let checked = python_check(&service, &s0, &origin_of(&s0));
+    let d0 = delivery_of(&subs[0]).on(Channel::Push);
+    assert_eq!(checked["payload"]["title"], "Your weekly digest");
+    assert_eq!(checked["payload"]["tag"], crypto::topic(&d0.id()).as_str());
+    assert!(checked["payload"]["url"].as_str().unwrap().contains(&d0.target), "{checked}");
+    assert_eq!(checked["vapid"]["sub"], "mailto:ops@example.com");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_retry_after_a_lost_answer_carries_the_same_topic_and_payload() {
+    let (world, service, vapid, _stop) = push_world(300).await;
+    let subs = world.subscribers(1).await;
+    let s = service.subscribe(&vapid.public);
+    subscriptions::add(&world.store, &subs[0].id, &s).await.unwrap();
+    // The browser is offline, and the service answers only after the client gave up:
+    // every request is taken, none is known to be.
+    service.set_offline(true);
+    service.set_slow(2000);
+    world.kick().await;
+    let daemon = world.daemon();
+    let retried = eventually(SETTLE, || {
+        let service = service.clone();
+        let endpoint = s.endpoint.clone();
+        async move { (service.taken(&endpoint)?.2.len() >= 2).then_some(()) }
+    })
+    .await;
+    assert!(retried.is_some(), "asked again after no answer: {:?}", service.stats());
+    service.set_slow(0);
+    let push = push_settled(&world).await;
+    daemon.stop().await;
+    service.set_offline(false);
+
+    assert_eq!(push.sent, 1, "{push:?}");
+    let (private_key, auth, taken) = service.taken(&s.endpoint).unwrap();
+    let secret = p256::SecretKey::from_slice(&crypto::b64_decode(&private_key).unwrap()).unwrap();
+    let plain: Vec<Vec<u8>> = taken.iter().map(|(body, _)| crypto::decrypt(body, &secret, &auth).unwrap()).collect();
+    assert!(plain.len() >= 2 && plain.iter().all(|p| *p == plain[0]), "one payload, every time");
+    assert_ne!(taken[0].0, taken[1].0, "each request encrypted anew");
+    let stats = service.stats();
+    // The push service held one message: each retry replaced it by its Topic.
+    assert_eq!(stats.replaced, stats.created - 1, "{stats:?}");
+    assert_eq!((stats.shown, stats.duplicates), (1, 0), "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_push_service_that_is_down_holds_the_delivery_not_the_email() {
+    let (world, service, vapid, _stop) = push_world(2000).await;
+    let subs = world.subscribers(20).await;
+    let items: Vec<_> = subs.iter().map(|sub| (sub.id.clone(), service.subscribe(&vapid.public))).collect();
+    subscriptions::add_many(&world.store, &items).await.unwrap();
+    service.set_down(true);
+    world.kick().await;
+    let daemon = world.daemon();
+    let email = world.settled(SETTLE).await;
+    assert_eq!(email.sent, 20, "{email:?}");
+    let held = world.store.channel_counts(CAMPAIGN, PERIOD, Channel::Push).await.unwrap();
+    assert_eq!(held.sent, 0, "{held:?}");
+    let refused = eventually(SETTLE, || {
+        let service = service.clone();
+        async move { (service.stats().refused_while_down >= 40).then_some(()) }
+    })
+    .await;
+    assert!(refused.is_some(), "asked again while down: {:?}", service.stats());
+    service.set_down(false);
+    let push = push_settled(&world).await;
+    daemon.stop().await;
+    service.show();
+    assert_eq!((push.sent, push.failed), (20, 0), "{push:?}");
+    assert_eq!(service.stats().duplicates, 0);
+}
