@@ -373,6 +373,10 @@ pub struct Detail {
     pub row: Row,
     pub fields: BTreeMap<String, String>,
     pub history: Vec<(String, String)>,
+    /// A Web Push delivery: the subscriber's browser subscriptions now, masked (the push
+    /// service's host and the subscription's id, never the endpoint), each marked when
+    /// this delivery reached it.
+    pub browsers: Vec<String>,
 }
 
 /// The inline address of a transactional request (`to`), if the record holds one.
@@ -403,6 +407,7 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         r.to = r.to.as_deref().map(mask);
         fields.insert("request".into(), serde_json::to_string(&r).unwrap_or_default());
     }
+    let (push, subscriber) = (d.channel == crate::work::Channel::Push, d.subscriber.clone());
     let mut row = row(d, &fields, email.as_deref());
     if let Some(batch) = sealed_batch(&row, &fields) {
         batch_sends(&mut conn, store, p, vec![(&mut row, batch)]).await?;
@@ -426,7 +431,15 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         .into_iter()
         .map(|(at, what)| (DateTime::from_timestamp_millis(at).map(|t| t.to_rfc3339()).unwrap_or_default(), what))
         .collect();
-    Ok(Some(Detail { row, fields, history }))
+    let mut browsers = Vec::new();
+    if push {
+        let sp = store.keys.partition_of(&subscriber);
+        for (sid, s) in crate::push::subscriptions::list(&mut conn, &store.keys, sp, &subscriber).await? {
+            let reached = fields.contains_key(&crate::push::sent_field(&sid));
+            browsers.push(format!("{}{}", s.masked(), if reached { ": reached" } else { "" }));
+        }
+    }
+    Ok(Some(Detail { row, fields, history, browsers }))
 }
 
 /// `2h`, `30m`, `7d`, `90s` before `now`, or an RFC 3339 time.

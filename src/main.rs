@@ -140,6 +140,15 @@ enum Command {
         #[command(flatten)]
         args: slo::Args,
     },
+    /// Make a VAPID key pair for the Web Push channel: the private key into a new file
+    /// (mode 0600; point channels.push.vapid_private_key_file or the credential
+    /// vapid_private_key at it), the public key on stdout (the application's
+    /// applicationServerKey, for `pushManager.subscribe`).
+    VapidKeys {
+        /// Where the private key goes (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Run the Resend emulator.
     Emulator(emulator::Args),
     /// A full weekly run on the embedded default: private Redis, emulator, N subscribers.
@@ -168,7 +177,7 @@ impl Command {
             | Deliveries { at, .. }
             | Slo { at, .. } => Some(&at.config),
             DeadLetters { at, .. } | Suppressions { at, .. } => Some(&at.config),
-            Emulator(_) | Demo(_) => None,
+            Emulator(_) | Demo(_) | VapidKeys { .. } => None,
         }
     }
 }
@@ -244,6 +253,7 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
         Command::Suppressions { action, .. } => suppression::command(&config(), action).await,
         Command::Slo { args, .. } if args.mail => report::command(&config(), args.json).await,
         Command::Slo { args, .. } => slo::command(&config(), args).await,
+        Command::VapidKeys { out } => mailstream::push::vapid_keys(&out),
         Command::Emulator(args) => emulator::command(args).await,
         Command::Demo(args) => demo::command(args).await,
     }

@@ -1,8 +1,8 @@
 //! The invariants of DESIGN §2 that no other test file pins by itself: every
 //! script call touches one hash slot (recorded from a real run with Redis's own
-//! MONITOR), no address reaches a log line, a stream entry, a key name or a
-//! metric label of a full run with faults, and the failure rate counts decided
-//! outcomes only. (The README's table maps each invariant to its tests.)
+//! MONITOR), no address (nor a Web Push endpoint) reaches a log line, a stream
+//! entry, a key name or a metric label of a full run with faults, and the failure
+//! rate counts decided outcomes only. (The README's table maps each invariant to its tests.)
 
 mod common;
 
@@ -224,9 +224,24 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let logs = captured_logs();
+    // Web Push too: a browser's endpoint is personal data like an address.
+    let push = mailstream::emulator::push::PushService::new();
+    let (_, _stop_push, _) = push.spawn_local().await.unwrap();
+    let (vapid_private, vapid) = mailstream::push::crypto::VapidKey::generate();
     let mut world = World::with(Default::default(), |c| {
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
+        c.campaigns[0].channels = vec![mailstream::work::Channel::Email, mailstream::work::Channel::Push];
+        c.channels.push = Some(mailstream::config::PushChannelConfig {
+            subject: "https://acme.example/contact".into(),
+            ttl_seconds: 60,
+            urgency: mailstream::config::Urgency::Normal,
+            timeout_ms: 2000,
+            concurrency: 8,
+            requests_per_second_per_service: 1000,
+            vapid_private_key_file: None,
+            vapid_private_key: Some(mailstream::config::Secret::new(vapid_private)),
+        });
     })
     .await;
     let faults = Faults { server_error: 0.1, hang: 0.05, hang_ms: 1500, concurrent: 0.05, ..Default::default() };
@@ -249,6 +264,10 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     subs[11].email = "bounced+cy.person@resend.dev".into();
     subs[12].email = "complained+di.person@resend.dev".into();
     subscribers::upsert(&world.store, &subs).await.unwrap();
+    // A browser each for the first 100, one in five of them gone (removed, and logged).
+    push.set_gone_every(5);
+    let browsers: Vec<_> = subs[..100].iter().map(|s| (s.id.clone(), push.subscribe(&vapid.public))).collect();
+    mailstream::push::subscriptions::add_many(&world.store, &browsers).await.unwrap();
     world.kick().await;
     subs[9].subscribed = false;
     subs[10].entitled = false;
@@ -267,6 +286,16 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let daemon = Daemon::start_listening(world.config.clone(), Default::default(), listeners);
     let counts = world.settled(SETTLE).await;
     let store = world.store.clone();
+    let pushed = eventually(SETTLE, || {
+        let store = store.clone();
+        async move {
+            let c = store.channel_counts(CAMPAIGN, PERIOD, mailstream::work::Channel::Push).await.ok()?;
+            (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
+        }
+    })
+    .await
+    .expect("push settled");
+    assert!(pushed.sent >= 70 && push.stats().gone >= 15, "{pushed:?} {:?}", push.stats());
     let tx =
         eventually(SETTLE, || {
             let (store, day) = (store.clone(), day.clone());
@@ -289,9 +318,14 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
 
     let addresses: Vec<&str> = subs.iter().map(|s| s.email.as_str()).collect();
     let sender = "digest@acme.example";
+    // An endpoint, or its capability token (the last segment), anywhere.
+    let tokens: Vec<&str> = browsers.iter().filter_map(|(_, b)| b.endpoint.rsplit('/').next()).collect();
     let personal = |text: &str| -> Option<String> {
-        if let Some(a) = addresses.iter().find(|a| text.contains(**a)) {
+        if let Some(a) = addresses.iter().chain(&tokens).find(|a| text.contains(**a)) {
             return Some(a.to_string());
+        }
+        if text.contains("/push/") {
+            return Some("a push endpoint".into());
         }
         // Any other address-like text but the configured sender.
         let scrubbed = text.replace(sender, "");

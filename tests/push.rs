@@ -219,3 +219,77 @@ async fn a_push_service_that_is_down_holds_the_delivery_not_the_email() {
     assert_eq!((push.sent, push.failed), (20, 0), "{push:?}");
     assert_eq!(service.stats().duplicates, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted() {
+    let (mut world, service, vapid, _stop) = push_world(2000).await;
+    world.config.http.ingest_tokens = vec![Secret::new("ingest-token-0123456789")];
+    let subs = world.subscribers(2).await;
+    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/v1/push-subscriptions", public.local_addr().unwrap());
+    let listeners = mailstream::Listeners { metrics: None, public: Some(public) };
+    let daemon = common::Daemon::start_listening(world.config.clone(), Default::default(), listeners);
+    mailstream::resend::client::install_crypto_provider();
+    let http = reqwest::Client::new();
+    let s = service.subscribe(&vapid.public);
+    let token = s.endpoint.rsplit('/').next().unwrap().to_string();
+    let post = |body: serde_json::Value| {
+        let req = http.post(&url).bearer_auth("ingest-token-0123456789").json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let (status, body) = post(serde_json::json!({"subscriber": subs[0].id, "subscription": s})).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body.contains(&s.id()) && !body.contains(&token), "{body}");
+    let mut bad = serde_json::to_value(&s).unwrap();
+    bad["keys"]["auth"] = "AAEC".into();
+    let (status, body) = post(serde_json::json!({"subscriber": subs[0].id, "subscription": bad})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(!body.contains(&token), "{body}");
+    let (status, _) = post(serde_json::json!({"subscriber": "nobody", "subscription": s})).await;
+    assert_eq!(status, 404);
+    let r = http.post(&url).json(&serde_json::json!({"subscriber": subs[0].id, "subscription": s})).send().await;
+    assert_eq!(r.unwrap().status().as_u16(), 401, "the token is needed");
+    daemon.stop().await;
+
+    // The CLI, as an operator runs it: the subscription names its id, never its endpoint.
+    let config =
+        common::cli::config_file("push.toml", &[common::cli::TEST_REDIS, ("partitions = 1", "partitions = 2")]);
+    let second = service.subscribe(&vapid.public);
+    let json = serde_json::to_string(&second).unwrap();
+    let redis = world.redis.url();
+    let args = ["subscribe", "--id", &subs[1].id, "--push-subscription", "-", "--json"];
+    let out = common::cli::run(&config, &redis, &args, &json);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = format!("{}{}", common::cli::stdout(&out), String::from_utf8_lossy(&out.stderr));
+    let second_token = second.endpoint.rsplit('/').next().unwrap();
+    assert!(printed.contains(&second.id()) && !printed.contains(second_token), "{printed}");
+    let out = common::cli::run(
+        &config,
+        &redis,
+        &["subscribe", "--id", &subs[1].id, "--push-subscription", "{\"endpoint\":\"https://x/secret-path\"}"],
+        "",
+    );
+    assert!(!out.status.success());
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("secret-path"), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut conn = world.store.conn().await.unwrap();
+    let keys = &world.store.keys;
+    for sub in &subs {
+        let found = subscriptions::list(&mut conn, keys, keys.partition_of(&sub.id), &sub.id).await.unwrap();
+        assert_eq!(found.len(), 1, "{}", sub.id);
+    }
+    // `mailstream vapid-keys`: a pair whose private half is only in the file.
+    let file = std::env::temp_dir().join(format!("vapid-{}.key", std::process::id()));
+    let _ = std::fs::remove_file(&file);
+    let out = common::cli::bin().args(["vapid-keys", "--out"]).arg(&file).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let private = std::fs::read_to_string(&file).unwrap();
+    let public = common::cli::stdout(&out);
+    assert_eq!(VapidKey::parse(private.trim()).unwrap().public, public.trim());
+    assert!(!public.contains(private.trim()));
+    let again = common::cli::bin().args(["vapid-keys", "--out"]).arg(&file).output().unwrap();
+    assert!(!again.status.success(), "an existing key file is never overwritten");
+    std::fs::remove_file(&file).unwrap();
+}

@@ -55,6 +55,24 @@ pub fn payload(notification: &crate::render::Notification, tag: &str) -> String 
     v.to_string()
 }
 
+/// `mailstream vapid-keys --out FILE`: a new key pair, the private key written into a new
+/// file only its owner may read, the public key printed.
+pub fn vapid_keys(out: &std::path::Path) -> anyhow::Result<std::process::ExitCode> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let (private, key) = VapidKey::generate();
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("creating {} (an existing file is never overwritten)", out.display()))?;
+    writeln!(file, "{private}")?;
+    println!("{}", key.public);
+    eprintln!("the private key is in {}; the public key above is the applicationServerKey", out.display());
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
 /// What one subscription's answer means for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Answered {
