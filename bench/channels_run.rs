@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use mailstream::config::{AppChannelConfig, Config, PushChannelConfig, Secret, Urgency};
+use mailstream::config::{AppChannelConfig, Config, PushChannelConfig, Secret};
 use mailstream::db::{Counts, Store};
 use mailstream::emulator::app::AppEndpoint;
 use mailstream::emulator::push::PushService;
@@ -199,14 +199,9 @@ async fn run(
         }
         Some(Far::Push(_, private, _)) => {
             config.channels.push = Some(PushChannelConfig {
-                subject: "mailto:ops@example.com".into(),
                 ttl_seconds: 3600,
-                urgency: Urgency::Normal,
-                timeout_ms: 5000,
-                concurrency: 32,
                 requests_per_second_per_service: 100_000,
-                vapid_private_key_file: None,
-                vapid_private_key: Some(Secret::new(private.clone())),
+                ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private.clone()))
             })
         }
         None => {}

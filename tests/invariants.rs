@@ -233,14 +233,14 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
         c.delivery.lease_seconds = 6;
         c.campaigns[0].channels = vec![mailstream::work::Channel::Email, mailstream::work::Channel::Push];
         c.channels.push = Some(mailstream::config::PushChannelConfig {
-            subject: "https://acme.example/contact".into(),
             ttl_seconds: 60,
-            urgency: mailstream::config::Urgency::Normal,
             timeout_ms: 2000,
             concurrency: 8,
             requests_per_second_per_service: 1000,
-            vapid_private_key_file: None,
-            vapid_private_key: Some(mailstream::config::Secret::new(vapid_private)),
+            ..mailstream::config::PushChannelConfig::new(
+                "https://acme.example/contact",
+                mailstream::config::Secret::new(vapid_private),
+            )
         });
     })
     .await;

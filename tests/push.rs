@@ -28,14 +28,12 @@ async fn push_world(timeout_ms: u64) -> (World, PushService, VapidKey, mailstrea
     let mut world = World::with(Default::default(), |c| {
         c.campaigns[0].channels = vec![Channel::Email, Channel::Push];
         c.channels.push = Some(PushChannelConfig {
-            subject: "mailto:ops@example.com".into(),
             ttl_seconds: 60,
             urgency: Urgency::High,
             timeout_ms,
             concurrency: 8,
             requests_per_second_per_service: 1000,
-            vapid_private_key_file: None,
-            vapid_private_key: Some(Secret::new(private)),
+            ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private))
         });
     })
     .await;

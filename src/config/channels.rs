@@ -57,6 +57,22 @@ pub struct PushChannelConfig {
     pub vapid_private_key: Option<Secret>,
 }
 
+impl PushChannelConfig {
+    /// The defaults, naming `subject` and signing with `vapid_private_key`.
+    pub fn new(subject: &str, vapid_private_key: Secret) -> PushChannelConfig {
+        PushChannelConfig {
+            subject: subject.to_string(),
+            ttl_seconds: default_ttl_seconds(),
+            urgency: Urgency::default(),
+            timeout_ms: default_timeout_ms(),
+            concurrency: default_push_concurrency(),
+            requests_per_second_per_service: default_per_service(),
+            vapid_private_key_file: None,
+            vapid_private_key: Some(vapid_private_key),
+        }
+    }
+}
+
 /// `Urgency` of a push message (RFC 8030 §5.3).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]

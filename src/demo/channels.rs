@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::{AppChannelConfig, Config, PushChannelConfig, Secret, Urgency};
+use crate::config::{AppChannelConfig, Config, PushChannelConfig, Secret};
 use crate::db::Store;
 use crate::emulator::Stats;
 use crate::emulator::app::{AppEndpoint, AppStats};
@@ -99,14 +99,9 @@ pub async fn configure(config: &mut Config, campaign: &str, channels: &[Channel]
         let (private, key) = VapidKey::generate();
         ends.vapid_public = key.public;
         config.channels.push = Some(PushChannelConfig {
-            subject: "mailto:ops@example.com".into(),
             ttl_seconds: 3600,
-            urgency: Urgency::Normal,
-            timeout_ms: 5000,
-            concurrency: 32,
             requests_per_second_per_service: 1000,
-            vapid_private_key_file: None,
-            vapid_private_key: Some(Secret::new(private)),
+            ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private))
         });
         ends.push = Some(Serving { server: service, stop, task });
     }

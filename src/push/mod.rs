@@ -10,11 +10,14 @@
 //!   every request of the delivery carries the same `Topic` (a hash of the delivery id):
 //!   a push service replaces a message it still holds with a newer one of the same topic,
 //!   and a browser replaces a shown notification with one of the same tag;
-//! - a subscription that answered 201 is marked in the record (`push_sent:<id>`) before
-//!   the delivery is settled or put off, and is not sent to again;
+//! - a subscription that answered 201 is marked in the record (`push_sent:<id>`), and the
+//!   replicas have the mark, before the delivery is settled or put off: it is not sent to
+//!   again, even when a failover loses the settlement (the protocol model's
+//!   `no_browser_posted_again_after_its_201`);
 //! - 404/410 removes the subscription; with none left and nothing sent, the delivery is
-//!   skipped `no_subscription`. 413 fails it (`push_too_large`); 429 puts it off for at
-//!   least its `Retry-After`; 5xx and no answer put it off until the delivery deadline.
+//!   skipped `no_subscription` (`outcome_unknown` if a request of it went unanswered: a
+//!   browser may have it). 413 fails it (`push_too_large`); 429 puts it off for at least
+//!   its `Retry-After`; 5xx and no answer put it off until the delivery deadline.
 
 pub mod crypto;
 pub mod subscriptions;
@@ -42,6 +45,13 @@ pub const BODY_FIELD: &str = "push_body";
 /// The record field marking subscription `<id>` as sent to (201).
 pub fn sent_field(sid: &str) -> String {
     format!("push_sent:{sid}")
+}
+
+/// The record field an instance sets before its requests of the delivery leave, and
+/// clears once it has recorded their answers: one left behind (a crash, a stall past the
+/// lease) says requests whose fate nobody knows may have reached a browser.
+pub fn inflight_field(owner: &str) -> String {
+    format!("push_inflight:{owner}")
 }
 
 /// How long a VAPID token is made valid for (push services take up to 24 h); one is made
@@ -240,6 +250,17 @@ impl Sender for PushChannel {
         let d = &item.delivery;
         let record = keys.delivery(p, &d.id());
         let mut conn = ctx.store.conn().await?;
+        // Still ours, just before the requests leave (and for another lease): a holder
+        // that stalled since its claim must not post what another may have sent since.
+        let lease = ctx.config.lease().as_millis() as u64;
+        let (held, _) = scripts::renew(&mut conn, keys, p, &ctx.owner, lease, &[d], &[]).await?;
+        if held == 0 {
+            tracing::info!(partition = p, "a push delivery's lease ran out before its requests: left to its holder");
+            return Ok(());
+        }
+        let mine = inflight_field(&ctx.owner);
+        scripts::note(&mut conn, &mine, &[(record.clone(), "1")]).await?;
+        ctx.store.durable(&mut conn, &record).await?;
         let all = subscriptions::list(&mut conn, keys, p, &d.subscriber).await?;
         let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(&mut conn).await?;
         let sent_before: BTreeSet<&str> = fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).collect();
@@ -272,8 +293,22 @@ impl Sender for PushChannel {
         if answers.contains(&Answered::Unanswered) {
             channel::maybe_taken(&*self, &mut conn, p, &item).await?;
         }
+        // Every answer is recorded: this instance's requests are no longer in doubt.
+        let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(&mut conn).await?;
+        // The marks survive a failover before anything is settled or put off: a settlement
+        // lost with a failover is claimed again, and then skips every browser marked.
+        ctx.store.durable(&mut conn, &record).await?;
         let sent = sent_before.len() + answers.iter().filter(|a| **a == Answered::Sent).count();
+        // A request that went unanswered, now or before, or one of an instance that never
+        // recorded its answers, may have reached a browser.
+        let maybe_taken = answers.contains(&Answered::Unanswered)
+            || fields.iter().any(|f| f == "push_maybe_taken" || (f.starts_with("push_inflight:") && *f != mine));
         match settles(&answers, sent_before.len()) {
+            Some((Outcome::Skipped | Outcome::Failed, reason)) if maybe_taken => {
+                let outcome = Outcome::OutcomeUnknown;
+                let decision = Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
+                channel::decide(&*self, &mut conn, p, &[decision]).await
+            }
             Some((outcome, reason)) => {
                 let decision = Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
                 channel::decide(&*self, &mut conn, p, &[decision]).await

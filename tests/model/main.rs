@@ -20,9 +20,10 @@ use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 /// The mutants the bound must catch (the three named ones, a WAIT answered by
 /// another node, which the redis crate's cluster client could do after a failover, a
 /// sender fallback after a request that may have been sent, and, on the channel's bound,
-/// an application event whose body is written anew or not waited for, and, on the settled
-/// history's bound, a kick whose dedup does not read the history).
-const REQUIRED: [Mutant; 8] = [
+/// an application event whose body is written anew or not waited for, on the Web Push
+/// bound, browser marks not waited for, and, on the settled history's bound, a kick whose
+/// dedup does not read the history).
+const REQUIRED: [Mutant; 9] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
@@ -30,6 +31,7 @@ const REQUIRED: [Mutant; 8] = [
     Mutant::FallbackAfterMaybeSent,
     Mutant::AppBodyRewritten,
     Mutant::AppBodyNotWaited,
+    Mutant::PushMarksNotWaited,
     Mutant::KickForgetsSettledHistory,
 ];
 
@@ -107,6 +109,17 @@ fn channel_bound(mutant: Option<Mutant>) -> Protocol {
     }
 }
 
+/// The Web Push channel's bound: the application channel's, with a Web Push delivery in
+/// place of the application event; its subscriber has two browsers, one of them gone, and
+/// one answer other than an acceptance (5xx, an answer lost, an unsubscribe).
+fn push_bound(mutant: Option<Mutant>) -> Protocol {
+    let mut m = channel_bound(mutant);
+    m.deliveries[1].lane = Lane::Push;
+    // One answer other than an acceptance: each browser's answers multiply the paths.
+    m.budget.failures = 1;
+    m
+}
+
 /// The settled history's bound: one subscriber's email and application event, kicked
 /// twice (the second kick may come after either settled compactly), one holder, one
 /// partition, no trouble.
@@ -133,6 +146,7 @@ fn bound_for(mutant: Mutant) -> Protocol {
     match mutant {
         Mutant::KickForgetsSettledHistory => history_bound(Some(mutant)),
         m if m.is_channel() => channel_bound(Some(mutant)),
+        m if m.is_push() => push_bound(Some(mutant)),
         _ => ci_bound(Some(mutant)),
     }
 }
@@ -254,6 +268,7 @@ fn walk_bound() -> Protocol {
             sibling: None,
         },
         Delivery { partition: 1, lane: Lane::App, address: 3, registry: true, operator: false, sibling: None },
+        Delivery { partition: 0, lane: Lane::Push, address: 0, registry: true, operator: false, sibling: None },
     ];
     m.budget = Budget {
         kicks: 2,
@@ -319,6 +334,24 @@ fn main() -> ExitCode {
         }
         eprintln!("  model: {}\n  redis: {}", m.model, m.redis);
     }
+    if flag("--push-only") {
+        // While working on the Web Push channel: its bound and its mutant only.
+        let run = check(push_bound(None));
+        eprintln!(
+            "model: {} states, depth {}, {:.1} s (the Web Push channel's bound)",
+            run.states, run.depth, run.seconds
+        );
+        for (property, steps) in &run.failures {
+            print_trace("the Web Push channel", property, steps);
+        }
+        let mutant = check_mutant(push_bound(Some(Mutant::PushMarksNotWaited)));
+        eprintln!("mutant push_marks_not_waited: {}", if mutant.failures.is_empty() { "missed" } else { "caught" });
+        return if run.failures.is_empty() && !mutant.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     if flag("--walks-only") {
         // While working on the scripts or the walks: only them.
         return if mismatch.is_none() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
@@ -338,6 +371,14 @@ fn main() -> ExitCode {
     );
     for (property, steps) in &channel.failures {
         print_trace("the application channel", property, steps);
+    }
+    let push = check(push_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the Web Push channel's bound, exhaustive)",
+        push.states, push.depth, push.seconds
+    );
+    for (property, steps) in &push.failures {
+        print_trace("the Web Push channel", property, steps);
     }
     let history = check(history_bound(None));
     eprintln!(
@@ -396,6 +437,8 @@ fn main() -> ExitCode {
             "seconds": base.seconds,
             "channel_states": channel.states,
             "channel_seconds": channel.seconds,
+            "push_states": push.states,
+            "push_seconds": push.seconds,
             "history_states": history.states,
             "properties": properties,
             "mutants": mutants,
@@ -412,7 +455,10 @@ fn main() -> ExitCode {
     let larger_ok = larger_report
         .as_ref()
         .is_none_or(|r| r["properties"].as_object().is_some_and(|p| p.values().all(|v| v == true)));
-    let bounds_hold = base.failures.is_empty() && channel.failures.is_empty() && history.failures.is_empty();
+    let bounds_hold = base.failures.is_empty()
+        && channel.failures.is_empty()
+        && push.failures.is_empty()
+        && history.failures.is_empty();
     if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {

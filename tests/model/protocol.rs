@@ -33,12 +33,24 @@ pub type Key = (u8, u8);
 /// campaign delivery of the application channel (app.rs): claimed like any (claim.lua),
 /// its event body fixed in its record (HSETNX, then WAIT) before the first request,
 /// posted, and decided (decide.lua) or put off (defer.lua); never sealed into a batch.
+/// `Push` is a campaign delivery of the Web Push channel (push/): claimed and its payload
+/// fixed the same way, then posted to each of its subscriber's browsers ([`BROWSERS`],
+/// one of them gone: [`GONE`]); what they answered is written (a mark per browser that
+/// took it, note.lua; a gone one removed from the registry) and WAITed for, then it is
+/// decided or put off.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Lane {
     Digest,
     Transactional,
     App,
+    Push,
 }
+
+/// The browsers a Web Push delivery's subscriber has subscribed at first (bits).
+pub const BROWSERS: u8 = 0b11;
+/// The browsers whose push service answers 410 Gone (always: a subscription that is gone
+/// stays gone).
+pub const GONE: u8 = 0b10;
 
 /// One delivery of the bound: its partition, lane, the address its email is sent to
 /// (the registry's, an inline recipient, or the render hook's), whether that is its
@@ -137,6 +149,10 @@ pub enum Mutant {
     /// app.rs: the event's body is not WAITed for before the request, so a failover may
     /// take it back and the next holder post the id with another body.
     AppBodyNotWaited,
+    /// push/: the marks of the browsers that took a notification are not WAITed for
+    /// before the delivery is decided, so a failover may take them back and the next
+    /// holder post to a browser whose 201 was recorded.
+    PushMarksNotWaited,
     /// enqueue.lua: the dedup reads the delivery's record only, not its period's settled
     /// history, so a kick after a delivery was settled sent (its record gone for its
     /// compact entry) enqueues it again.
@@ -144,7 +160,7 @@ pub enum Mutant {
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 17] = [
+    pub const ALL: [Mutant; 18] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -161,12 +177,18 @@ impl Mutant {
         Mutant::FallbackAfterMaybeSent,
         Mutant::AppBodyRewritten,
         Mutant::AppBodyNotWaited,
+        Mutant::PushMarksNotWaited,
         Mutant::KickForgetsSettledHistory,
     ];
 
     /// Whether it is about the application channel (checked on the channel's bound).
     pub fn is_channel(self) -> bool {
         matches!(self, Mutant::AppBodyRewritten | Mutant::AppBodyNotWaited)
+    }
+
+    /// Whether it is about the Web Push channel (checked on its bound).
+    pub fn is_push(self) -> bool {
+        matches!(self, Mutant::PushMarksNotWaited)
     }
 
     pub fn name(self) -> &'static str {
@@ -187,6 +209,7 @@ impl Mutant {
             Mutant::FallbackAfterMaybeSent => "fallback_after_maybe_sent",
             Mutant::AppBodyRewritten => "app_body_rewritten",
             Mutant::AppBodyNotWaited => "app_body_not_waited",
+            Mutant::PushMarksNotWaited => "push_marks_not_waited",
             Mutant::KickForgetsSettledHistory => "kick_forgets_settled_history",
         }
     }
@@ -250,9 +273,19 @@ pub struct Data {
     /// Per address: this partition's `suppressed` hash has it.
     pub suppressed: u8,
     pub paused: bool,
-    /// Per delivery of the application channel: which body its record holds
-    /// (`app_body`; 0: none yet, n: the n-th ever written for it).
+    /// Per delivery of the application or Web Push channel: which body its record holds
+    /// (`app_body` / `push_body`; 0: none yet, n: the n-th ever written for it).
     pub app_body: Vec<u8>,
+    /// Per Web Push delivery: the browsers its record marks as having taken it
+    /// (`push_sent:<id>`).
+    pub push_marks: Vec<u8>,
+    /// Per Web Push delivery: its subscriber's browser subscriptions (`push:<subscriber>`).
+    pub push_subs: Vec<u8>,
+    /// Per delivery: a request of it went unanswered (`push_maybe_taken`).
+    pub maybe_taken: u8,
+    /// Per Web Push delivery: the holders whose requests left and whose answers are not
+    /// recorded yet (`push_inflight:<owner>`).
+    pub push_inflight: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -332,6 +365,28 @@ pub struct Holder {
     /// Application events claimed: (delivery, the body it read back, the answer once
     /// the request came back).
     pub posting: Vec<(u8, u8, Option<AppAnswer>)>,
+    /// Web Push deliveries claimed, on their way to their browsers.
+    pub pushing: Vec<Pushing>,
+}
+
+/// A Web Push delivery in a holder's hand: the browsers it asks (subscribed and not
+/// marked when it was claimed) and what each answered so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Pushing {
+    pub delivery: u8,
+    pub body: u8,
+    /// Its requests have left (after the lease was found still held: renew.lua).
+    pub sent: bool,
+    pub asked: u8,
+    pub answered: u8,
+    /// 201 heard.
+    pub taken: u8,
+    /// 404/410.
+    pub gone: u8,
+    /// 429, 5xx or no answer: asked again later.
+    pub again: u8,
+    /// No answer (it may have been taken).
+    pub lost: u8,
 }
 
 /// What happened for real, beside what Redis says: the properties read this.
@@ -361,6 +416,14 @@ pub struct Ghost {
     pub app_gone: u8,
     /// An event id was posted with two different bodies.
     pub two_bodies: bool,
+    /// Per Web Push delivery: the browsers that have it (took a request), and those whose
+    /// 201 the holder recorded (marked, acknowledged).
+    pub push_shown: Vec<u8>,
+    pub push_marked: Vec<u8>,
+    /// A browser was posted to again after its 201 was recorded.
+    pub reposted: bool,
+    /// Per Web Push delivery: the browsers that answered 410 (and always will).
+    pub push_gone: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -406,6 +469,14 @@ pub enum Action {
     Post(u8, u8, AppAnswer),
     /// Holder h records the answer for event d: decide.lua or defer.lua.
     Decide(u8, u8),
+    /// Holder h finds its lease on Web Push delivery d still held (renew.lua), and its
+    /// requests to the browsers it asks leave.
+    PushSend(u8, u8),
+    /// Browser b's push service answers holder h's request for d.
+    PushPost(u8, u8, u8, AppAnswer),
+    /// Holder h records what d's browsers answered (marks, removals, WAIT), then decide.lua
+    /// or defer.lua.
+    PushSettle(u8, u8),
     Crash(u8),
     Stall(u8),
     Resume(u8),
@@ -444,6 +515,17 @@ impl fmt::Display for Action {
             Action::Decide(h, d) => {
                 write!(f, "{}: record the application's answer for d{d} (decide.lua / defer.lua)", holder_name(h))
             }
+            Action::PushSend(h, d) => {
+                write!(f, "{}: renew.lua(d{d}) -> held; POST its notification to each browser asked", holder_name(h))
+            }
+            Action::PushPost(h, d, b, a) => {
+                write!(f, "{}: browser {b}'s push service answers d{d}'s request -> {a:?}", holder_name(h))
+            }
+            Action::PushSettle(h, d) => write!(
+                f,
+                "{}: note.lua marks + HDEL gone browsers + WAIT, then decide.lua / defer.lua for d{d} (or, its lease lost before sending, nothing)",
+                holder_name(h)
+            ),
             Action::Crash(h) => write!(f, "{} crashes (kill -9)", holder_name(h)),
             Action::Stall(h) => write!(f, "{} stalls (leases run out)", holder_name(h)),
             Action::Resume(h) => write!(f, "{} resumes where it stalled", holder_name(h)),
@@ -492,7 +574,8 @@ impl Protocol {
         self.on(Mutant::GateForgetsWhatTheHolderKnows)
     }
 
-    fn data(&self) -> Data {
+    /// Partition `p`'s keys at first.
+    fn data(&self, p: u8) -> Data {
         Data {
             recs: vec![Rec::Absent; self.deliveries.len()],
             unacked: 0,
@@ -502,6 +585,14 @@ impl Protocol {
             suppressed: 0,
             paused: false,
             app_body: vec![0; self.deliveries.len()],
+            push_marks: vec![0; self.deliveries.len()],
+            push_subs: self
+                .deliveries
+                .iter()
+                .map(|d| if d.lane == Lane::Push && d.partition == p { BROWSERS } else { 0 })
+                .collect(),
+            maybe_taken: 0,
+            push_inflight: vec![0; self.deliveries.len()],
         }
     }
 
@@ -517,6 +608,7 @@ impl Protocol {
                 || live.unacked & bit(d) == 0
                 || holder.claimed.iter().any(|&(c, _)| c == d)
                 || holder.posting.iter().any(|&(c, ..)| c == d)
+                || holder.pushing.iter().any(|x| x.delivery == d)
             {
                 continue;
             }
@@ -575,6 +667,7 @@ impl Protocol {
         Self::lapsed(s, h)
             || (!holder.claimed.iter().any(|&(c, _)| c == d)
                 && !holder.posting.iter().any(|&(c, ..)| c == d)
+                && !holder.pushing.iter().any(|x| x.delivery == d)
                 && !holder.hand.as_ref().is_some_and(|hand| hand.body.iter().any(|&(m, _)| m == d)))
     }
 
@@ -624,8 +717,13 @@ impl Model for Protocol {
                     left.wait_failures = 0;
                     left.failures = 0;
                 }
-                let node = Node { live: self.data(), safe: self.data(), lagging: false };
-                let holder = Holder { status: Status::Running, claimed: Vec::new(), hand: None, posting: Vec::new() };
+                let holder = Holder {
+                    status: Status::Running,
+                    claimed: Vec::new(),
+                    hand: None,
+                    posting: Vec::new(),
+                    pushing: Vec::new(),
+                };
                 let mut holders = vec![holder; HOLDERS];
                 if env == Env::LostWrites {
                     // One instance: a second one could claim what a restart put back before
@@ -634,7 +732,9 @@ impl Model for Protocol {
                 }
                 State {
                     env,
-                    nodes: vec![node; usize::from(self.partitions)],
+                    nodes: (0..self.partitions)
+                        .map(|p| Node { live: self.data(p), safe: self.data(p), lagging: false })
+                        .collect(),
                     holders,
                     provider: Vec::new(),
                     kicks: vec![0; self.deliveries.len()],
@@ -654,6 +754,10 @@ impl Model for Protocol {
                         app_taken: 0,
                         app_gone: 0,
                         two_bodies: false,
+                        push_shown: vec![0; self.deliveries.len()],
+                        push_marked: vec![0; self.deliveries.len()],
+                        reposted: false,
+                        push_gone: vec![0; self.deliveries.len()],
                     },
                 }
             })
@@ -681,6 +785,31 @@ impl Model for Protocol {
             for p in 0..self.partitions {
                 if self.claimable(s, h, p) != 0 {
                     actions.push(Action::Claim(h, p));
+                }
+            }
+            for x in &holder.pushing {
+                let d = x.delivery;
+                if !x.sent {
+                    let held = s.nodes[self.partition(d)].live.recs[usize::from(d)] == Rec::Processing(h);
+                    actions.push(if held { Action::PushSend(h, d) } else { Action::PushSettle(h, d) });
+                    continue;
+                }
+                let open = x.asked & !x.answered;
+                if open == 0 {
+                    actions.push(Action::PushSettle(h, x.delivery));
+                }
+                for b in (0..8u8).filter(|&b| open & bit(b) != 0) {
+                    if (GONE | s.ghost.push_gone[usize::from(d)]) & bit(b) != 0 {
+                        actions.push(Action::PushPost(h, x.delivery, b, AppAnswer::Gone));
+                        continue;
+                    }
+                    actions.push(Action::PushPost(h, x.delivery, b, AppAnswer::Taken));
+                    if s.left.failures > 0 {
+                        actions.push(Action::PushPost(h, x.delivery, b, AppAnswer::Again));
+                        actions.push(Action::PushPost(h, x.delivery, b, AppAnswer::TakenAnswerLost));
+                        // The browser unsubscribed meanwhile (perhaps after it took this).
+                        actions.push(Action::PushPost(h, x.delivery, b, AppAnswer::Gone));
+                    }
                 }
             }
             for &(d, _, answer) in &holder.posting {
@@ -788,7 +917,7 @@ impl Model for Protocol {
         if s.left.unsubscribes > 0 {
             for d in 0..n {
                 let lane = self.deliveries[usize::from(d)].lane;
-                if matches!(lane, Lane::Digest | Lane::App) && s.ghost.unsubscribed & bit(d) == 0 {
+                if matches!(lane, Lane::Digest | Lane::App | Lane::Push) && s.ghost.unsubscribed & bit(d) == 0 {
                     actions.push(Action::Unsubscribe(d));
                 }
             }
@@ -833,16 +962,18 @@ impl Model for Protocol {
                     live.recs[usize::from(d)] = Rec::Processing(h);
                     // Resolved at once: the subscriber record, or a transactional address.
                     let unwanted = match spec.lane {
-                        Lane::Digest | Lane::App => (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0,
+                        Lane::Digest | Lane::App | Lane::Push => {
+                            (live.unsubscribed | live.subscriber_suppressed) & bit(d) != 0
+                        }
                         Lane::Transactional => live.suppressed & bit(spec.address) != 0,
                     };
                     if unwanted {
                         // decide.lua, the entry acknowledged: skipped, or for an event whose
                         // body is written (a request of it may have been taken) outcome_unknown.
-                        let posted = spec.lane == Lane::App && live.app_body[usize::from(d)] != 0;
+                        let posted = matches!(spec.lane, Lane::App | Lane::Push) && live.app_body[usize::from(d)] != 0;
                         live.recs[usize::from(d)] = if posted { Rec::Unknown } else { Rec::Skipped };
                         live.unacked &= !bit(d);
-                    } else if spec.lane == Lane::App {
+                    } else if matches!(spec.lane, Lane::App | Lane::Push) {
                         // The body, first writer wins (HSETNX), read back.
                         let body = &mut live.app_body[usize::from(d)];
                         if *body == 0 || self.on(Mutant::AppBodyRewritten) {
@@ -851,14 +982,31 @@ impl Model for Protocol {
                             *body = *writes;
                         }
                         let body = *body;
-                        s.holders[usize::from(h)].posting.push((d, body, None));
+                        if spec.lane == Lane::App {
+                            s.holders[usize::from(h)].posting.push((d, body, None));
+                        } else {
+                            // Whom it asks is read when its requests leave.
+                            let x = Pushing {
+                                delivery: d,
+                                body,
+                                sent: false,
+                                asked: 0,
+                                answered: 0,
+                                taken: 0,
+                                gone: 0,
+                                again: 0,
+                                lost: 0,
+                            };
+                            s.holders[usize::from(h)].pushing.push(x);
+                        }
                     } else {
                         s.holders[usize::from(h)].claimed.push((d, spec.address));
                     }
                 }
                 // WAIT before any event's request leaves: its body survives a failover.
-                let posting =
-                    s.holders[usize::from(h)].posting.iter().any(|&(d, ..)| self.partition(d) == usize::from(p));
+                let holder = &s.holders[usize::from(h)];
+                let posting = holder.posting.iter().any(|&(d, ..)| self.partition(d) == usize::from(p))
+                    || holder.pushing.iter().any(|x| self.partition(x.delivery) == usize::from(p));
                 if posting && s.env == Env::Replicated && !self.on(Mutant::AppBodyNotWaited) {
                     let node = &mut s.nodes[usize::from(p)];
                     node.safe = node.live.clone();
@@ -908,6 +1056,112 @@ impl Model for Protocol {
                     }
                     if live.recs[usize::from(d)].is_final() {
                         live.unacked &= !bit(d);
+                    }
+                }
+            }
+            Action::PushSend(h, d) => {
+                // Its flag, waited for; then every browser subscribed that no mark says took
+                // it, read as the requests leave.
+                let node = &mut s.nodes[self.partition(d)];
+                node.live.push_inflight[usize::from(d)] |= bit(h);
+                if s.env == Env::Replicated {
+                    node.safe = node.live.clone();
+                }
+                let asked = node.live.push_subs[usize::from(d)] & !node.live.push_marks[usize::from(d)];
+                let holder = &mut s.holders[usize::from(h)];
+                let x = holder.pushing.iter_mut().find(|x| x.delivery == d).expect("pushing it");
+                x.sent = true;
+                x.asked = asked;
+                if s.ghost.push_marked[usize::from(d)] & x.asked != 0 {
+                    s.ghost.reposted = true;
+                }
+                let body = x.body;
+                if x.asked != 0 {
+                    let posted = &mut s.ghost.app_posted[usize::from(d)];
+                    if *posted == 0 {
+                        *posted = body;
+                    } else if *posted != body {
+                        s.ghost.two_bodies = true;
+                    }
+                }
+            }
+            Action::PushPost(h, d, b, answer) => {
+                let holder = &mut s.holders[usize::from(h)];
+                let x = holder.pushing.iter_mut().find(|x| x.delivery == d).expect("pushing it");
+                x.answered |= bit(b);
+                match answer {
+                    AppAnswer::Taken => x.taken |= bit(b),
+                    AppAnswer::Gone => x.gone |= bit(b),
+                    AppAnswer::Again => x.again |= bit(b),
+                    AppAnswer::TakenAnswerLost => {
+                        x.again |= bit(b);
+                        x.lost |= bit(b);
+                    }
+                }
+                let gone_before = (GONE | s.ghost.push_gone[usize::from(d)]) & bit(b) != 0;
+                if answer != AppAnswer::Taken && !gone_before {
+                    s.left.failures -= 1;
+                }
+                if answer == AppAnswer::Gone {
+                    s.ghost.push_gone[usize::from(d)] |= bit(b);
+                }
+                if matches!(answer, AppAnswer::Taken | AppAnswer::TakenAnswerLost) {
+                    s.ghost.push_shown[usize::from(d)] |= bit(b);
+                }
+            }
+            Action::PushSettle(h, d) => {
+                let holder = &mut s.holders[usize::from(h)];
+                let i = holder.pushing.iter().position(|x| x.delivery == d).expect("pushing it");
+                let x = holder.pushing.remove(i);
+                if !x.sent {
+                    // Its lease ran out before its requests left: nothing is written.
+                    return Some(self.replicate(s));
+                }
+                let node = &mut s.nodes[self.partition(d)];
+                let live = &mut node.live;
+                // note.lua writes onto any record that is there (one settled sent or skipped
+                // is compact: none); the registry loses the gone browsers.
+                let record = !matches!(live.recs[usize::from(d)], Rec::Absent | Rec::Sent | Rec::Skipped);
+                if record {
+                    live.push_marks[usize::from(d)] |= x.taken;
+                    if x.lost != 0 {
+                        live.maybe_taken |= bit(d);
+                    }
+                }
+                live.push_inflight[usize::from(d)] &= !bit(h);
+                live.push_subs[usize::from(d)] &= !x.gone;
+                s.ghost.push_marked[usize::from(d)] |= x.taken;
+                // WAIT: the marks survive a failover before anything is decided.
+                if (x.taken | x.gone) != 0 && s.env == Env::Replicated && !self.on(Mutant::PushMarksNotWaited) {
+                    node.safe = node.live.clone();
+                }
+                let live = &mut node.live;
+                if live.recs[usize::from(d)] == Rec::Processing(h) {
+                    let marked = live.push_marks[usize::from(d)] != 0;
+                    live.recs[usize::from(d)] = if x.again != 0 {
+                        // defer.lua: pending again, due later (a fresh entry then).
+                        Rec::Pending
+                    } else if marked {
+                        Rec::Sent
+                    } else if live.maybe_taken & bit(d) != 0 || live.push_inflight[usize::from(d)] != 0 {
+                        // None left, but an unanswered request, or one of a holder that never
+                        // recorded its answers, may have reached one.
+                        Rec::Unknown
+                    } else {
+                        // None left to take it: skipped, no_subscription.
+                        Rec::Skipped
+                    };
+                    if matches!(live.recs[usize::from(d)], Rec::Sent | Rec::Skipped) {
+                        // decide.lua settles it compactly: the record, marks and all, goes.
+                        live.app_body[usize::from(d)] = 0;
+                        live.push_marks[usize::from(d)] = 0;
+                        live.maybe_taken &= !bit(d);
+                        live.push_inflight[usize::from(d)] = 0;
+                    }
+                    if live.recs[usize::from(d)].is_final() {
+                        live.unacked &= !bit(d);
+                    } else {
+                        live.unacked |= bit(d);
                     }
                 }
             }
@@ -1089,8 +1343,13 @@ impl Model for Protocol {
             }
             Action::Crash(h) => {
                 s.left.crashes -= 1;
-                s.holders[usize::from(h)] =
-                    Holder { status: Status::Dead, claimed: Vec::new(), hand: None, posting: Vec::new() };
+                s.holders[usize::from(h)] = Holder {
+                    status: Status::Dead,
+                    claimed: Vec::new(),
+                    hand: None,
+                    posting: Vec::new(),
+                    pushing: Vec::new(),
+                };
             }
             Action::Stall(h) => {
                 s.left.stalls -= 1;
@@ -1164,11 +1423,18 @@ impl Model for Protocol {
             Property::always("no_send_gated_after_the_delivery_stopped_being_wanted", |_, s: &State| !s.ghost.unwanted),
             Property::always("no_maybe_sent_body_sent_again_after_its_window", |_, s: &State| !s.ghost.past_window),
             Property::always("an_event_is_posted_with_one_body", |_, s: &State| !s.ghost.two_bodies),
+            Property::always("no_browser_posted_again_after_its_201_was_recorded", |_, s: &State| !s.ghost.reposted),
             Property::always("a_settled_outcome_says_what_was_sent", |m: &Protocol, s: &State| {
                 (0..m.deliveries.len()).all(|d| {
                     // An application event is sent when the application took it.
                     let taken = u8::from(s.ghost.app_taken & bit(d as u8) != 0);
-                    let sent = if m.deliveries[d].lane == Lane::App { taken } else { s.ghost.sent[d] };
+                    // A notification is sent when a browser has it.
+                    let shown = u8::from(s.ghost.push_shown[d] != 0);
+                    let sent = match m.deliveries[d].lane {
+                        Lane::App => taken,
+                        Lane::Push => shown,
+                        Lane::Digest | Lane::Transactional => s.ghost.sent[d],
+                    };
                     match s.nodes[m.partition(d as u8)].live.recs[d] {
                         Rec::Sent => sent >= 1,
                         Rec::Failed | Rec::Skipped => sent == 0,
@@ -1242,6 +1508,9 @@ pub fn representative(s: &State) -> State {
             for b in &mut data.batches {
                 b.owner = swap(b.owner);
             }
+            for f in &mut data.push_inflight {
+                *f = (*f & !0b11) | ((*f & 1) << 1) | ((*f >> 1) & 1);
+            }
         }
     }
     if t < *s { t } else { s.clone() }
@@ -1287,7 +1556,7 @@ impl Protocol {
             let address_checked = match spec.lane {
                 Lane::Transactional => !self.on(Mutant::LaneSkipsSuppression),
                 // An application event is never sealed into a batch.
-                Lane::Digest | Lane::App => !self.on(Mutant::GateReadsSubscriberOnly),
+                Lane::Digest | Lane::App | Lane::Push => !self.on(Mutant::GateReadsSubscriberOnly),
             };
             let suppressed = address_checked && live.suppressed & bit(address) != 0;
             let subscriber =

@@ -127,14 +127,18 @@ impl Walker {
             let address = format!("delivered+a{}@resend.dev", spec.address);
             addresses.insert(spec.address, address.clone());
             match spec.lane {
-                Lane::Digest | Lane::App => {
+                Lane::Digest | Lane::App | Lane::Push => {
                     let id = find(spec.partition, "user-");
                     // Its registry address is the one its email goes to, or another (the
                     // render hook's address is then the one in the body).
                     let email = if spec.registry { address.clone() } else { format!("delivered+{id}@resend.dev") };
                     let subscriber = Subscriber { email, ..Subscriber::synthetic(0) };
                     let subscriber = Subscriber { id: id.clone(), targets: vec!["t".into()], ..subscriber };
-                    let channel = if spec.lane == Lane::App { Channel::App } else { Channel::Email };
+                    let channel = match spec.lane {
+                        Lane::App => Channel::App,
+                        Lane::Push => Channel::Push,
+                        _ => Channel::Email,
+                    };
                     names.deliveries.push(DeliveryRef::new(CAMPAIGN, PERIOD, &id, "t").on(channel));
                     names.subscribers.push(Some(subscriber));
                 }
@@ -159,6 +163,14 @@ impl Walker {
         self.store.ensure_groups(GROUP).await?;
         let registry: Vec<Subscriber> = self.names.subscribers.iter().flatten().cloned().collect();
         subscribers::upsert(&self.store, &registry).await?;
+        // Each Web Push delivery's subscriber has its browsers (`b<n>`, the model's bits).
+        for (d, spec) in self.model.deliveries.iter().enumerate().filter(|(_, s)| s.lane == Lane::Push) {
+            let subscriber = &self.names.deliveries[d].subscriber;
+            let key = self.store.keys.push_subscriptions(u16::from(spec.partition), subscriber);
+            for b in (0..8u8).filter(|&b| crate::protocol::BROWSERS & (1 << b) != 0) {
+                let _: () = redis::cmd("HSET").arg(&key).arg(format!("b{b}")).arg("{}").query_async(&mut conn).await?;
+            }
+        }
         self.first_body.lock().expect("first bodies").iter_mut().for_each(|b| *b = None);
         let mut rng = StdRng::seed_from_u64(seed);
         let mut state = self.model.init_states().into_iter().next().expect("an initial state");
@@ -220,7 +232,7 @@ impl Walker {
                 let dref = &self.names.deliveries[usize::from(d)];
                 let p = u16::from(spec.partition);
                 match spec.lane {
-                    Lane::Digest | Lane::App => {
+                    Lane::Digest | Lane::App | Lane::Push => {
                         let mut both = vec![dref.clone()];
                         both.extend(spec.sibling.map(|s| self.names.deliveries[usize::from(s)].clone()));
                         scripts::enqueue(conn, keys, p, &both, RETENTION).await?;
@@ -276,7 +288,7 @@ impl Walker {
                     }
                     let lane = self.model.deliveries[usize::from(*d)].lane;
                     let skip = match lane {
-                        Lane::Digest | Lane::App => {
+                        Lane::Digest | Lane::App | Lane::Push => {
                             let row: subscribers::Row = redis::cmd("HMGET")
                                 .arg(keys.subscriber(u16::from(p), &dref.subscriber))
                                 .arg(&subscribers::RESOLVE_FIELDS)
@@ -300,14 +312,15 @@ impl Walker {
                     };
                     // app.rs: an event no longer wanted whose body is written may have been
                     // taken; one still wanted gets its body fixed before any request.
+                    let field = if lane == Lane::Push { mailstream::push::BODY_FIELD } else { "app_body" };
                     let written: bool = redis::cmd("HEXISTS")
                         .arg(keys.delivery(u16::from(p), &dref.id()))
-                        .arg("app_body")
+                        .arg(field)
                         .query_async(conn)
                         .await?;
                     match skip {
                         Some(reason) => {
-                            let outcome = if lane == Lane::App {
+                            let outcome = if matches!(lane, Lane::App | Lane::Push) {
                                 mailstream::channel::unwanted_outcome(written)
                             } else {
                                 Outcome::Skipped
@@ -321,6 +334,16 @@ impl Walker {
                                 conn,
                                 &self.store,
                                 (u16::from(p), WorkLane::App, mailstream::app::BODY_FIELD),
+                                &[(dref, body)],
+                            )
+                            .await?;
+                        }
+                        None if lane == Lane::Push => {
+                            let body = format!(r#"{{"title":"t","body":"walk-{h}","tag":"x"}}"#);
+                            mailstream::channel::fix_bodies(
+                                conn,
+                                &self.store,
+                                (u16::from(p), WorkLane::Push, mailstream::push::BODY_FIELD),
                                 &[(dref, body)],
                             )
                             .await?;
@@ -475,10 +498,68 @@ impl Walker {
                     self.settle(conn, p16, &batch, &members, Settler::Holder(&who), verdicts).await?;
                 }
             }
-            Action::Unsubscribe(d) if self.model.deliveries[usize::from(d)].lane == Lane::App => {
-                // The application channel turned off (`off:<campaign>:app`), email left on.
-                let subscriber = &self.names.deliveries[usize::from(d)].subscriber;
-                scripts::opt_out(conn, keys, subscriber, CAMPAIGN, Channel::App).await?;
+            Action::Unsubscribe(d) if matches!(self.model.deliveries[usize::from(d)].lane, Lane::App | Lane::Push) => {
+                // The channel turned off (`off:<campaign>:<channel>`), email left on.
+                let dref = &self.names.deliveries[usize::from(d)];
+                scripts::opt_out(conn, keys, &dref.subscriber, CAMPAIGN, dref.channel).await?;
+            }
+            Action::PushSend(h, d) => {
+                // renew.lua: the lease still held, extended; the requests leave.
+                let dref = &self.names.deliveries[usize::from(d)];
+                let p = u16::from(self.model.deliveries[usize::from(d)].partition);
+                let (held, _) = scripts::renew(conn, keys, p, &owner(h), LEASE_MS, &[dref], &[]).await?;
+                anyhow::ensure!(held == 1, "the model let a holder send without its lease");
+                let record = keys.delivery(p, &dref.id());
+                scripts::note(conn, &mailstream::push::inflight_field(&owner(h)), &[(record, "1")]).await?;
+            }
+            Action::PushSettle(h, d) => {
+                // push/mod.rs: the marks, the gone browsers, "may have been taken", then
+                // decide.lua or defer.lua.
+                let holder = &s.holders[usize::from(h)];
+                let x = *holder.pushing.iter().find(|x| x.delivery == d).expect("pushing it");
+                if !x.sent {
+                    // Its lease ran out before the requests: the sender writes nothing.
+                    return Ok(());
+                }
+                let dref = &self.names.deliveries[usize::from(d)];
+                let p = u16::from(self.model.deliveries[usize::from(d)].partition);
+                let record = keys.delivery(p, &dref.id());
+                for b in (0..8u8).filter(|&b| x.taken & (1 << b) != 0) {
+                    scripts::note(conn, &mailstream::push::sent_field(&format!("b{b}")), &[(record.clone(), "1")])
+                        .await?;
+                }
+                for b in (0..8u8).filter(|&b| x.gone & (1 << b) != 0) {
+                    let key = keys.push_subscriptions(p, &dref.subscriber);
+                    let _: () = redis::cmd("HDEL").arg(key).arg(format!("b{b}")).query_async(conn).await?;
+                }
+                if x.lost != 0 {
+                    scripts::note(conn, "push_maybe_taken", &[(record.clone(), "1")]).await?;
+                }
+                let mine = mailstream::push::inflight_field(&owner(h));
+                let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(conn).await?;
+                let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(conn).await?;
+                let marked = fields.iter().any(|f| f.starts_with("push_sent:"));
+                let maybe = fields.iter().any(|f| f == "push_maybe_taken" || f.starts_with("push_inflight:"));
+                let entries = self.entries(conn, p).await?;
+                let entry = entries.get(&dref.id()).map(String::as_str).unwrap_or("0-0");
+                let decide = |outcome, reason| Decision { entry, delivery: dref, outcome, reason, lost: false };
+                if x.again != 0 {
+                    let backoff = scripts::Backoff {
+                        base_ms: 1000,
+                        max_ms: 60_000,
+                        deadline_ms: 48 * 3_600_000,
+                        jitter_percent: 0,
+                    };
+                    scripts::defer(conn, keys, p, GROUP, &owner(h), backoff, &[(entry, dref)]).await?;
+                    scripts::release_due(conn, keys, p, WorkLane::Push, u64::MAX / 2, 100).await?;
+                } else {
+                    let d = match (marked, maybe) {
+                        (true, _) => decide(Outcome::Sent, Reason::Accepted),
+                        (false, true) => decide(Outcome::OutcomeUnknown, Reason::NoSubscription),
+                        (false, false) => decide(Outcome::Skipped, Reason::NoSubscription),
+                    };
+                    scripts::decide(conn, keys, p, GROUP, &owner(h), &[d], RETENTION).await?;
+                }
             }
             Action::Unsubscribe(d) => {
                 let subscriber = self.names.subscribers[usize::from(d)].clone().expect("a digest's subscriber");
@@ -545,6 +626,7 @@ impl Walker {
             Action::Wait(..)
             | Action::Send(..)
             | Action::Post(..)
+            | Action::PushPost(..)
             | Action::Crash(_)
             | Action::Stall(_)
             | Action::Resume(_) => {}
@@ -622,6 +704,7 @@ impl Walker {
                 .arg("subscribed")
                 .arg("suppressed")
                 .arg(subscribers::field::channel_opted_out(CAMPAIGN, self.names.deliveries[d].channel));
+            pipe.cmd("HKEYS").arg(keys.push_subscriptions(p, subscriber));
         }
         for hash in &self.names.hashes {
             pipe.cmd("HEXISTS").arg(keys.suppressed(p)).arg(hash);
@@ -642,6 +725,10 @@ impl Walker {
             suppressed: 0,
             paused: false,
             app_body: vec![0; n],
+            push_marks: vec![0; n],
+            push_subs: vec![0; n],
+            maybe_taken: 0,
+            push_inflight: vec![0; n],
         };
         // Unacknowledged: not yet read, or read and pending.
         let (mut entries, mut unacked) = (BTreeMap::new(), std::collections::BTreeSet::new());
@@ -691,12 +778,30 @@ impl Walker {
                 Some("outcome_unknown") => Rec::Unknown,
                 Some(other) => anyhow::bail!("a state the model does not know: {other}"),
             };
-            if let Some(body) = fields.get("app_body") {
+            let browser = |name: &str| name.strip_prefix('b').and_then(|b| b.parse::<u8>().ok()).map(|b| 1u8 << b);
+            for f in fields.keys() {
+                if let Some(bit) = f.strip_prefix("push_sent:").and_then(browser) {
+                    data.push_marks[d] |= bit;
+                }
+            }
+            if fields.contains_key("push_maybe_taken") {
+                data.maybe_taken |= 1 << d;
+            }
+            for f in fields.keys() {
+                if let Some(h) = f.strip_prefix("push_inflight:").and_then(holder) {
+                    data.push_inflight[d] |= 1 << h;
+                }
+            }
+            if let Some(body) = fields.get("app_body").or(fields.get(mailstream::push::BODY_FIELD)) {
                 let mut first = self.first_body.lock().expect("first bodies");
                 let first = first[d].get_or_insert_with(|| body.clone());
                 data.app_body[d] = if first == body { 1 } else { 2 };
             }
             let (subscribed, suppressed, off): (Option<String>, Option<String>, Option<String>) = read(next())?;
+            let browsers: Vec<String> = read(next())?;
+            if self.model.deliveries[d].lane == Lane::Push {
+                data.push_subs[d] = browsers.iter().filter_map(|b| browser(b)).fold(0, |all, b| all | b);
+            }
             if self.names.subscribers[d].is_some() {
                 if subscribed.as_deref() != Some("1") || off.is_some() {
                     data.unsubscribed |= 1 << d;
