@@ -284,13 +284,14 @@ mod tests {
         assert!(missing.is_empty(), "arguments without help text:\n{}", missing.join("\n"));
     }
 
-    /// The emulator and the demo read no config file, so they do not offer `--config`.
+    /// The emulator, the demo and vapid-keys read no config file, so they do not offer
+    /// `--config`.
     #[test]
     fn only_commands_that_read_a_config_offer_it() {
         let cli = Cli::command();
         for sub in cli.get_subcommands() {
             let offers = sub.get_arguments().any(|a| a.get_id() == "config");
-            let reads = !["emulator", "demo"].contains(&sub.get_name());
+            let reads = !["emulator", "demo", "vapid-keys"].contains(&sub.get_name());
             assert_eq!(offers, reads, "{}", sub.get_name());
         }
     }
