@@ -19,9 +19,9 @@ use mailstream::db::{Counts, Store};
 use mailstream::emulator::app::AppEndpoint;
 use mailstream::emulator::push::PushService;
 use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::push::crypto::VapidKey;
 use mailstream::redis_server::{RedisOptions, RedisServer};
 use mailstream::subscribers::{self, Subscriber};
+use mailstream::webpush::VapidKey;
 use mailstream::work::Channel;
 use serde::Serialize;
 
@@ -211,8 +211,17 @@ async fn run(
     let subs: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
     if let Some(Far::Push(service, _, public)) = far {
-        let items: Vec<_> = subs.iter().map(|s| (s.id.clone(), service.subscribe(public))).collect();
-        mailstream::push::subscriptions::add_many(&store, &items).await?;
+        let items: Vec<_> = subs
+            .iter()
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    mailstream::subscribers::push::Subscription::from_value(service.subscribe(public))
+                        .expect("well-formed"),
+                )
+            })
+            .collect();
+        mailstream::subscribers::push::add_many(&store, &items).await?;
     }
     let campaign = config.campaigns[0].name.clone();
     let period = mailstream::kick::period_for(&store, &config, &config.campaigns[0], None, Default::default()).await?;

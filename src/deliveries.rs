@@ -434,8 +434,8 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     let mut browsers = Vec::new();
     if push {
         let sp = store.keys.partition_of(&subscriber);
-        for (sid, s) in crate::push::subscriptions::list(&mut conn, &store.keys, sp, &subscriber).await? {
-            let reached = fields.contains_key(&crate::push::sent_field(&sid));
+        for (sid, s) in crate::subscribers::push::list(&mut conn, &store.keys, sp, &subscriber).await? {
+            let reached = fields.contains_key(&crate::subscribers::push::sent_field(&sid));
             browsers.push(format!("{}{}", s.masked(), if reached { ": reached" } else { "" }));
         }
     }

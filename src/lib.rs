@@ -51,6 +51,7 @@ pub mod subscribers;
 pub mod suppression;
 pub mod svix;
 pub mod tokens;
+pub mod webpush;
 pub mod work;
 
 pub use crate::ctx::{Failpoints, Hold};

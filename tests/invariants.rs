@@ -227,7 +227,7 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     // Web Push too: a browser's endpoint is personal data like an address.
     let push = mailstream::emulator::push::PushService::new();
     let (_, _stop_push, _) = push.spawn_local().await.unwrap();
-    let (vapid_private, vapid) = mailstream::push::crypto::VapidKey::generate();
+    let (vapid_private, vapid) = mailstream::webpush::VapidKey::generate();
     let mut world = World::with(Default::default(), |c| {
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
@@ -266,8 +266,16 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     subscribers::upsert(&world.store, &subs).await.unwrap();
     // A browser each for the first 100, one in five of them gone (removed, and logged).
     push.set_gone_every(5);
-    let browsers: Vec<_> = subs[..100].iter().map(|s| (s.id.clone(), push.subscribe(&vapid.public))).collect();
-    mailstream::push::subscriptions::add_many(&world.store, &browsers).await.unwrap();
+    let browsers: Vec<_> = subs[..100]
+        .iter()
+        .map(|s| {
+            (
+                s.id.clone(),
+                mailstream::subscribers::push::Subscription::from_value(push.subscribe(&vapid.public)).unwrap(),
+            )
+        })
+        .collect();
+    mailstream::subscribers::push::add_many(&world.store, &browsers).await.unwrap();
     world.kick().await;
     subs[9].subscribed = false;
     subs[10].entitled = false;

@@ -13,8 +13,8 @@ use mailstream::config::{PushChannelConfig, Secret, Urgency};
 use mailstream::db::Counts;
 use mailstream::emulator::EmulatorConfig;
 use mailstream::emulator::push::PushService;
-use mailstream::push::crypto::{self, VapidKey};
-use mailstream::push::subscriptions::{self, Subscription};
+use mailstream::subscribers::push::{self as subscriptions, Subscription};
+use mailstream::webpush::{self as crypto, VapidKey};
 use mailstream::work::Channel;
 
 const SETTLE: Duration = Duration::from_secs(90);
@@ -80,6 +80,11 @@ fn python_check(service: &PushService, s: &Subscription, origin: &str) -> serde_
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// A new browser's subscription at `service`, for an application with `key`.
+fn browser(service: &PushService, key: &str) -> Subscription {
+    Subscription::from_value(service.subscribe(key)).expect("the emulator's subscriptions are well-formed")
+}
+
 fn origin_of(s: &Subscription) -> String {
     s.origin().to_string()
 }
@@ -91,12 +96,12 @@ async fn each_browser_is_shown_a_notification_once_and_gone_ones_are_forgotten()
     let (_, other_key) = VapidKey::generate();
     // u0: one browser. u1: two, one of them gone. u2: one, gone. u3: none. u4: one made
     // for another application server key (refused 403). u5: one.
-    let s0 = service.subscribe(&vapid.public);
-    let s1a = service.subscribe(&vapid.public);
-    let s1b = service.subscribe(&vapid.public);
-    let s2 = service.subscribe(&vapid.public);
-    let s4 = service.subscribe(&other_key.public);
-    let s5 = service.subscribe(&vapid.public);
+    let s0 = browser(&service, &vapid.public);
+    let s1a = browser(&service, &vapid.public);
+    let s1b = browser(&service, &vapid.public);
+    let s2 = browser(&service, &vapid.public);
+    let s4 = browser(&service, &other_key.public);
+    let s5 = browser(&service, &vapid.public);
     service.make_gone(&s1b.endpoint);
     service.make_gone(&s2.endpoint);
     for (i, s) in [(0, &s0), (1, &s1a), (1, &s1b), (2, &s2), (4, &s4), (5, &s5)] {
@@ -159,7 +164,7 @@ async fn each_browser_is_shown_a_notification_once_and_gone_ones_are_forgotten()
 async fn a_retry_after_a_lost_answer_carries_the_same_topic_and_payload() {
     let (world, service, vapid, _stop) = push_world(300).await;
     let subs = world.subscribers(1).await;
-    let s = service.subscribe(&vapid.public);
+    let s = browser(&service, &vapid.public);
     subscriptions::add(&world.store, &subs[0].id, &s).await.unwrap();
     // The browser is offline, and the service answers only after the client gave up:
     // every request is taken, none is known to be.
@@ -195,7 +200,7 @@ async fn a_retry_after_a_lost_answer_carries_the_same_topic_and_payload() {
 async fn a_push_service_that_is_down_holds_the_delivery_not_the_email() {
     let (world, service, vapid, _stop) = push_world(2000).await;
     let subs = world.subscribers(20).await;
-    let items: Vec<_> = subs.iter().map(|sub| (sub.id.clone(), service.subscribe(&vapid.public))).collect();
+    let items: Vec<_> = subs.iter().map(|sub| (sub.id.clone(), browser(&service, &vapid.public))).collect();
     subscriptions::add_many(&world.store, &items).await.unwrap();
     service.set_down(true);
     world.kick().await;
@@ -229,7 +234,7 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     let daemon = common::Daemon::start_listening(world.config.clone(), Default::default(), listeners);
     mailstream::resend::client::install_crypto_provider();
     let http = reqwest::Client::new();
-    let s = service.subscribe(&vapid.public);
+    let s = browser(&service, &vapid.public);
     let token = s.endpoint.rsplit('/').next().unwrap().to_string();
     let post = |body: serde_json::Value| {
         let req = http.post(&url).bearer_auth("ingest-token-0123456789").json(&body);
@@ -255,7 +260,7 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     // The CLI, as an operator runs it: the subscription names its id, never its endpoint.
     let config =
         common::cli::config_file("push.toml", &[common::cli::TEST_REDIS, ("partitions = 1", "partitions = 2")]);
-    let second = service.subscribe(&vapid.public);
+    let second = browser(&service, &vapid.public);
     let json = serde_json::to_string(&second).unwrap();
     let redis = world.redis.url();
     let args = ["subscribe", "--id", &subs[1].id, "--push-subscription", "-", "--json"];

@@ -265,7 +265,7 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
             push.requests_per_second_per_service
         ),
     );
-    let key = push.vapid_private_key.as_ref().and_then(|s| crate::push::crypto::VapidKey::parse(s.expose()));
+    let key = push.vapid_private_key.as_ref().and_then(|s| crate::webpush::VapidKey::parse(s.expose()));
     check(
         key.is_some(),
         format!(

@@ -12,8 +12,8 @@ use crate::db::Store;
 use crate::emulator::Stats;
 use crate::emulator::app::{AppEndpoint, AppStats};
 use crate::emulator::push::{PushService, PushStats};
-use crate::push::crypto::VapidKey;
-use crate::push::subscriptions::{self, Subscription};
+use crate::subscribers::push::{self as subscriptions, Subscription};
+use crate::webpush::VapidKey;
 use crate::work::Channel;
 
 /// In the demo, one push subscription in this many answers 410 Gone.
@@ -74,9 +74,17 @@ impl Ends {
         let Some(push) = &self.push else { return Ok(0) };
         let mut items: Vec<(String, Subscription)> = Vec::new();
         for (i, id) in ids.enumerate() {
-            items.push((id.clone(), push.server.subscribe(&self.vapid_public)));
+            items.push((
+                id.clone(),
+                Subscription::from_value(push.server.subscribe(&self.vapid_public))
+                    .expect("the emulator's subscriptions are well-formed"),
+            ));
             if (i as u64).is_multiple_of(SECOND_BROWSER_EVERY) {
-                items.push((id, push.server.subscribe(&self.vapid_public)));
+                items.push((
+                    id,
+                    Subscription::from_value(push.server.subscribe(&self.vapid_public))
+                        .expect("the emulator's subscriptions are well-formed"),
+                ));
             }
         }
         subscriptions::add_many(store, &items).await?;

@@ -23,8 +23,7 @@ use hyper::{Method, StatusCode};
 use p256::SecretKey;
 
 use crate::http::{self, HttpRequest, HttpResponse};
-use crate::push::crypto::{self, b64_decode, new_secret, public_b64};
-use crate::push::subscriptions::{Subscription, SubscriptionKeys};
+use crate::webpush::{self as crypto, b64_decode, new_secret, public_b64};
 
 /// What the push service and its browsers saw.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -150,13 +149,13 @@ impl PushService {
     /// A new subscription for an application whose server key is `server_key`, as a
     /// browser's `PushSubscription.toJSON()` gives it. Serve first: the endpoint names
     /// this service's address.
-    pub fn subscribe(&self, server_key: &str) -> Subscription {
+    pub fn subscribe(&self, server_key: &str) -> serde_json::Value {
         let secret = new_secret();
         let auth: [u8; 16] = rand::random();
-        let keys = SubscriptionKeys {
-            p256dh: public_b64(&secret.public_key()),
-            auth: base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(auth),
-        };
+        let keys = serde_json::json!({
+            "p256dh": public_b64(&secret.public_key()),
+            "auth": base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(auth),
+        });
         let mut s = self.state.lock().expect("push state");
         s.stats.subscriptions += 1;
         let every = self.gone_every.load(Ordering::SeqCst);
@@ -174,7 +173,7 @@ impl PushService {
             shown: HashMap::new(),
         });
         let origin = self.origin.lock().expect("origin").clone();
-        Subscription { endpoint: format!("{origin}/push/{n}/{token}"), keys }
+        serde_json::json!({ "endpoint": format!("{origin}/push/{n}/{token}"), "expirationTime": null, "keys": keys })
     }
 
     /// The browser an endpoint (or its path) names.
@@ -276,9 +275,7 @@ impl PushService {
                 .ok()
                 .and_then(|v| v["application_server_key"].as_str().map(str::to_string));
             return match key {
-                Some(key) if b64_decode(&key).is_some() => {
-                    http::json(StatusCode::CREATED, &serde_json::to_value(self.subscribe(&key)).expect("json"))
-                }
+                Some(key) if b64_decode(&key).is_some() => http::json(StatusCode::CREATED, &self.subscribe(&key)),
                 _ => http::text(StatusCode::BAD_REQUEST, "send {\"application_server_key\": \"<base64url>\"}"),
             };
         }

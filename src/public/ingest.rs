@@ -76,7 +76,7 @@ impl Ingest {
 
     /// `POST /v1/push-subscriptions` (see the module doc).
     async fn push_subscription(&self, req: &HttpRequest) -> HttpResponse {
-        use crate::push::subscriptions::{self, Subscription};
+        use crate::subscribers::push::{self as subscriptions, Subscription};
         let Ok(serde_json::Value::Object(mut body)) = serde_json::from_slice::<serde_json::Value>(req.body()) else {
             return refuse(StatusCode::BAD_REQUEST, "the body must be JSON: {\"subscriber\", \"subscription\"}");
         };

@@ -19,9 +19,6 @@
 //!   browser may have it). 413 fails it (`push_too_large`); 429 puts it off for at least
 //!   its `Retry-After`; 5xx and no answer put it off until the delivery deadline.
 
-pub mod crypto;
-pub mod subscriptions;
-
 use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -30,22 +27,19 @@ use std::time::Duration;
 use anyhow::Context;
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
-use self::crypto::VapidKey;
-use self::subscriptions::Subscription;
 use crate::channel::{self, Claimed, Sender, Slots};
 use crate::config::PushChannelConfig;
 use crate::ctx::Ctx;
 use crate::db::scripts::{self, Decision};
 use crate::outcome::{Outcome, Reason};
 use crate::render::Renderer;
+use crate::subscribers::push::{self as subscriptions, Subscription};
+use crate::webpush::{self as crypto, VapidKey};
 use crate::work::{Channel, DeliveryRef};
 
 /// The record field holding the notification's payload, fixed before its first request.
 pub const BODY_FIELD: &str = "push_body";
-/// The record field marking subscription `<id>` as sent to (201).
-pub fn sent_field(sid: &str) -> String {
-    format!("push_sent:{sid}")
-}
+pub use crate::subscribers::push::sent_field;
 
 /// The record field an instance sets before its requests of the delivery leave, and
 /// clears once it has recorded their answers: one left behind (a crash, a stall past the

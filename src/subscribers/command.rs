@@ -76,7 +76,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let mut push = Vec::new();
     for (i, given) in args.push_subscriptions.iter().enumerate() {
         let text = if given == "-" { crate::cli::read_source("-")? } else { given.clone() };
-        let s = crate::push::subscriptions::Subscription::parse(&text)
+        let s = crate::subscribers::push::Subscription::parse(&text)
             .map_err(|e| anyhow::anyhow!("--push-subscription #{}: {e}", i + 1))?;
         push.push(s);
     }
@@ -102,7 +102,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     }
     let mut registered = Vec::new();
     for s in &push {
-        let sid = crate::push::subscriptions::add(&store, id, s).await?;
+        let sid = crate::subscribers::push::add(&store, id, s).await?;
         out.line(format_args!("push subscription {sid} ({}) registered for {id}", s.masked()));
         registered.push(sid);
     }

@@ -4,6 +4,7 @@
 //! a record into "send to this address" or "skip, because".
 
 mod command;
+pub mod push;
 
 use std::collections::BTreeMap;
 

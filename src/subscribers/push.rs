@@ -10,12 +10,12 @@
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::subscribers::ClassifyName;
+use super::ClassifyName;
 
-use super::crypto::Receiver;
 use crate::db::Store;
 use crate::db::conn::Conn;
 use crate::db::keys::Keys;
+use crate::webpush::Receiver;
 
 /// The most subscriptions a subscriber keeps (a browser each, rarely more than a few).
 pub const MAX_PER_SUBSCRIBER: usize = 20;
@@ -108,6 +108,12 @@ fn host(url: &str) -> &str {
     o.find("://").map_or(o, |i| &o[i + 3..])
 }
 
+/// The field of a Web Push delivery's record marking subscription `<id>` as reached (its
+/// push service answered 201).
+pub fn sent_field(sid: &str) -> String {
+    format!("push_sent:{sid}")
+}
+
 /// Registers `s` for subscriber `id` (again: its keys are replaced). Refused when the
 /// subscriber is not in the registry, or already has [`MAX_PER_SUBSCRIBER`] others.
 /// Returns the subscription's id.
@@ -179,7 +185,7 @@ pub async fn remove(conn: &mut Conn, keys: &Keys, p: u16, id: &str, sid: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::push::crypto::{new_secret, public_b64};
+    use crate::webpush::{new_secret, public_b64};
 
     fn browser(endpoint: &str) -> String {
         let key = public_b64(&new_secret().public_key());
