@@ -255,8 +255,13 @@ impl Sender for PushChannel {
         let mine = inflight_field(&ctx.owner);
         scripts::note(&mut conn, &mine, &[(record.clone(), "1")]).await?;
         ctx.store.durable(&mut conn, &record).await?;
-        let all = subscriptions::list(&mut conn, keys, p, &d.subscriber).await?;
-        let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(&mut conn).await?;
+        // The browsers, and what the record already says of them, in one round trip.
+        let (all, fields): (Vec<(String, String)>, Vec<String>) = redis::pipe()
+            .hgetall(keys.push_subscriptions(p, &d.subscriber))
+            .hkeys(&record)
+            .query_async(&mut conn)
+            .await?;
+        let all = subscriptions::read(all);
         let sent_before: BTreeSet<&str> = fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).collect();
         let asked: Vec<(String, Subscription)> =
             all.into_iter().filter(|(sid, _)| !sent_before.contains(sid.as_str())).collect();

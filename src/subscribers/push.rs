@@ -172,7 +172,12 @@ pub async fn add_many(store: &Store, items: &[(String, Subscription)]) -> anyhow
 pub async fn list(conn: &mut Conn, keys: &Keys, p: u16, id: &str) -> anyhow::Result<Vec<(String, Subscription)>> {
     let all: Vec<(String, String)> =
         redis::cmd("HGETALL").arg(keys.push_subscriptions(p, id)).query_async(conn).await?;
-    Ok(all.into_iter().filter_map(|(sid, json)| Some((sid, Subscription::parse(&json).ok()?))).collect())
+    Ok(read(all))
+}
+
+/// The subscriptions of an `HGETALL` of a subscriber's hash that read.
+pub fn read(all: Vec<(String, String)>) -> Vec<(String, Subscription)> {
+    all.into_iter().filter_map(|(sid, json)| Some((sid, Subscription::parse(&json).ok()?))).collect()
 }
 
 /// Removes subscription `sid` of subscriber `id` (the push service said it is gone).
