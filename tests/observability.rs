@@ -46,6 +46,8 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("mailstream_provider_down", &[]),
     ("mailstream_provider_request_duration_seconds", &["endpoint", "status_class"]),
     ("mailstream_provider_requests_total", &["action", "endpoint", "result", "status_class"]),
+    ("mailstream_push_requests_total", &["status_class"]),
+    ("mailstream_push_subscriptions_removed_total", &[]),
     ("mailstream_records_lost_total", &[]),
     ("mailstream_redis_errors_total", &["op"]),
     ("mailstream_redis_up", &[]),
@@ -107,9 +109,9 @@ const CLOSED_LABELS: &[(&str, &[&str])] = &[
 /// checks them on a daemon that has one.
 pub const HOOK_FAMILIES: &[&str] = &["mailstream_render_hook_deferred_total", "mailstream_render_hook_requests_total"];
 
-/// Families only a daemon with the application channel exports; `tests/channels.rs`
-/// checks them on one.
-const APP_FAMILIES: &[&str] = &["mailstream_app_requests_total"];
+/// Families only a daemon with the application or the push channel exports;
+/// `tests/channels.rs` and `tests/push.rs` check them on one.
+const CHANNEL_FAMILIES: &[&str] = &["mailstream_app_requests_total", "mailstream_push_requests_total"];
 
 /// One sample of a scrape: family, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);
@@ -285,7 +287,7 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     }
     let pinned: BTreeMap<String, BTreeSet<String>> = FAMILIES
         .iter()
-        .filter(|(f, _)| !HOOK_FAMILIES.contains(f) && !APP_FAMILIES.contains(f))
+        .filter(|(f, _)| !HOOK_FAMILIES.contains(f) && !CHANNEL_FAMILIES.contains(f))
         .map(|(f, labels)| (f.to_string(), labels.iter().map(|l| l.to_string()).collect()))
         .collect();
     assert_eq!(found, pinned, "every declared family, with exactly its labels, and no other");

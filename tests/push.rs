@@ -117,8 +117,20 @@ async fn each_browser_is_shown_a_notification_once_and_gone_ones_are_forgotten()
     let daemon = world.daemon();
     let push = push_settled(&world).await;
     world.settled(SETTLE).await;
+    let scrape = daemon.metrics.render();
     daemon.stop().await;
     service.show();
+    let requests =
+        |class: &str| common::metric(&scrape, "mailstream_push_requests_total", &format!("status_class=\"{class}\""));
+    // 2xx: s0, s1a, s5; 4xx: two 429s, two 410s, one 403; no 5xx. (More if an answer
+    // came after the client gave up on a busy machine, and the request was made again.)
+    assert!(requests("2xx") >= 3.0 && requests("4xx") >= 5.0, "{scrape}");
+    assert_eq!(requests("5xx"), 0.0, "{scrape}");
+    assert_eq!(common::metric(&scrape, "mailstream_push_subscriptions_removed_total", ""), 2.0, "{scrape}");
+    let settled = |outcome: &str| {
+        common::metric(&scrape, "mailstream_deliveries_total", &format!("channel=\"push\",outcome=\"{outcome}\""))
+    };
+    assert_eq!((settled("sent"), settled("skipped"), settled("failed")), (3.0, 2.0, 1.0), "{scrape}");
 
     assert_eq!((push.sent, push.skipped, push.failed, push.outcome_unknown), (3, 2, 1, 0), "{push:?}");
     let stats = service.stats();

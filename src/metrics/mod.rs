@@ -172,7 +172,7 @@ impl Metrics {
             outcomes: counter(
                 &r,
                 "mailstream_deliveries_total",
-                "Deliveries settled, by channel (email, app), outcome (sent, skipped, failed, outcome_unknown) and \
+                "Deliveries settled, by channel (email, app, push), outcome (sent, skipped, failed, outcome_unknown) and \
                  reason",
                 &["campaign", "channel", "outcome", "reason"],
             ),
