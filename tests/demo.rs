@@ -26,6 +26,7 @@ fn demo_sends_5000_digests_once_within_the_rate_limit() {
         "failed",
         "skipped",
         "elapsed_seconds",
+        "email_seconds",
         "emails_per_second",
         "ceiling_emails_per_second",
     ] {
