@@ -22,6 +22,12 @@ const SETTLE: Duration = Duration::from_secs(90);
 /// A world whose campaign goes by email and Web Push, signing with a new VAPID key, and a
 /// push service serving on loopback.
 async fn push_world(timeout_ms: u64) -> (World, PushService, VapidKey, mailstream::shutdown::Trigger) {
+    let (world, service, _, vapid, stop) = push_world_keyed(timeout_ms).await;
+    (world, service, vapid, stop)
+}
+
+/// `push_world`, and the VAPID private key too (for a daemon run as a process).
+async fn push_world_keyed(timeout_ms: u64) -> (World, PushService, String, VapidKey, mailstream::shutdown::Trigger) {
     let service = PushService::new();
     let (_, stop, _) = service.spawn_local().await.unwrap();
     let (private, vapid) = VapidKey::generate();
@@ -33,13 +39,13 @@ async fn push_world(timeout_ms: u64) -> (World, PushService, VapidKey, mailstrea
             timeout_ms,
             concurrency: 8,
             requests_per_second_per_service: 1000,
-            ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private))
+            ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private.clone()))
         });
     })
     .await;
     let (_emulator, stop_emulator) = world.emulator(EmulatorConfig::default()).await;
     std::mem::forget(stop_emulator);
-    (world, service, vapid, stop)
+    (world, service, private, vapid, stop)
 }
 
 async fn push_settled(world: &World) -> Counts {
@@ -307,4 +313,71 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     let again = common::cli::bin().args(["vapid-keys", "--out"]).arg(&file).output().unwrap();
     assert!(!again.status.success(), "an existing key file is never overwritten");
     std::fs::remove_file(&file).unwrap();
+}
+
+/// A sender killed (SIGKILL) with its requests out: the push service took them, nobody
+/// recorded an answer, and the record keeps the killed instance's in-flight flag. The
+/// next holder, after the lease, asks again with the same Topic, so each browser (offline
+/// meanwhile) is shown its notification once; a browser gone since is removed, and its
+/// delivery ends `outcome_unknown`, not `skipped`: the killed request may have reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_killed_with_requests_out_is_followed_by_one_that_shows_each_once() {
+    use common::cli::{ANY_METRICS_PORT, TEST_REDIS, bin, config_file};
+    let (world, service, private, vapid, _stop) = push_world_keyed(2000).await;
+    let subs = world.subscribers(6).await;
+    let browsers: Vec<_> = subs.iter().map(|s| (s.id.clone(), browser(&service, &vapid.public))).collect();
+    subscriptions::add_many(&world.store, &browsers).await.unwrap();
+    // Taken at once, answered only after a minute: the killed instance hears nothing.
+    service.set_offline(true);
+    service.set_slow(60_000);
+    world.kick().await;
+    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
+    let path = config_file(
+        "push-kill.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            ("lease_seconds = 15", "lease_seconds = 10"),
+            ("partitions = 1", "partitions = 2"),
+            ("channels = [\"email\"]", "channels = [\"email\", \"push\"]"),
+            ("# [channels.push]\n# subject", "[channels.push]\ntimeout_ms = 8000\nsubject"),
+            ANY_METRICS_PORT,
+            TEST_REDIS,
+        ],
+    );
+    let mut cmd = bin();
+    cmd.arg("run").arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", world.redis.url());
+    cmd.env("RESEND_API_KEY", "re_cli_test").env("MAILSTREAM_VAPID_PRIVATE_KEY", &private);
+    let killed = common::Logged::spawn(cmd.stdout(std::process::Stdio::null()));
+    let all_out = eventually(SETTLE, || {
+        let (service, browsers) = (service.clone(), browsers.clone());
+        async move {
+            browsers.iter().all(|(_, s)| service.taken(&s.endpoint).is_some_and(|t| !t.2.is_empty())).then_some(())
+        }
+    })
+    .await;
+    assert!(all_out.is_some(), "every browser's request is out: {:?}", killed.lines.lock().unwrap());
+    killed.signal("KILL");
+    let _ = killed.wait().await;
+    let in_doubt = common::delivery(&world.store, &delivery_of(&subs[0]).on(Channel::Push).id()).await;
+    assert!(in_doubt.keys().any(|f| f.starts_with("push_inflight:")), "{in_doubt:?}");
+
+    service.set_slow(0);
+    service.make_gone(&browsers[5].1.endpoint);
+    let daemon = world.daemon();
+    let push = push_settled(&world).await;
+    daemon.stop().await;
+    service.set_offline(false);
+    service.show();
+
+    assert_eq!((push.sent, push.outcome_unknown, push.skipped, push.failed), (5, 1, 0, 0), "{push:?}");
+    let gone = common::delivery(&world.store, &delivery_of(&subs[5]).on(Channel::Push).id()).await;
+    assert_eq!(gone["state"].as_str(), "outcome_unknown", "{gone:?}");
+    for (i, (_, s)) in browsers.iter().enumerate().take(5) {
+        let tag = crypto::topic(&delivery_of(&subs[i]).on(Channel::Push).id());
+        assert!(service.taken(&s.endpoint).unwrap().2.len() >= 2, "asked again: subscriber {i}");
+        assert_eq!(service.shown(&s.endpoint).get(&tag), Some(&1), "shown once: subscriber {i}");
+    }
+    let stats = service.stats();
+    assert!(stats.replaced >= 5, "each retry replaced the held copy by its Topic: {stats:?}");
+    assert_eq!(stats.duplicates, 0, "{stats:?}");
 }
