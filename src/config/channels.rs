@@ -265,13 +265,21 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
             push.requests_per_second_per_service
         ),
     );
-    let key = push.vapid_private_key.as_ref().and_then(|s| crate::webpush::VapidKey::parse(s.expose()));
-    check(
-        key.is_some(),
-        format!(
-            "channels.push: a VAPID private key (a P-256 scalar, base64url) is needed in {ENV_VAPID_PRIVATE_KEY}, channels.push.vapid_private_key_file or the credential vapid_private_key (mailstream vapid-keys makes one)"
+    match &push.vapid_private_key {
+        None => check(
+            false,
+            format!(
+                "channels.push: a VAPID private key (a P-256 scalar, base64url) is needed in {ENV_VAPID_PRIVATE_KEY}, channels.push.vapid_private_key_file or the credential vapid_private_key (mailstream vapid-keys makes one)"
+            ),
         ),
-    );
+        // Never quoted: it is the key, or something put where the key belongs.
+        Some(key) => check(
+            crate::webpush::VapidKey::parse(key.expose()).is_some(),
+            "channels.push: the VAPID private key given is not one (a P-256 scalar: 32 bytes, base64url; \
+             mailstream vapid-keys makes one)"
+                .to_string(),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -322,5 +330,43 @@ mod tests {
         config.templates.get_mut("new_lead").unwrap().channels = vec![Channel::Email, Channel::App];
         let found = errors(&config);
         assert!(found.iter().any(|e| e.starts_with("templates.new_lead.channels: an operator template")), "{found:?}");
+    }
+
+    #[test]
+    fn the_push_channel_needs_its_section_and_a_key_it_never_quotes() {
+        let mut config = Config::example();
+        config.campaigns[0].channels = vec![Channel::Email, Channel::Push];
+        let found = errors(&config);
+        assert!(found.iter().any(|e| e.starts_with("channels.push: a campaign lists")), "{found:?}");
+        let garbage = "not-a-key-but-a-secret-all-the-same";
+        config.channels.push = Some(PushChannelConfig {
+            subject: "ops@example.com".into(),
+            ttl_seconds: 3_000_000,
+            timeout_ms: 15_000,
+            concurrency: 0,
+            requests_per_second_per_service: 0,
+            ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(garbage))
+        });
+        let found = errors(&config);
+        for key in [
+            "channels.push.subject",
+            "channels.push.ttl_seconds",
+            "channels.push.timeout_ms",
+            "channels.push.concurrency",
+            "channels.push.requests_per_second_per_service",
+            "channels.push: the VAPID private key given is not one",
+        ] {
+            assert!(found.iter().any(|e| e.starts_with(key)), "{key}: {found:?}");
+        }
+        assert!(found.iter().all(|e| !e.contains(garbage)), "the key is never shown: {found:?}");
+        let (private, _) = crate::webpush::VapidKey::generate();
+        config.channels.push = Some(PushChannelConfig::new("mailto:ops@example.com", Secret::new(private)));
+        assert!(errors(&config).is_empty(), "{:?}", errors(&config));
+        let features = serde_json::to_value(config.features()).unwrap();
+        assert_eq!((&features["push"]["on"], &features["push"]["mode"]), (&true.into(), &"weekly_digest".into()));
+        assert_eq!(features["app"]["on"], false, "{features}");
+        config.channels.push.as_mut().unwrap().vapid_private_key = None;
+        let found = errors(&config);
+        assert!(found.iter().any(|e| e.starts_with("channels.push: a VAPID private key") && e.contains("is needed")));
     }
 }

@@ -77,6 +77,10 @@ impl Config {
         let private = self.http.metrics_listen.map(|a| a.to_string());
         let hooked: Vec<&str> =
             self.campaigns.iter().filter(|c| c.render_hook.is_some()).map(|c| c.name.as_str()).collect();
+        let on = |channel: crate::work::Channel| -> Vec<&str> {
+            self.campaigns.iter().filter(|c| c.channels.contains(&channel)).map(|c| c.name.as_str()).collect()
+        };
+        let (app, push) = (on(crate::work::Channel::App), on(crate::work::Channel::Push));
         let scheduled: Vec<&str> =
             self.campaigns.iter().filter(|c| c.schedule.is_some()).map(|c| c.name.as_str()).collect();
         let feature = |on: bool, secret: Option<SecretSource>, mode: Option<String>| Feature { on, secret, mode };
@@ -95,6 +99,9 @@ impl Config {
             ("webhooks", feature(webhooks, secret("webhook_secret"), None)),
             ("unsubscribe", unsubscribe),
             ("admin", feature(admin, secret("admin_token"), None)),
+            // A channel is on where a campaign lists it; its mode names those campaigns.
+            ("app", feature(!app.is_empty(), secret("app_webhook_secret"), names(&app))),
+            ("push", feature(!push.is_empty(), secret("vapid_private_key"), names(&push))),
             ("ingest", feature(ingest, secret("ingest_token"), None)),
             ("render_hook", feature(!hooked.is_empty(), secret("render_hook_secret"), names(&hooked))),
             ("schedules", feature(!scheduled.is_empty(), None, names(&scheduled))),
