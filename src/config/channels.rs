@@ -265,21 +265,20 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
             push.requests_per_second_per_service
         ),
     );
-    match &push.vapid_private_key {
-        None => check(
-            false,
-            format!(
-                "channels.push: a VAPID private key (a P-256 scalar, base64url) is needed in {ENV_VAPID_PRIVATE_KEY}, channels.push.vapid_private_key_file or the credential vapid_private_key (mailstream vapid-keys makes one)"
-            ),
+    let key = push.vapid_private_key.as_ref();
+    check(
+        key.is_some(),
+        format!(
+            "channels.push: a VAPID private key (a P-256 scalar, base64url) is needed in {ENV_VAPID_PRIVATE_KEY}, channels.push.vapid_private_key_file or the credential vapid_private_key (mailstream vapid-keys makes one)"
         ),
-        // Never quoted: it is the key, or something put where the key belongs.
-        Some(key) => check(
-            crate::webpush::VapidKey::parse(key.expose()).is_some(),
-            "channels.push: the VAPID private key given is not one (a P-256 scalar: 32 bytes, base64url; \
-             mailstream vapid-keys makes one)"
-                .to_string(),
-        ),
-    }
+    );
+    // Never quoted: it is the key, or something put where the key belongs.
+    check(
+        key.is_none_or(|k| crate::webpush::VapidKey::parse(k.expose()).is_some()),
+        "channels.push: the VAPID private key given is not one (a P-256 scalar: 32 bytes, base64url; mailstream \
+         vapid-keys makes one)"
+            .to_string(),
+    );
 }
 
 #[cfg(test)]

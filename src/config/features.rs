@@ -75,14 +75,14 @@ impl Config {
         let secret = |name: &str| self.sources.get(name).copied();
         let public = self.http.public_listen.map(|a| a.to_string());
         let private = self.http.metrics_listen.map(|a| a.to_string());
-        let hooked: Vec<&str> =
-            self.campaigns.iter().filter(|c| c.render_hook.is_some()).map(|c| c.name.as_str()).collect();
-        let on = |channel: crate::work::Channel| -> Vec<&str> {
-            self.campaigns.iter().filter(|c| c.channels.contains(&channel)).map(|c| c.name.as_str()).collect()
+        // The campaigns that use a feature, by name.
+        let using = |uses: &dyn Fn(&super::CampaignConfig) -> bool| -> Vec<&str> {
+            self.campaigns.iter().filter(|c| uses(c)).map(|c| c.name.as_str()).collect()
         };
-        let (app, push) = (on(crate::work::Channel::App), on(crate::work::Channel::Push));
-        let scheduled: Vec<&str> =
-            self.campaigns.iter().filter(|c| c.schedule.is_some()).map(|c| c.name.as_str()).collect();
+        let hooked = using(&|c| c.render_hook.is_some());
+        let scheduled = using(&|c| c.schedule.is_some());
+        let app = using(&|c| c.channels.contains(&crate::work::Channel::App));
+        let push = using(&|c| c.channels.contains(&crate::work::Channel::Push));
         let feature = |on: bool, secret: Option<SecretSource>, mode: Option<String>| Feature { on, secret, mode };
         let unsubscribe = match self.unsubscribe_mode() {
             Unsubscribe::OneClick => feature(true, secret("unsubscribe_secret"), Some("one_click".into())),

@@ -316,11 +316,11 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
     let mut email_done: Option<f64> = None;
     loop {
         counts = store.counts(&campaign.name, &period).await?;
-        if email_done.is_none() && counts.settled() >= counts.enqueued {
+        let email_settled = counts.settled() >= counts.enqueued;
+        if email_settled && email_done.is_none() {
             email_done = Some(started.elapsed().as_secs_f64());
         }
-        let digest_done = counts.settled() >= counts.enqueued
-            && channels::others_settled(&store, &campaign.name, &period, &channels).await?;
+        let digest_done = email_settled && channels::others_settled(&store, &campaign.name, &period, &channels).await?;
         if receipts < TRANSACTIONAL_SENDS && !digest_done && started.elapsed() >= every * (receipts as u32 + 1) {
             let item = serde_json::json!({
                 "idempotency_key": format!("demo-receipt-{receipts}"),
