@@ -224,7 +224,7 @@ async fn run(
         mailstream::subscribers::push::add_many(&store, &items).await?;
     }
     let campaign = config.campaigns[0].name.clone();
-    let period = mailstream::kick::period_for(&store, &config, &config.campaigns[0], None, Default::default()).await?;
+    let period = mailstream::kick::period_for(&store, &config.campaigns[0], None, Default::default()).await?;
     mailstream::kick::kick_registry(&store, &config, &campaign, &period).await?;
 
     let (stop, down) = mailstream::shutdown::channel();

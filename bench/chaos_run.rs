@@ -216,7 +216,7 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let subscribers: Vec<Subscriber> = (0..opts.deliveries).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subscribers).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest campaign")?.clone();
-    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let period = kick::period_for(&store, &campaign, None, kick::PeriodRule::NearNow).await?;
     let kicked = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     say(opts, &format!("chaos: {} deliveries enqueued for {period}; logs in {}", kicked.new, log_path.display()));
 

@@ -169,8 +169,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let subs: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest campaign")?.clone();
-    let period =
-        mailstream::kick::period_for(&store, &config, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
+    let period = mailstream::kick::period_for(&store, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
     mailstream::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     let mut items: Vec<serde_json::Value> = (0..opts.operators)
         .map(|i| serde_json::json!({"idempotency_key": format!("lead-{i}"), "to": OPERATOR, "template": "new_lead", "data": {"company": format!("c{i}")}}))

@@ -233,7 +233,7 @@ async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
         subscribers::upsert(&store, &subs).await?;
     }
     let campaign = config.campaign(CAMPAIGN).context("weekly_digest")?.clone();
-    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let period = kick::period_for(&store, &campaign, None, kick::PeriodRule::NearNow).await?;
     kick::kick_registry(&store, &config, CAMPAIGN, &period).await?;
     let mut conn = store.conn().await?;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await?;

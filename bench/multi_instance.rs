@@ -220,7 +220,7 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
     let subscribers: Vec<Subscriber> = (0..o.deliveries).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subscribers).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest")?.clone();
-    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let period = kick::period_for(&store, &campaign, None, kick::PeriodRule::NearNow).await?;
     kick::kick_registry(&store, &config, &campaign.name, &period).await?;
 
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_mailstream"));

@@ -198,8 +198,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
     let store = Store::open(&config).await?;
     let subs: Vec<Subscriber> = (0..n).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
-    let period =
-        mailstream::kick::period_for(&store, &config, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
+    let period = mailstream::kick::period_for(&store, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
     mailstream::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     // Between the kick and the send, the application revokes a share of the plans.
     let every = (1.0 / revoked_share.max(1e-9)).round().max(1.0) as usize;

@@ -104,7 +104,8 @@ async fn run(seconds: u64, connections: usize, pending: bool) -> anyhow::Result<
     let subs: Vec<Subscriber> = (0..DELIVERIES).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
     let campaign = config.campaigns[0].clone();
-    let period = "2026-W49";
+    let period = mailstream::kick::period_for(&store, &campaign, None, Default::default()).await?;
+    let period = period.as_str();
     mailstream::kick::kick_registry(&store, &config, &campaign.name, period).await?;
     if pending {
         // Sending paused: the daemon's only work is the webhooks.

@@ -4,7 +4,7 @@
 -- lost record, which is written back as failed so the operator sees it and can requeue it
 -- (lost: no record, and none kept compactly either). A delivery sent (an application event)
 -- or skipped is settled compactly (prelude.lua); a failed or outcome_unknown record expires
--- after the retention. Each joins the recent settlements; failed ones go to the dead-letter
+-- with its period's dedup (keep_until). Each joins the recent settlements; failed ones go to the dead-letter
 -- stream.
 --
 -- KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4..3+c] counts hashes,
@@ -25,17 +25,17 @@ for i = 4 + c, #KEYS do
     or (expect == 'lost' and not d[1] and not compacted(KEYS[i]))
   if ours then
     if state == 'sent' or state == 'skipped' then
-      compact(KEYS[i], entry_text(state, now, reason, 0), retention)
+      compact(KEYS[i], entry_text(state, now, reason, 0), now, retention)
     else
       local field = 'reason'
       if state == 'failed' then field = 'error' end
       redis.call('HSET', KEYS[i], 'state', state, field, reason, 'settled_ms', now)
       redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-      redis.call('EXPIRE', KEYS[i], retention)
+      redis.call('PEXPIREAT', KEYS[i], keep_until(KEYS[3 + ci], now, retention))
     end
     redis.call('ZADD', KEYS[3], now, id)
     redis.call('HINCRBY', KEYS[3 + ci], state, 1)
-    redis.call('EXPIRE', KEYS[3 + ci], retention)
+    redis.call('PEXPIREAT', KEYS[3 + ci], keep_until(KEYS[3 + ci], now, retention))
     if state == 'failed' then
       redis.call('XADD', KEYS[2], 'MINID', '~', now - retention * 1000, '*',
         'delivery', id, 'error', reason, 'attempts', 0)

@@ -11,17 +11,32 @@
 -- (due.lua). The period is listed in the partition's periods index (what /metrics and
 -- `mailstream slo` report on), and each channel's counts hash keeps how many were new and how
 -- many were duplicates. A channel's first enqueue of the period fixes the period's number of
--- settled-history buckets, for as many deliveries as the partition's audience has subscribers.
+-- settled-history buckets, for as many deliveries as the partition's audience has subscribers,
+-- and records the end of its kick window (`kick_until`). A kick once that window has ended is
+-- refused whole, writing nothing: the traces its dedup reads may have expired (prelude.lua,
+-- keep_until), so it could send twice.
 --
 -- KEYS[1] periods index, KEYS[2] the partition's audience; then per channel c (1..n): KEYS[3c]
 --   its stream, KEYS[3c+1] its counts hash, KEYS[3c+2] its due set; then per item
 --   KEYS[3+3n+i] delivery key: the partition's delivery prefix plus the delivery id
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the prefix's length,
 --   ARGV[4] '1' if a release time (ms; 0: now) follows each item's channel, else '0' (all now),
---   ARGV[5] n; then per item: its channel (1..n) [, its release time]
--- Returns one integer per item: 1 if it was enqueued now, 0 if it already was.
+--   ARGV[5] n, ARGV[6] the period's start (Redis-clock ms), ARGV[7] the kick window's retention
+--   seconds; then per item: its channel (1..n) [, its release time]
+-- Returns {'ok', kick_until, per item 1 if it was enqueued now, 0 if it already was}, or
+-- {'closed', kick_until, {}} when the period's kick window has ended (nothing written).
 local retention, plen, timed, n = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
 local now = now_ms()
+local closes = kick_until(tonumber(ARGV[6]), tonumber(ARGV[7]))
+for c = 1, n do
+  local recorded = recorded_kick_until(KEYS[3 * c + 1])
+  if recorded and recorded < closes then
+    closes = recorded
+  end
+end
+if now >= closes then
+  return {'closed', closes, {}}
+end
 local first, per = 3 + 3 * n, 1
 if timed then
   per = 2
@@ -40,7 +55,7 @@ local function history_of(c)
   return nb[c], settled[c]
 end
 for i = first, #KEYS do
-  local a = 6 + (i - first) * per
+  local a = 8 + (i - first) * per
   local c = tonumber(ARGV[a])
   local n_buckets, any_settled = history_of(c)
   local kept = false
@@ -66,17 +81,23 @@ for i = first, #KEYS do
     result[#result + 1] = 0
   end
 end
+local keep = now + retention * 1000
 for c = 1, n do
-  if added[c] > 0 then
-    redis.call('HINCRBY', KEYS[3 * c + 1], 'enqueued', added[c])
+  local counts = KEYS[3 * c + 1]
+  if added[c] + dups[c] > 0 then
+    redis.call('HSETNX', counts, 'kick_until', closes)
+    if added[c] > 0 then
+      redis.call('HINCRBY', counts, 'enqueued', added[c])
+    end
+    if dups[c] > 0 then
+      redis.call('HINCRBY', counts, 'duplicates', dups[c])
+    end
+    local k = keep_until(counts, now, retention)
+    redis.call('PEXPIREAT', counts, k)
+    if k > keep then
+      keep = k
+    end
   end
-  if dups[c] > 0 then
-    redis.call('HINCRBY', KEYS[3 * c + 1], 'duplicates', dups[c])
-  end
-  redis.call('EXPIRE', KEYS[3 * c + 1], retention)
 end
--- Scored by the last enqueue; a period drops out once its counts have expired.
-redis.call('ZADD', KEYS[1], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - retention * 1000)
-redis.call('PEXPIRE', KEYS[1], retention * 1000)
-return result
+list_period(KEYS[1], ARGV[2], keep, now)
+return {'ok', closes, result}

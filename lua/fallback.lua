@@ -35,7 +35,7 @@ redis.call('HSET', KEYS[1], 'state', 'sealed', 'key', ARGV[4], 'body', ARGV[5], 
   'last_error', ARGV[8], 'fallback_template', ARGV[7], 'fallback_error', ARGV[8], 'fallback_status', ARGV[9])
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[10]), bid)
 redis.call('HINCRBY', KEYS[3], 'fallbacks', 1)
-redis.call('EXPIRE', KEYS[3], tonumber(ARGV[11]))
+redis.call('PEXPIREAT', KEYS[3], keep_until(KEYS[3], now, tonumber(ARGV[11])))
 for m = 4, #KEYS do
   if redis.call('HGET', KEYS[m], 'batch') == bid then
     redis.call('HSET', KEYS[m], 'fallback', '1')

@@ -148,10 +148,10 @@ for m = 1, n do
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
     local dkey, ci = KEYS[5 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
     if reasons[m] ~= 'record_lost' then
-      compact(dkey, entry_text('skipped', now, reasons[m], 0), retention)
+      compact(dkey, entry_text('skipped', now, reasons[m], 0), now, retention)
       redis.call('ZADD', KEYS[5], now, ids[m])
       redis.call('HINCRBY', KEYS[5 + ci], 'skipped', 1)
-      redis.call('EXPIRE', KEYS[5 + ci], retention)
+      redis.call('PEXPIREAT', KEYS[5 + ci], keep_until(KEYS[5 + ci], now, retention))
     end
   end
 end

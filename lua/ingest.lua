@@ -1,5 +1,6 @@
 -- ingest.lua: enqueue transactional deliveries of one partition, each at most once per
--- caller idempotency key. The key's guard (SET NX, expiring after the retention) names the
+-- caller idempotency key. The key's guard (SET, expiring the retention after the key's first
+-- acceptance and never written again, whatever happens to its delivery since) names the
 -- delivery it made and a hash of the request: a replay of the same request is a duplicate
 -- (the same delivery, whenever it comes within the retention), the same key with a different
 -- request is refused, as Resend refuses it (409). The delivery record keeps the request
@@ -44,7 +45,7 @@ for i = 1, n do
       out[i] = {'conflict', sid}
     end
   else
-    redis.call('SET', guard, id .. ' ' .. hash, 'EX', retention)
+    redis.call('SET', guard, id .. ' ' .. hash, 'PXAT', now + retention * 1000)
     redis.call('HSET', dkey, 'state', 'pending', 'request', request, 'enqueued_ms', now)
     redis.call('XADD', KEYS[1], '*', 'delivery', id)
     added = added + 1
@@ -63,7 +64,7 @@ end
 if dups > 0 then
   redis.call('HINCRBY', KEYS[2], 'duplicates', dups)
 end
-redis.call('EXPIRE', KEYS[2], retention)
+redis.call('PEXPIREAT', KEYS[2], keep_until(KEYS[2], now, retention))
 if app_added > 0 then
   fix_buckets(KEYS[5])
   redis.call('HINCRBY', KEYS[5], 'enqueued', app_added)
@@ -72,9 +73,7 @@ if app_dups > 0 then
   redis.call('HINCRBY', KEYS[5], 'duplicates', app_dups)
 end
 if app_added + app_dups > 0 then
-  redis.call('EXPIRE', KEYS[5], retention)
+  redis.call('PEXPIREAT', KEYS[5], keep_until(KEYS[5], now, retention))
 end
-redis.call('ZADD', KEYS[3], now, ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - retention * 1000)
-redis.call('PEXPIRE', KEYS[3], retention * 1000)
+list_period(KEYS[3], ARGV[2], now + retention * 1000, now)
 return out

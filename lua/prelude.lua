@@ -48,8 +48,8 @@ end
 -- buckets, a power of two recorded as `buckets` in its counts hash by its first enqueue (for
 -- about BUCKET_FILL deliveries each, so every bucket stays a small listpack); a delivery's
 -- bucket is a hash of its home (the subscriber; a receipt's idempotency key) modulo that
--- number, so a subscriber's deliveries of a period share one. A bucket expires the retention
--- after its last settlement, as the counts hash does. Every name here is built from the
+-- number, so a subscriber's deliveries of a period share one. A bucket expires with its counts
+-- hash (keep_until, below). Every name here is built from the
 -- delivery's own key, so it carries the same hash tag: one slot (`db::history` builds the
 -- same names in Rust, and a test holds the two together).
 local BUCKET_FILL, MAX_BUCKETS = 48, 65536
@@ -121,13 +121,62 @@ local function entry_text(state, now, detail, sends, fallback, variant)
   return v
 end
 
+-- One clock for every age that guards a dedup (key layout 8). A campaign period may be kicked
+-- until its `kick_until` (Redis-clock ms): the period's start (from the calendar, in its
+-- campaign's zone) plus the kick window's retention (the shortest `delivery.retention_days` the
+-- deployment has run with: `<prefix>:meta` `kick_window_s`), or what the period's first enqueue
+-- recorded in its counts hash, whichever is earlier. Every trace the kick's dedup reads -- the
+-- counts hash, the settled history's buckets, a failed or outcome_unknown record -- and the
+-- period's entry in the periods index expire at `keep_until`: the retention after they were
+-- last written, and never before the recorded `kick_until`. Both ends are computed here, from
+-- the same recorded number, on the same clock, so no kick is accepted once any of them may have
+-- expired, whenever the period was kicked (early as "the next period", on time, or late) and
+-- whenever it settled. A counts hash without `kick_until` (a transactional day: its dedup is the
+-- idempotency key's guard) keeps the retention after its last write.
+local function kick_until(start_ms, window_s)
+  return start_ms + window_s * 1000
+end
+
+-- The kick window's end as the counts hash `counts` recorded it, or nil.
+local function recorded_kick_until(counts)
+  return tonumber(redis.call('HGET', counts, 'kick_until') or '')
+end
+
+local kept = {}
+-- When the traces of the period whose counts hash is `counts`, written now, expire (ms).
+local function keep_until(counts, now, retention)
+  local k = kept[counts]
+  if not k then
+    k = now + retention * 1000
+    local kick = recorded_kick_until(counts)
+    if kick and kick > k then
+      k = kick
+    end
+    kept[counts] = k
+  end
+  return k
+end
+
+-- Lists `member` (`<campaign>:<period>`) in the partition's periods index `index` (what
+-- /metrics and `mailstream slo` report on), scored by when its traces are kept until (`keep`,
+-- ms; a later write never shortens it), drops the periods kept no longer, and keeps the index
+-- as long as its last period.
+local function list_period(index, member, keep, now)
+  redis.call('ZADD', index, 'GT', keep, member)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. now)
+  local last = redis.call('ZRANGE', index, -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIREAT', index, last[2])
+  end
+end
+
 -- Settles the delivery of record `dkey` compactly: its entry written, its bucket's expiry
--- renewed, its record deleted.
-local function compact(dkey, value, retention)
+-- renewed (keep_until), its record deleted.
+local function compact(dkey, value, now, retention)
   local counts, prefix, h, field = history(dkey)
   local bucket = prefix .. (h % buckets(counts))
   redis.call('HSET', bucket, field, value)
-  redis.call('EXPIRE', bucket, retention)
+  redis.call('PEXPIREAT', bucket, keep_until(counts, now, retention))
   redis.call('DEL', dkey)
 end
 

@@ -2,8 +2,8 @@
 -- batch (its body holds addresses). Idempotent: a batch already settled is left alone, and
 -- only members still sealed into this batch change. A member sent is settled compactly (its
 -- entry in its period's settled history, its record deleted: prelude.lua); a failed or
--- outcome_unknown one keeps its record, which expires after the retention (its TTL starts
--- here). A sent member with an A/B variant counts as that variant's exposure
+-- outcome_unknown one keeps its record, which expires with its period's dedup (keep_until in
+-- prelude.lua: the retention from here, and never before the period's kick window ends). A sent member with an A/B variant counts as that variant's exposure
 -- (`exposed:<variant>` in the counts hash); failed members go to the dead-letter stream and
 -- outcome_unknown ones to the unknown stream, with the number of requests made. Every member
 -- settled now joins the partition's recent settlements (the delivery log's newest first).
@@ -64,14 +64,14 @@ for i = 6 + c, #KEYS do
   end
   if open then
     if state == 'sent' then
-      compact(KEYS[i], entry_text('sent', now, detail, sends, d[4], d[3]), retention)
+      compact(KEYS[i], entry_text('sent', now, detail, sends, d[4], d[3]), now, retention)
     else
       redis.call('HSET', KEYS[i], 'state', state, 'error', detail, 'settled_ms', now, 'sends', sends)
       if said ~= '' then
         redis.call('HSET', KEYS[i], 'error_message', said)
       end
       redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-      redis.call('EXPIRE', KEYS[i], retention)
+      redis.call('PEXPIREAT', KEYS[i], keep_until(KEYS[5 + ci], now, retention))
     end
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HINCRBY', KEYS[5 + ci], state, 1)
@@ -95,7 +95,7 @@ for i = 6 + c, #KEYS do
   end
 end
 for ci in pairs(counted) do
-  redis.call('EXPIRE', KEYS[5 + ci], retention)
+  redis.call('PEXPIREAT', KEYS[5 + ci], keep_until(KEYS[5 + ci], now, retention))
 end
 keep_recent(KEYS[5], now, retention)
 redis.call('DEL', KEYS[1])

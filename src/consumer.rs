@@ -508,7 +508,7 @@ pub async fn preview_command(config: &Config, args: PreviewArgs) -> anyhow::Resu
     let c = config.campaign(&campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
     let store = Store::open_read(config).await?;
     let rule = crate::kick::PeriodRule::AnyWithinRetention;
-    let period = crate::kick::period_for(&store, config, c, period.as_deref(), rule).await?;
+    let period = crate::kick::period_for(&store, c, period.as_deref(), rule).await?;
     let target = match target {
         Some(t) => t,
         None => subscribers::first_target(&store, &subscriber).await?,

@@ -142,14 +142,17 @@ pub async fn upgrade(config: &Config) -> anyhow::Result<std::process::ExitCode> 
     let store = db::Store::connect(config).await?;
     store.check_version().await?;
     let upgraded = store
-        .upgrade_layout(async |store: &db::Store| {
+        .upgrade_layout(config, async |store: &db::Store| {
             let n = crate::subscribers::build_audience(store).await?;
             println!("built the kick's audience: {n} subscribers entitled, subscribed and not suppressed");
             Ok(())
         })
         .await?;
     match upgraded {
-        Some(from) => println!("upgraded from key layout {from} to {}", db::keys::LAYOUT),
+        Some(from) => println!(
+            "upgraded from key layout {from} to {}; every campaign period's dedup is kept until its kick window ends",
+            db::keys::LAYOUT
+        ),
         None => println!("nothing to upgrade: key layout {}", db::keys::LAYOUT),
     }
     Ok(std::process::ExitCode::SUCCESS)

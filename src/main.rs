@@ -221,6 +221,8 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<mailstream::config::ConfigError>().is_some() {
                 ExitCode::from(exit::CONFIG)
+            } else if e.downcast_ref::<mailstream::kick::PeriodClosed>().is_some() {
+                ExitCode::from(exit::USAGE)
             } else if mailstream::db::unavailable(&e) {
                 ExitCode::from(exit::UNAVAILABLE)
             } else {

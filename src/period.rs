@@ -86,7 +86,7 @@ impl PeriodKind {
     }
 
     /// The period before `s`.
-    pub(crate) fn previous(self, s: &str, tz: Tz) -> Option<String> {
+    pub fn previous(self, s: &str, tz: Tz) -> Option<String> {
         let start = self.start(s, tz)?;
         Some(self.period_at(start - chrono::Duration::seconds(1), tz))
     }

@@ -30,6 +30,9 @@ pub struct RedisServer {
     port: u16,
     dir: PathBuf,
     options: RedisOptions,
+    /// Environment the server is (re)started with beside this process's own (a test's
+    /// `LD_PRELOAD` that moves its clock).
+    env: Vec<(String, String)>,
 }
 
 impl RedisServer {
@@ -40,7 +43,7 @@ impl RedisServer {
             let port = free_port()?;
             let dir = std::env::temp_dir().join(format!("mailstream-redis-{}-{port}", std::process::id()));
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let mut server = RedisServer { child: None, port, dir, options };
+            let mut server = RedisServer { child: None, port, dir, options, env: Vec::new() };
             match server.spawn().await {
                 Ok(()) => return Ok(server),
                 Err(e) => last = Some(e),
@@ -63,6 +66,13 @@ impl RedisServer {
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.kill();
         self.spawn().await
+    }
+
+    /// [`RedisServer::restart`] with `env` set for the server from now on (replacing what
+    /// an earlier call set).
+    pub async fn restart_with_env(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        self.env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self.restart().await
     }
 
     /// Waits until this replica's link to its primary is up (it has the primary's data).
@@ -106,6 +116,7 @@ impl RedisServer {
             .args(self.options.replica_of.map(|port| vec!["--replicaof".to_string(), "127.0.0.1".into(), port.to_string()]).unwrap_or_default())
             .arg("--dir")
             .arg(&self.dir)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

@@ -177,9 +177,18 @@ impl Scheduler {
                 Plan::Idle => {}
                 Plan::Due { at, period, late } => self.due(c, at, period, late).await?,
                 Plan::Missed { at, period } => {
-                    // A period older than the retention cannot be kicked any more: not news.
-                    let kickable = now - at < chrono::Duration::from_std(ctx.config.retention()).unwrap_or_default();
-                    if kickable && self.reported.insert((c.name.clone(), period.clone(), "missed")) {
+                    let key = (c.name.clone(), period.clone(), "missed");
+                    if self.reported.contains(&key) {
+                        continue;
+                    }
+                    // A period whose kick window has ended cannot be kicked any more: not news.
+                    let kickable = match kick::open_window(&ctx.store, &ctx.config, c, &period).await {
+                        Ok(_) => true,
+                        Err(e) if e.downcast_ref::<kick::PeriodClosed>().is_some() => false,
+                        Err(e) => return Err(e),
+                    };
+                    self.reported.insert(key);
+                    if kickable {
                         let mut conn = ctx.store.conn().await?;
                         let kicked: bool = redis::cmd("EXISTS")
                             .arg(ctx.store.keys.fanout(&c.name, &period))
@@ -235,6 +244,17 @@ impl Scheduler {
             return Ok(());
         }
         let ctx = self.ctx.clone();
+        // A catch-up obeys the kick window as any kick does (and enqueue.lua checks it again).
+        if let Err(e) = kick::open_window(&ctx.store, &ctx.config, c, &period).await {
+            if e.downcast_ref::<kick::PeriodClosed>().is_none() {
+                return Err(e);
+            }
+            if self.reported.insert((c.name.clone(), period.clone(), "closed")) {
+                tracing::warn!(campaign = %c.name, period = %period, fire = %at.to_rfc3339(), "scheduled fire not kicked: {e}");
+                ctx.metrics.schedule_fire(&c.name, "missed");
+            }
+            return Ok(());
+        }
         let (resumed, cursors) = match kick::acquire(
             &ctx.store,
             &ctx.config,

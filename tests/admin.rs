@@ -43,7 +43,7 @@ async fn seeded() -> World {
     let daemon = world.daemon();
     world.settled(SETTLE).await;
     daemon.stop().await;
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     world
 }
 
@@ -88,15 +88,15 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     assert!(counts.failed > 0 && counts.skipped > 0, "{counts:?}");
     let both = page(filter(&["failed", "skipped"])).await;
     assert_eq!(both.rows.len(), failed.rows.len() + skipped.rows.len());
-    let next = world.store.counts(CAMPAIGN, "2026-W49").await.unwrap();
+    let next = world.store.counts(CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!(page(filter(&["pending"])).await.rows.len() as u64, next.enqueued, "the next period, not run");
     assert_eq!(next.enqueued, 54, "the six who unsubscribed are left out");
 
     // Pages of 7 over one period: every delivery once, then no cursor.
     let period =
-        Filter { campaign: Some(CAMPAIGN.into()), period: Some(PERIOD.into()), limit: 7, ..Default::default() };
+        Filter { campaign: Some(CAMPAIGN.into()), period: Some(PERIOD.to_string()), limit: 7, ..Default::default() };
     let (rows, pages) = every_page(store, &period).await;
-    assert!(rows.iter().all(|r| r.period == PERIOD));
+    assert!(rows.iter().all(|r| r.period == *PERIOD));
     assert_eq!((rows.len(), pages >= 9), (60, true));
     // Newest first: the settled ones by settlement time, then the rest (the next period's).
     let all = page(filter(&[])).await.rows;
@@ -272,7 +272,7 @@ async fn the_overview_says_what_slo_and_the_metrics_say() {
     assert!(down.is_some_and(|since| since.ends_with('Z')), "the provider is down and said so");
     assert_eq!(overview["partitions"].as_array().unwrap().len(), world.config.redis.partitions as usize);
     let page = get("/admin/overview").await.unwrap().text().await.unwrap();
-    assert!(page.contains("id=\"periods\"") && page.contains("2026-W49"), "{page}");
+    assert!(page.contains("id=\"periods\"") && page.contains(&week(1)), "{page}");
     assert!(page.contains("Resend is down since"), "{page}");
 
     let mailstream::ingest::ItemResult::Accepted { delivery: id, .. } = &r[0] else { panic!("{r:?}") };
@@ -440,7 +440,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     assert!(browser.text("#paused").await.contains("not paused"));
     browser.screenshot("admin-overview.png").await;
     // Pages of 5; filter by two statuses and a span, which the form keeps.
-    browser.go(&format!("{url}/admin/deliveries?limit=5&period={PERIOD}")).await;
+    browser.go(&format!("{url}/admin/deliveries?limit=5&period={}", *PERIOD)).await;
     browser.click("#status-failed").await;
     browser.click("#status-skipped").await;
     browser.type_into("#since", "30d").await;
@@ -461,7 +461,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     // One delivery.
     browser.click_to_navigate("tr.delivery a.open").await;
     let title = browser.text("#delivery").await;
-    assert!(title.starts_with(&format!("{CAMPAIGN}:{PERIOD}:")), "{title}");
+    assert!(title.starts_with(&format!("{CAMPAIGN}:{}:", *PERIOD)), "{title}");
     let summary = browser.text("#summary").await;
     assert!(summary.contains("***@"), "the address, masked: {summary}");
     assert!(!summary.contains("someone"), "{summary}");

@@ -34,7 +34,7 @@ async fn world_with_app(endpoint_url: &str) -> World {
 }
 
 async fn app_counts(world: &World) -> Counts {
-    world.store.channel_counts(CAMPAIGN, PERIOD, Channel::App).await.unwrap()
+    world.store.channel_counts(CAMPAIGN, &PERIOD, Channel::App).await.unwrap()
 }
 
 async fn app_settled(world: &World, within: Duration) -> Counts {
@@ -42,7 +42,7 @@ async fn app_settled(world: &World, within: Duration) -> Counts {
     eventually(within, || {
         let store = store.clone();
         async move {
-            let c = store.channel_counts(CAMPAIGN, PERIOD, Channel::App).await.ok()?;
+            let c = store.channel_counts(CAMPAIGN, &PERIOD, Channel::App).await.ok()?;
             (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
         }
     })

@@ -165,11 +165,32 @@ async fn explicit_periods_are_checked_against_redis_time_and_the_retention() {
     let out =
         run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", &week(21), "--allow-any-period"], "");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out =
-        run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", &week(-70), "--allow-any-period"], "");
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("retention") && err.contains("refused"), "{err}");
+    // Ten weeks back: its kick window (35 days from its start) has ended. Refused with 64, and
+    // nothing is written (not even the fan-out's record), with or without --dry-run.
+    let keys = || async {
+        let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+        keys.sort();
+        keys
+    };
+    let before = keys().await;
+    for dry in [false, true] {
+        let mut args = vec!["kick", "--campaign", "weekly_digest", "--allow-any-period", "--json"];
+        let old = week(-70);
+        args.extend(["--period", &old]);
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = run(&path, &url, &args, "");
+        assert_eq!(out.status.code(), Some(64), "dry run {dry}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("the period {old}'s dedup has expired (kept until "))
+                && err.contains("could send twice"),
+            "{err}"
+        );
+        assert_eq!(keys().await, before, "dry run {dry}: nothing written");
+    }
 }
 
 use chrono::Datelike;
@@ -286,14 +307,14 @@ async fn the_operator_commands_do_what_the_readme_says() {
     assert!(String::from_utf8_lossy(&refused.stderr).contains("mailstream upgrade"), "{refused:?}");
     let upgraded = run(&path, &url, &["upgrade"], "");
     assert!(stdout(&upgraded).contains("built the kick's audience: "), "{}", stdout(&upgraded));
-    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 7"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 2 to 8"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     // Layout 5 (email only) needs nothing moved: an email delivery's keys are unchanged.
     let _: () =
         redis::cmd("HSET").arg(world.store.keys.meta()).arg("layout").arg(5).query_async(&mut conn).await.unwrap();
     assert!(!run(&path, &url, &["resume"], "").status.success(), "layout 5 is refused until upgraded");
     let upgraded = run(&path, &url, &["upgrade"], "");
-    assert!(stdout(&upgraded).contains("upgraded from key layout 5 to 7"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 5 to 8"), "{}", stdout(&upgraded));
     assert!(!stdout(&upgraded).contains("audience"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     // Layout 6 (settled records kept whole) needs nothing moved either: they are read as
@@ -303,7 +324,7 @@ async fn the_operator_commands_do_what_the_readme_says() {
     let refused = run(&path, &url, &["resume"], "");
     assert!(String::from_utf8_lossy(&refused.stderr).contains("key layout 6"), "{refused:?}");
     let upgraded = run(&path, &url, &["upgrade"], "");
-    assert!(stdout(&upgraded).contains("upgraded from key layout 6 to 7"), "{}", stdout(&upgraded));
+    assert!(stdout(&upgraded).contains("upgraded from key layout 6 to 8"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
     let _ = std::fs::remove_file(ndjson);
 }
@@ -401,7 +422,7 @@ async fn sigterm_mid_run_then_a_restart_sends_each_once_without_waiting_a_lease(
     let store = world.store.clone();
     let midway = common::eventually(Duration::from_secs(60), || {
         let store = store.clone();
-        async move { store.counts(common::CAMPAIGN, common::PERIOD).await.ok().filter(|c| c.sent >= 1000) }
+        async move { store.counts(common::CAMPAIGN, &common::PERIOD).await.ok().filter(|c| c.sent >= 1000) }
     })
     .await;
     assert!(midway.is_some());

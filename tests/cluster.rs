@@ -97,7 +97,7 @@ async fn a_slot_migration_during_a_run_loses_and_repeats_nothing() {
     let store = world.store.clone();
     let midway = eventually(Duration::from_secs(60), || {
         let store = store.clone();
-        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent >= 800) }
+        async move { store.counts(CAMPAIGN, &PERIOD).await.ok().filter(|c| c.sent >= 800) }
     })
     .await;
     assert!(midway.is_some());

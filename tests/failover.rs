@@ -69,7 +69,7 @@ async fn fail_over_at(point: Failpoint) -> Stats {
     assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (DELIVERIES as u64, 0, 0), "{counts:?}");
     let stats = emulator.stats();
     assert_eq!((stats.emails_accepted, stats.duplicate_sends), (DELIVERIES as u64, 0), "{stats:?}");
-    let sends = emulator.sends_matching(PERIOD);
+    let sends = emulator.sends_matching(&PERIOD);
     assert!(sends.len() == DELIVERIES && sends.values().all(|&n| n == 1), "one real send each");
     stats
 }
@@ -90,7 +90,7 @@ async fn a_failover_after_the_request_left_replays_and_sends_each_delivery_once(
 async fn partition_counts(world: &World, p: u16) -> (u64, u64, u64) {
     let mut conn = world.store.conn().await.unwrap();
     let counts: std::collections::HashMap<String, u64> =
-        redis::cmd("HGETALL").arg(world.store.keys.counts(p, CAMPAIGN, PERIOD)).query_async(&mut conn).await.unwrap();
+        redis::cmd("HGETALL").arg(world.store.keys.counts(p, CAMPAIGN, &PERIOD)).query_async(&mut conn).await.unwrap();
     let get = |f: &str| counts.get(f).copied().unwrap_or(0);
     (get("enqueued"), get("sent"), get("failed") + get("skipped") + get("outcome_unknown"))
 }

@@ -162,7 +162,7 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
         async move {
             let _ = mailstream::pause::Pause::resume(&store).await;
             let tx = store.counts(mailstream::work::TRANSACTIONAL, &day).await.ok()?;
-            let c = store.counts(CAMPAIGN, PERIOD).await.ok()?;
+            let c = store.counts(CAMPAIGN, &PERIOD).await.ok()?;
             (c.settled() >= c.enqueued && tx.settled() >= 20).then_some(c)
         }
     })
@@ -297,7 +297,7 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let pushed = eventually(SETTLE, || {
         let store = store.clone();
         async move {
-            let c = store.channel_counts(CAMPAIGN, PERIOD, mailstream::work::Channel::Push).await.ok()?;
+            let c = store.channel_counts(CAMPAIGN, &PERIOD, mailstream::work::Channel::Push).await.ok()?;
             (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
         }
     })

@@ -110,7 +110,7 @@ async fn a_digest_sealed_to_an_address_its_subscriber_since_left_and_that_bounce
     assert_eq!((counts.sent, counts.skipped, counts.failed), (5, 1, 0), "{counts:?}");
     let record = delivery(&world.store, &delivery_of(&moved).id()).await;
     assert_eq!((record["state"].as_str(), record["reason"].as_str()), ("skipped", "suppressed"));
-    let sent = emulator.sends_matching(PERIOD);
+    let sent = emulator.sends_matching(&PERIOD);
     assert!(!sent.contains_key(&old), "the bounced address was mailed");
     assert_eq!(emulator.stats().duplicate_sends, 0);
 }

@@ -218,11 +218,19 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     subs[4].email = "complained+u4@resend.dev".into();
     subs[5].email = "someone@example.com".into(); // Resend refuses example.com with 422
     subscribers::upsert(&world.store, &subs).await.unwrap();
-    world.kick().await;
-    world.kick().await; // duplicates
+    // Last week's period, by hand: the schedule's missed fire is this week's, never kicked.
+    let kicked = week(-1);
+    let kick = || mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &kicked);
+    kick().await.unwrap();
+    kick().await.unwrap(); // duplicates
     let listeners = Listeners { metrics: Some(metrics_listener), public: Some(public) };
     let daemon = Daemon::start_listening(world.config.clone(), RunOptions::default(), listeners);
-    let settled = world.settled(SETTLE).await;
+    let settled = eventually(SETTLE, || async {
+        let c = world.store.counts(CAMPAIGN, &kicked).await.ok()?;
+        (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
+    })
+    .await
+    .expect("settled");
     assert_eq!(settled.failed, 1, "{settled:?}");
     // Two receipts through the ingest API, one of them twice, and one refused.
     let receipt = |key: &str| serde_json::json!({"idempotency_key": key, "to": "delivered@resend.dev", "subject": "r", "text": "t"});
@@ -255,11 +263,12 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     let text = scrape(&metrics_url).await;
     let samples = samples(&text);
     // Fresh at scrape time: what Redis holds now, including a kick made elsewhere.
-    let period = |state: &str| value(&samples, "mailstream_period_deliveries", &[("period", PERIOD), ("state", state)]);
+    let period =
+        |state: &str| value(&samples, "mailstream_period_deliveries", &[("period", &kicked), ("state", state)]);
     assert_eq!(period("enqueued"), Some(60.0));
     assert_eq!(period("failed"), Some(1.0));
     assert_eq!(period("pending"), Some(0.0));
-    assert_eq!(value(&samples, "mailstream_period_duplicates", &[("period", PERIOD)]), Some(60.0));
+    assert_eq!(value(&samples, "mailstream_period_duplicates", &[("period", &kicked)]), Some(60.0));
     assert_eq!(value(&samples, "mailstream_backlog", &[("partition", "0"), ("kind", "unacked")]), Some(0.0));
     assert_eq!(value(&samples, "mailstream_dead_letters", &[("kind", "failed")]), Some(1.0));
     assert_eq!(value(&samples, "mailstream_redis_up", &[]), Some(1.0));
@@ -325,7 +334,7 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
         (0..).map(subscriber).filter(|s| keys.partition_of(&s.id) == 0).skip(3).take(5).collect();
     subscribers::upsert(&world.store, &more).await.unwrap();
     let items: Vec<DeliveryRef> = more.iter().map(delivery_of).collect();
-    scripts::enqueue(&mut conn, &keys, 0, &items, 3600).await.unwrap();
+    added(scripts::enqueue(&mut conn, &keys, 0, &items, 3600, window(&world.config, &PERIOD)).await.unwrap());
     read_as_gone(&mut conn, &world, 1).await;
     let claimed = scripts::claim(&mut conn, &keys, 0, &[items[0].id().as_str()], "a-vanished-holder", 1).await.unwrap();
     assert!(matches!(claimed[0], scripts::Claim::Claimed { .. }));
@@ -433,12 +442,12 @@ async fn a_week_sent_and_a_week_with_a_failure()
     world.settled(SETTLE).await;
     subs[2].email = "someone@example.com".into(); // Resend refuses example.com with 422
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     let store = world.store.clone();
     let done = eventually(SETTLE, || {
         let store = store.clone();
         async move {
-            let c = store.counts(CAMPAIGN, "2026-W49").await.ok()?;
+            let c = store.counts(CAMPAIGN, &week(1)).await.ok()?;
             (c.enqueued == 20 && c.settled() == 20).then_some(c)
         }
     })
@@ -455,13 +464,13 @@ async fn slo_exits_0_within_3_when_breached_or_stuck_and_4_when_it_cannot_evalua
     let config = config_file(&world, &dir, &[]);
     let redis = world.redis.url();
 
-    let (code, report, out) = slo(&config, &redis, &["--campaign", CAMPAIGN, "--period", PERIOD]);
+    let (code, report, out) = slo(&config, &redis, &["--campaign", CAMPAIGN, "--period", &PERIOD]);
     assert_eq!(code, 0, "{out}");
     let r = &report.unwrap()["periods"][0];
     assert_eq!((r["sent"].as_u64(), r["failure_rate"].as_f64()), (Some(20), Some(0.0)), "{out}");
     assert!(out.contains("within objectives"), "{out}");
 
-    let (code, report, out) = slo(&config, &redis, &["--period", "2026-W49"]);
+    let (code, report, out) = slo(&config, &redis, &["--period", &week(1)]);
     assert_eq!(code, 3, "{out}");
     let r = &report.unwrap()["periods"][0];
     assert_eq!(r["failure_rate"].as_f64(), Some(1.0 / 20.0));
@@ -472,11 +481,11 @@ async fn slo_exits_0_within_3_when_breached_or_stuck_and_4_when_it_cannot_evalua
 
     // Stuck alone: a period enqueued with no daemon running, unread past stuck_after.
     let stuck_config = config_file(&world, &dir, &[("stuck_after_seconds = 3600", "stuck_after_seconds = 1")]);
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W50").await.unwrap();
+    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
     let found = eventually(Duration::from_secs(30), || {
         let (config, redis) = (stuck_config.clone(), redis.clone());
         async move {
-            let (code, report, _) = slo(&config, &redis, &["--period", "2026-W50", "--campaign", CAMPAIGN]);
+            let (code, report, _) = slo(&config, &redis, &["--period", &week(2), "--campaign", CAMPAIGN]);
             // Until all 20 have aged past the second: on a busy machine the kick's
             // partitions are enqueued far enough apart for one to age first.
             let all = report.as_ref().is_some_and(|r| r["periods"][0]["stuck"]["unclaimed"].as_u64() == Some(20));
@@ -528,7 +537,8 @@ async fn a_real_prometheus_computes_the_failure_rate_that_slo_reports() {
         .expect("prometheus starts");
     let _kill = KillOnDrop(&mut server);
     let query = format!(
-        "http://127.0.0.1:{port}/api/v1/query?query=mailstream:failure_rate:period%7Bperiod%3D%222026-W49%22%7D"
+        "http://127.0.0.1:{port}/api/v1/query?query=mailstream:failure_rate:period%7Bperiod%3D%22{}%22%7D",
+        week(1)
     );
     let from_prometheus = eventually(Duration::from_secs(120), || {
         let query = query.clone();
@@ -543,7 +553,7 @@ async fn a_real_prometheus_computes_the_failure_rate_that_slo_reports() {
     daemon.stop().await;
 
     let config = config_file(&world, &dir, &[]);
-    let (code, report, out) = slo(&config, &world.redis.url(), &["--campaign", CAMPAIGN, "--period", "2026-W49"]);
+    let (code, report, out) = slo(&config, &world.redis.url(), &["--campaign", CAMPAIGN, "--period", &week(1)]);
     assert_eq!(code, 3, "{out}");
     let from_slo = report.unwrap()["periods"][0]["failure_rate"].as_f64().unwrap();
     println!("mailstream:failure_rate:period from Prometheus = {from_prometheus}; mailstream slo --json = {from_slo}");

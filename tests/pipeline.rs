@@ -43,8 +43,8 @@ async fn concurrent_kicks_enqueue_once() {
     let (a, b, c, d) = tokio::join!(
         world.kick(),
         world.kick(),
-        kick::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
-        kick::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs),
+        kick::kick_list(&world.store, &world.config, CAMPAIGN, &PERIOD, &subs),
+        kick::kick_list(&world.store, &world.config, CAMPAIGN, &PERIOD, &subs),
     );
     let (c, d) = (c.unwrap(), d.unwrap());
     assert_eq!(a.new + b.new + c.new + d.new, 500);
@@ -54,7 +54,7 @@ async fn concurrent_kicks_enqueue_once() {
     assert_eq!(a.duplicates + b.duplicates + c.duplicates + d.duplicates, (ran - 1) * 500);
     assert_eq!(world.counts().await.enqueued, 500);
     // A different period is a different delivery.
-    let next = kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    let next = kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!(next.new, 500);
 }
 
@@ -94,7 +94,7 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
     for p in 0..keys.partitions() {
         let _: () = redis::cmd("DEL").arg(keys.audience(p)).query_async(&mut conn).await.unwrap();
     }
-    let fanout = keys.fanout(CAMPAIGN, PERIOD);
+    let fanout = keys.fanout(CAMPAIGN, &PERIOD);
     let _: () = redis::cmd("HSET")
         .arg(&fanout)
         .arg(&["state", "running", "owner", "gone", "lease_until", "0", "c0", "123", "c1", "done"])
@@ -107,7 +107,7 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
     let built = std::sync::atomic::AtomicU64::new(0);
     let upgraded = world
         .store
-        .upgrade_layout(async |store: &mailstream::db::Store| {
+        .upgrade_layout(&world.config, async |store: &mailstream::db::Store| {
             built.store(subscribers::build_audience(store).await?, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         })
@@ -120,10 +120,10 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
         redis::cmd("HMGET").arg(&fanout).arg(&["c0", "c1"]).query_async(&mut conn).await.unwrap();
     assert_eq!(cursors, ["0", "0"], "the fan-out halfway starts again from the beginning");
     // Everyone is mailed: 37 subscribers, one with two targets; three left out.
-    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     assert_eq!((report.new, report.not_eligible), (38, 3), "{report:?}");
     // And nothing is left to upgrade.
-    let again = world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.unwrap();
+    let again = world.store.upgrade_layout(&world.config, async |_: &mailstream::db::Store| Ok(())).await.unwrap();
     assert_eq!(again, None);
 }
 
@@ -165,14 +165,17 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
     let mut other = world.config.clone();
     other.redis.partitions = 1;
     let elsewhere = mailstream::db::Store::connect(&other).await.unwrap();
-    let refused = elsewhere.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.expect_err("refused");
+    let refused =
+        elsewhere.upgrade_layout(&other, async |_: &mailstream::db::Store| Ok(())).await.expect_err("refused");
     assert!(refused.to_string().contains("was created with 4"), "{refused}");
     let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 3 is refused");
     assert!(refused.to_string().contains("suppressed addresses"), "{refused}");
     assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
     let upgraded = world
         .store
-        .upgrade_layout(async |_: &mailstream::db::Store| panic!("layout 3 has its audience index already"))
+        .upgrade_layout(&world.config, async |_: &mailstream::db::Store| {
+            panic!("layout 3 has its audience index already")
+        })
         .await
         .unwrap();
     assert_eq!(upgraded, Some(3));
@@ -186,12 +189,12 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
     assert_eq!((addressed, members.len()), (sealed, 2), "the waiting batch's addresses, read from its body");
     mailstream::db::Store::open(&world.config).await.expect("upgraded");
     // The kick fans out to everyone: the batch's two were enqueued by the old version.
-    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     assert!(report.duplicates == 2 && report.new >= 3, "{report:?}");
     // A newer layout than this version knows is refused, not upgraded.
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(9).query_async(&mut conn).await.unwrap();
     assert!(mailstream::db::Store::open(&world.config).await.is_err());
-    assert!(world.store.upgrade_layout(async |_: &mailstream::db::Store| Ok(())).await.is_err());
+    assert!(world.store.upgrade_layout(&world.config, async |_: &mailstream::db::Store| Ok(())).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,7 +212,8 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
     let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 4 is refused");
     assert!(refused.to_string().contains("let a layout-4 mailstream settle"), "{refused}");
     let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
-    let waiting = world.store.upgrade_layout(noop).await.expect_err("not while a shared request is unsettled");
+    let waiting =
+        world.store.upgrade_layout(&world.config, noop).await.expect_err("not while a shared request is unsettled");
     assert!(waiting.to_string().starts_with("1 batches of shared tail requests are unsettled"), "{waiting}");
     let layout: u32 = redis::cmd("HGET").arg(&meta).arg("layout").query_async(&mut conn).await.unwrap();
     assert_eq!(layout, 4, "nothing changed");
@@ -217,7 +221,7 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
     let _: () = redis::cmd("DEL").arg(keys.batch(0, &batch)).query_async(&mut conn).await.unwrap();
     let _: () = redis::cmd("ZREM").arg(keys.batches(0)).arg(&batch).query_async(&mut conn).await.unwrap();
     let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
-    assert_eq!(world.store.upgrade_layout(noop).await.unwrap(), Some(4));
+    assert_eq!(world.store.upgrade_layout(&world.config, noop).await.unwrap(), Some(4));
     mailstream::db::Store::open(&world.config).await.expect("upgraded");
 }
 
@@ -225,9 +229,10 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
 async fn two_claimers_racing_on_one_delivery_only_one_wins() {
     let world = World::new().await;
     let keys = &world.store.keys;
-    let items: Vec<DeliveryRef> = (0..200).map(|i| DeliveryRef::new(CAMPAIGN, PERIOD, "s", &format!("t{i}"))).collect();
+    let items: Vec<DeliveryRef> =
+        (0..200).map(|i| DeliveryRef::new(CAMPAIGN, &PERIOD, "s", &format!("t{i}"))).collect();
     let mut conn = world.store.conn().await.unwrap();
-    scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
+    added(scripts::enqueue(&mut conn, keys, 0, &items, 3600, window(&world.config, &PERIOD)).await.unwrap());
     let ids: Vec<String> = items.iter().map(DeliveryRef::id).collect();
     let race = |owner: &'static str| {
         let store = world.store.clone();
@@ -287,7 +292,7 @@ async fn entitlement_revoked_between_kick_and_send_is_skipped() {
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
     assert_eq!((counts.sent, counts.skipped, counts.failed), (7, 3, 0));
-    let sends = emulator.sends_matching(PERIOD);
+    let sends = emulator.sends_matching(&PERIOD);
     for s in &subs[..3] {
         assert!(!sends.contains_key(&s.email), "{} must not be mailed", s.id);
     }

@@ -53,7 +53,7 @@ async fn push_settled(world: &World) -> Counts {
     eventually(SETTLE, || {
         let store = store.clone();
         async move {
-            let c = store.channel_counts(CAMPAIGN, PERIOD, Channel::Push).await.ok()?;
+            let c = store.channel_counts(CAMPAIGN, &PERIOD, Channel::Push).await.ok()?;
             (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
         }
     })
@@ -225,7 +225,7 @@ async fn a_push_service_that_is_down_holds_the_delivery_not_the_email() {
     let daemon = world.daemon();
     let email = world.settled(SETTLE).await;
     assert_eq!(email.sent, 20, "{email:?}");
-    let held = world.store.channel_counts(CAMPAIGN, PERIOD, Channel::Push).await.unwrap();
+    let held = world.store.channel_counts(CAMPAIGN, &PERIOD, Channel::Push).await.unwrap();
     assert_eq!(held.sent, 0, "{held:?}");
     let refused = eventually(SETTLE, || {
         let service = service.clone();

@@ -40,7 +40,7 @@ async fn crash_and_recover(point: Failpoint) -> mailstream::emulator::Stats {
     let stats = emulator.stats();
     assert_eq!(stats.emails_accepted, 250, "one real send per delivery, crash at {point:?}");
     assert_eq!(stats.duplicate_sends, 0, "crash at {point:?}");
-    let sends = emulator.sends_matching(PERIOD);
+    let sends = emulator.sends_matching(&PERIOD);
     assert_eq!(sends.len(), 250);
     assert!(sends.values().all(|&n| n == 1));
     stats
@@ -142,9 +142,13 @@ async fn a_slow_claimer_is_fenced_out_of_sealing() {
     let world = World::new().await;
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let d = DeliveryRef::new(CAMPAIGN, PERIOD, "s", "t");
+    let d = DeliveryRef::new(CAMPAIGN, &PERIOD, "s", "t");
     let id = d.id();
-    scripts::enqueue(&mut conn, keys, 0, std::slice::from_ref(&d), 3600).await.unwrap();
+    added(
+        scripts::enqueue(&mut conn, keys, 0, std::slice::from_ref(&d), 3600, window(&world.config, &PERIOD))
+            .await
+            .unwrap(),
+    );
     let claimed = scripts::claim(&mut conn, keys, 0, &[&id], "slow", 1).await.unwrap();
     assert!(matches!(claimed[0], Claim::Claimed { .. }));
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -269,7 +273,7 @@ async fn a_fatal_answer_is_one_attempt_and_a_dead_letter() {
     let store = world.store.clone();
     let sent = eventually(SETTLE, || {
         let store = store.clone();
-        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent == 150) }
+        async move { store.counts(CAMPAIGN, &PERIOD).await.ok().filter(|c| c.sent == 150) }
     })
     .await;
     daemon.stop().await;
@@ -347,7 +351,7 @@ async fn a_redis_restart_mid_run_loses_and_repeats_nothing() {
     let store = world.store.clone();
     let started = eventually(Duration::from_secs(30), || {
         let store = store.clone();
-        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent >= 300) }
+        async move { store.counts(CAMPAIGN, &PERIOD).await.ok().filter(|c| c.sent >= 300) }
     })
     .await;
     assert!(started.is_some());

@@ -293,7 +293,7 @@ async fn exposures_equal_accepted_sends_per_variant_with_faults() {
     }
     let mut conn = world.store.conn().await.unwrap();
     let hash: BTreeMap<String, u64> =
-        redis::cmd("HGETALL").arg(world.store.keys.counts(0, CAMPAIGN, PERIOD)).query_async(&mut conn).await.unwrap();
+        redis::cmd("HGETALL").arg(world.store.keys.counts(0, CAMPAIGN, &PERIOD)).query_async(&mut conn).await.unwrap();
     let exposed = |v: &str| hash.get(&format!("exposed:{v}")).copied().unwrap_or(0);
     let stats = emulator.stats();
     assert_eq!(stats.duplicate_sends, 0);

@@ -94,7 +94,7 @@ async fn three_instances_share_one_limit_and_finish_a_dead_ones_work() {
     let store = world.store.clone();
     let midway = eventually(Duration::from_secs(60), || {
         let store = store.clone();
-        async move { store.counts(CAMPAIGN, PERIOD).await.ok().filter(|c| c.sent >= 1500) }
+        async move { store.counts(CAMPAIGN, &PERIOD).await.ok().filter(|c| c.sent >= 1500) }
     })
     .await;
     assert!(midway.is_some());

@@ -25,7 +25,7 @@ const SETTLE: Duration = Duration::from_secs(120);
 /// The campaign's current period on Redis's clock.
 async fn current_period(world: &World) -> String {
     let c = &world.config.campaigns[0];
-    kick::period_for(&world.store, &world.config, c, None, kick::PeriodRule::NearNow).await.unwrap()
+    kick::period_for(&world.store, c, None, kick::PeriodRule::NearNow).await.unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,14 +97,14 @@ async fn two_schedulers_at_once_fan_out_once() {
         kick::kick_with(
             &world.store,
             &world.config,
-            FanoutOf { campaign: CAMPAIGN, period: PERIOD, owner: "scheduler-a" },
+            FanoutOf { campaign: CAMPAIGN, period: &PERIOD, owner: "scheduler-a" },
             false,
             &none
         ),
         kick::kick_with(
             &world.store,
             &world.config,
-            FanoutOf { campaign: CAMPAIGN, period: PERIOD, owner: "scheduler-b" },
+            FanoutOf { campaign: CAMPAIGN, period: &PERIOD, owner: "scheduler-b" },
             false,
             &none
         ),
@@ -119,7 +119,7 @@ async fn two_schedulers_at_once_fan_out_once() {
     let again = kick::kick_with(
         &world.store,
         &world.config,
-        FanoutOf { campaign: CAMPAIGN, period: PERIOD, owner: "scheduler-c" },
+        FanoutOf { campaign: CAMPAIGN, period: &PERIOD, owner: "scheduler-c" },
         false,
         &none,
     )
@@ -139,7 +139,7 @@ async fn a_fan_out_stopped_halfway_resumes_from_its_cursors() {
     let clean = kick::kick_with(
         &world.store,
         &world.config,
-        FanoutOf { campaign: CAMPAIGN, period: "2026-W49", owner: "clean" },
+        FanoutOf { campaign: CAMPAIGN, period: &week(1), owner: "clean" },
         false,
         &none,
     )
@@ -151,7 +151,7 @@ async fn a_fan_out_stopped_halfway_resumes_from_its_cursors() {
     let first = kick::kick_with(
         &world.store,
         &world.config,
-        FanoutOf { campaign: CAMPAIGN, period: PERIOD, owner: "holder" },
+        FanoutOf { campaign: CAMPAIGN, period: &PERIOD, owner: "holder" },
         false,
         &stop,
     )
@@ -162,7 +162,7 @@ async fn a_fan_out_stopped_halfway_resumes_from_its_cursors() {
     let second = kick::kick_with(
         &world.store,
         &world.config,
-        FanoutOf { campaign: CAMPAIGN, period: PERIOD, owner: "holder" },
+        FanoutOf { campaign: CAMPAIGN, period: &PERIOD, owner: "holder" },
         false,
         &none,
     )
@@ -243,7 +243,7 @@ async fn a_dry_run_writes_nothing_and_counts_what_a_kick_would_do() {
     subs[2].time_zone = Some("America/Los_Angeles".into());
     subscribers::upsert(&world.store, &subs).await.unwrap();
     // Half of it already enqueued.
-    kick::kick_list(&world.store, &world.config, CAMPAIGN, PERIOD, &subs[..20]).await.unwrap();
+    kick::kick_list(&world.store, &world.config, CAMPAIGN, &PERIOD, &subs[..20]).await.unwrap();
     let snapshot = |store: mailstream::db::Store| async move {
         let mut conn = store.conn().await.unwrap();
         let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
@@ -257,7 +257,7 @@ async fn a_dry_run_writes_nothing_and_counts_what_a_kick_would_do() {
         (size, keys, values)
     };
     let before = snapshot(world.store.clone()).await;
-    let dry = kick::dry_run(&world.store, &world.config, CAMPAIGN, PERIOD).await.unwrap();
+    let dry = kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     let after = snapshot(world.store.clone()).await;
     assert!(before == after, "a dry run wrote something");
     assert_eq!(dry.subscribers, 40);

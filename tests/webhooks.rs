@@ -270,17 +270,18 @@ async fn bounces_and_complaints_from_the_emulator_suppress_and_the_next_week_ski
     let tallied = mailstream::db::scripts::webhook_events_last_24h(&world.store).await.unwrap();
     assert_eq!(tallied.values().sum::<u64>(), posted, "{tallied:?}");
     // Next week: the kick leaves the three out...
-    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!((next.new, next.not_eligible), (37, 3), "{next:?}");
     // ...and a delivery that was enqueued anyway is skipped when claimed.
     let mut conn = world.store.conn().await.unwrap();
-    let late = DeliveryRef::new(CAMPAIGN, "2026-W49", &subs[4].id, &subs[4].targets_or_default()[0]);
+    let late = DeliveryRef::new(CAMPAIGN, &week(1), &subs[4].id, &subs[4].targets_or_default()[0]);
     scripts::enqueue(
         &mut conn,
         &world.store.keys,
         world.store.keys.partition_of(&subs[4].id),
         std::slice::from_ref(&late),
         3600,
+        window(&world.config, &week(1)),
     )
     .await
     .unwrap();
@@ -289,7 +290,7 @@ async fn bounces_and_complaints_from_the_emulator_suppress_and_the_next_week_ski
         let id = late.id();
         async move {
             let d = delivery(&store, &id).await;
-            let c = store.counts(CAMPAIGN, "2026-W49").await.ok()?;
+            let c = store.counts(CAMPAIGN, &week(1)).await.ok()?;
             let done = c.settled() >= c.enqueued && d.get("state").map(String::as_str) == Some("skipped");
             done.then(|| d["reason"].clone())
         }
@@ -297,7 +298,7 @@ async fn bounces_and_complaints_from_the_emulator_suppress_and_the_next_week_ski
     .await;
     daemon.stop().await;
     assert_eq!(skipped.as_deref(), Some("suppressed"));
-    assert_eq!(emulator.sends_matching("2026-W49").len(), 37);
+    assert_eq!(emulator.sends_matching(&week(1)).len(), 37);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -401,7 +402,7 @@ async fn one_click_unsubscribe_acts_once_and_only_on_post() {
     daemon.stop().await;
     assert!(metrics.render().contains("mailstream_unsubscribes_total{source=\"one_click\"} 1"));
     // The next kick leaves the subscriber out.
-    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!((next.new, next.not_eligible), (4, 1));
 }
 
@@ -445,12 +446,12 @@ async fn an_operator_suppresses_and_lifts_an_address() {
     assert_eq!((kicked.new, kicked.not_eligible), (9, 1));
     // A re-import of the subscriber keeps the suppression.
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W49").await.unwrap();
+    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!(kicked.not_eligible, 1);
     suppression::apply(&world.store, &world.config, &address, suppression::Act::Lift, None).await.unwrap();
     assert!(suppression::list(&world.store, None).await.unwrap().is_empty());
     // Lifted, and subscribed again by the application: mailed again.
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, "2026-W50").await.unwrap();
+    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
     assert_eq!(kicked.new, 10);
 }

@@ -15,8 +15,10 @@ use crate::work::{Channel, DeliveryRef, Lane};
 /// addresses its last gate reads; 6: deliveries of other channels than email, each
 /// with its own stream, due set and counts; an email delivery's keys are as in 5;
 /// 7: a delivery settled sent or skipped keeps a compact entry in its period's settled
-/// history instead of its record, which the dedup reads too).
-pub(crate) const LAYOUT: u32 = 7;
+/// history instead of its record, which the dedup reads too; 8: every trace of a campaign
+/// period's dedup expires no earlier than its kick window's end, which its counts hash
+/// records, and the periods index is scored by when each period is kept until).
+pub(crate) const LAYOUT: u32 = 8;
 
 /// The layout that also needs the audience index built (`subscribers::build_audience`)
 /// on its way to [`LAYOUT`].
@@ -27,7 +29,7 @@ pub(crate) const AUDIENCE_LAYOUT: u32 = 2;
 pub(crate) const SHARED_TAIL_LAYOUT: u32 = 4;
 
 /// The earlier layouts `mailstream upgrade` moves to [`LAYOUT`].
-pub(crate) const UPGRADABLE_LAYOUTS: [u32; 5] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT, 5, 6];
+pub(crate) const UPGRADABLE_LAYOUTS: [u32; 6] = [AUDIENCE_LAYOUT, 3, SHARED_TAIL_LAYOUT, 5, 6, 7];
 
 /// How many settlements each partition's `recent` index keeps (`RECENT_KEEP` in
 /// lua/prelude.lua: a test holds them together).
@@ -206,8 +208,8 @@ impl Keys {
         }
     }
 
-    /// Sorted set: the `campaign:period`s enqueued in this partition within the
-    /// retention, scored by their last enqueue (what /metrics and `slo` report on).
+    /// Sorted set: the `campaign:period`s enqueued in this partition, scored by when their
+    /// traces are kept until (Redis-clock ms; what /metrics and `slo` report on).
     pub fn periods(&self, p: u16) -> String {
         self.tagged(p, "periods")
     }
@@ -321,6 +323,14 @@ impl Keys {
     /// Hash: deployment facts checked at start (the partition count).
     pub fn meta(&self) -> String {
         format!("{}:meta", self.prefix)
+    }
+
+    /// Sorted set, one member (`retention_s`): the kick window's retention, the shortest
+    /// `delivery.retention_days` (in seconds) any command that writes has run this
+    /// deployment with (`ZADD … LT`, so it only ever shrinks): a window that widened could
+    /// reach a period whose traces expired under the shorter retention.
+    pub fn kick_window(&self) -> String {
+        format!("{}:kick_window", self.prefix)
     }
 
     /// String with a TTL, one per partition (so the last gate reads it in its own

@@ -9,6 +9,7 @@ pub mod conn;
 mod counts;
 pub mod history;
 pub mod keys;
+mod restamp;
 pub mod scripts;
 pub mod streams;
 
@@ -21,6 +22,9 @@ pub use self::conn::Conn;
 pub use self::counts::Counts;
 use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
+
+/// The one member of `keys::kick_window`.
+const KICK_WINDOW_MEMBER: &str = "retention_s";
 
 /// Whether a command may write (claim a fresh prefix, make its salt) or only reads.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -80,7 +84,26 @@ impl Store {
         }
         let salt: Option<String> = conn.hget(keys.meta(), "salt").await?;
         let salt = salt.unwrap_or_default();
+        if access == Access::Write {
+            let _: () = redis::cmd("ZADD")
+                .arg(keys.kick_window())
+                .arg("LT")
+                .arg(config.retention().as_secs())
+                .arg(KICK_WINDOW_MEMBER)
+                .query_async(&mut conn)
+                .await?;
+        }
         Ok(Store { backend, keys: keys.with_salt(&salt), wait_replicas: r.wait_replicas })
+    }
+
+    /// The kick window's retention (seconds): `config`'s retention, or the shorter one
+    /// this deployment has run with (`keys::kick_window`). A period may be kicked until its
+    /// start plus this (`scripts::KickWindow`).
+    pub async fn kick_window_secs(&self, config: &Config) -> anyhow::Result<u64> {
+        let mut conn = self.conn().await?;
+        let recorded: Option<u64> = conn.zscore(self.keys.kick_window(), KICK_WINDOW_MEMBER).await?;
+        let configured = config.retention().as_secs();
+        Ok(recorded.map_or(configured, |r| r.min(configured)))
     }
 
     /// With `redis.wait_replicas`, waits (up to a second) until that many replicas hold
@@ -189,9 +212,11 @@ impl Store {
     /// 4, it refuses while a batch of a shared tail request is unsettled (this version
     /// would send its parts alone, and a part may have left in its shared request);
     /// from any, every suppression is written into every partition's `suppressed` hash;
-    /// then `meta` says the new layout. Returns the layout it moved from, `None` when
-    /// there was nothing to do. Refuses any other.
-    pub async fn upgrade_layout<F>(&self, build_audience: F) -> anyhow::Result<Option<u32>>
+    /// then every live trace of a campaign period's dedup gets layout 8's expiry
+    /// (`restamp_dedup`, by `config`'s campaigns and retention); then `meta` says the new
+    /// layout. Returns the layout it moved from, `None` when there was nothing to do.
+    /// Refuses any other.
+    pub async fn upgrade_layout<F>(&self, config: &Config, build_audience: F) -> anyhow::Result<Option<u32>>
     where
         F: AsyncFnOnce(&Store) -> anyhow::Result<()>,
     {
@@ -229,6 +254,12 @@ impl Store {
         }
         self.spread_suppressions().await?;
         self.address_unsettled_batches().await?;
+        let restamped = self.restamp_dedup(config).await?;
+        tracing::info!(
+            periods = restamped.periods,
+            keys = restamped.keys,
+            "every live trace of a campaign period's dedup now expires no earlier than its kick window's end"
+        );
         let _: () = conn.hset(&meta, "layout", LAYOUT).await?;
         Ok(Some(from))
     }
@@ -322,6 +353,12 @@ impl Store {
                 "{meta} says this deployment uses key layout {SHARED_TAIL_LAYOUT}, whose batches may share a request, \
                  which this version cannot send; stop kicks and ingest, let a layout-4 mailstream settle what it \
                  holds, stop every instance, run `mailstream upgrade` once, then start this version"
+            ),
+            (Some(7), _) => bail!(
+                "{meta} says this deployment uses key layout 7, whose settled deliveries' traces expire the \
+                 retention after they settled, which can be before a period kicked early may still be kicked \
+                 again; stop every instance, run `mailstream upgrade` once (it gives every live trace its \
+                 period's expiry), then start this version"
             ),
             (Some(6), _) => bail!(
                 "{meta} says this deployment uses key layout 6, whose settled deliveries keep their whole record \

@@ -226,7 +226,7 @@ async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result
         .clone();
 
     let store = Store::open(&config).await?;
-    let period = kick::period_for(&store, &config, &campaign, None, kick::PeriodRule::NearNow).await?;
+    let period = kick::period_for(&store, &campaign, None, kick::PeriodRule::NearNow).await?;
     writeln!(
         out,
         "mailstream demo: {} subscribers, campaign {} period {}, {} requests/s x {} emails per batch",

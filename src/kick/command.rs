@@ -24,7 +24,7 @@ pub struct Args {
     /// `-`: fan out over NDJSON subscriber records on stdin (upserted first) instead of the registry.
     #[arg(long)]
     audience: Option<String>,
-    /// Allow a `--period` other than the current, previous or next one (still within the retention).
+    /// Allow a `--period` other than the current, previous or next one (while its kick window is open).
     #[arg(long)]
     allow_any_period: bool,
     /// Accept an empty `--audience` (otherwise an error: an empty export usually means a failed one).
@@ -59,7 +59,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let store = if dry_run { Store::open_read(config).await? } else { Store::open(config).await? };
     let out = crate::cli::Report { json };
     let rule = if allow_any_period { PeriodRule::AnyWithinRetention } else { PeriodRule::NearNow };
-    let period = super::period_for(&store, config, c, period.as_deref(), rule).await?;
+    let period = super::period_for(&store, c, period.as_deref(), rule).await?;
     if dry_run {
         let d = super::dry_run(&store, config, &campaign, &period).await?;
         out.line(format_args!(

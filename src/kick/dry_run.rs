@@ -78,13 +78,22 @@ pub struct DryRun {
     pub not_eligible: BTreeMap<&'static str, u64>,
     /// For a local-hour campaign: new deliveries by release hour (UTC, RFC 3339).
     pub by_release_hour: BTreeMap<String, u64>,
+    /// The end of the period's kick window (RFC 3339, UTC): a kick after it is refused.
+    pub kick_window_ends: String,
 }
 
-/// Reads the registry as a kick of `period` would, and writes nothing.
+/// Reads the registry as a kick of `period` would, and writes nothing; refused as the kick
+/// would be once the period's kick window has ended (`super::PeriodClosed`).
 pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &str) -> anyhow::Result<DryRun> {
     let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let (_, ends_ms) = super::open_window(store, config, c, period).await?;
     let release = LocalHour::of(c, store.time().await?, period)?;
-    let mut out = DryRun { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
+    let mut out = DryRun {
+        campaign: campaign.to_string(),
+        period: period.to_string(),
+        kick_window_ends: super::rfc3339_ms(ends_ms),
+        ..Default::default()
+    };
     let mut conn = store.conn().await?;
     for p in 0..store.keys.partitions() {
         let mut cursor = 0u64;

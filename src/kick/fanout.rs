@@ -12,7 +12,7 @@ use chrono_tz::Tz;
 use super::{FANOUT_LEASE_MS, FanoutOptions, KickReport, enqueue, opted_out};
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
-use crate::db::scripts::{self, FanoutOf, FanoutPage};
+use crate::db::scripts::{self, FanoutOf, FanoutPage, KickWindow};
 use crate::subscribers;
 use crate::work::{Channel, delivery_id};
 
@@ -38,6 +38,7 @@ pub async fn fan_out(
         channels: c.channels.clone(),
         owner: owner.to_string(),
         retention: config.retention().as_secs(),
+        window: super::window_for(store, config, c, period).await?,
         release,
         options: options.clone(),
         pages: AtomicU64::new(0),
@@ -108,6 +109,8 @@ struct Job {
     channels: Vec<Channel>,
     owner: String,
     retention: u64,
+    /// The period's kick window (enqueue.lua refuses the page once it has ended).
+    window: KickWindow,
     release: Option<LocalHour>,
     options: FanoutOptions,
     /// Pages recorded by this run, all partitions.
@@ -186,7 +189,8 @@ impl Job {
                         }
                     }
                 }
-                enqueue(store, p, (&self.campaign, &self.period), items, self.retention, &mut page).await?;
+                enqueue(store, p, (&self.campaign, &self.period), items, (self.retention, self.window), &mut page)
+                    .await?;
                 if let Some(progress) = &self.options.scanned {
                     // The left-out count as well, so a progress display reaches the registry's size.
                     progress.fetch_add(scanned, Ordering::Relaxed);

@@ -26,7 +26,7 @@ pub(crate) use self::fanout::LocalHour;
 pub use self::fanout::fan_out;
 use crate::config::{CampaignConfig, Config};
 use crate::db::Store;
-use crate::db::scripts::{self, Fanout, FanoutOf};
+use crate::db::scripts::{self, Enqueued, Fanout, FanoutOf, KickWindow};
 use crate::subscribers::{self, Subscriber};
 use crate::work::{Channel, delivery_id};
 
@@ -72,33 +72,25 @@ pub enum PeriodRule {
     /// The current period, the previous or the next one.
     #[default]
     NearNow,
-    /// Any period still within the retention (`--allow-any-period`).
+    /// Any period whose kick window is still open (`--allow-any-period`).
     AnyWithinRetention,
 }
 
 /// The period a kick is for, judged at `now` (Redis's clock, so two kickers on either
 /// side of a period boundary agree): `explicit` if given and allowed, else the current
-/// one. A period that started longer than `retention` ago is refused outright: its
-/// deliveries' records may have expired, so kicking it again could send twice.
+/// one. Whether it may still be kicked at all is the kick window's to say
+/// ([`open_window`]).
 fn choose_period(
     campaign: &CampaignConfig,
     explicit: Option<&str>,
     rule: PeriodRule,
     now: DateTime<Utc>,
-    retention: std::time::Duration,
 ) -> anyhow::Result<String> {
     let (kind, tz) = (campaign.period, campaign.tz());
     let current = kind.period_at(now, tz);
     let Some(p) = explicit else { return Ok(current) };
-    let Some(start) = kind.start(p, tz) else {
+    if kind.start(p, tz).is_none() {
         bail!("--period {p:?} is not a {} period (expected e.g. {current})", kind.name());
-    };
-    let retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
-    if start + retention <= now {
-        bail!(
-            "period {p} started more than delivery.retention_days ago: its deliveries' records may have \
-             expired, so kicking it again could send twice; refused"
-        );
     }
     let near = [kind.previous(&current, tz), Some(current.clone()), kind.next(&current, tz)];
     if rule == PeriodRule::NearNow && !near.iter().flatten().any(|n| n == p) {
@@ -113,13 +105,74 @@ fn choose_period(
 /// `choose_period` on Redis's clock.
 pub async fn period_for(
     store: &Store,
-    config: &Config,
     campaign: &CampaignConfig,
     explicit: Option<&str>,
     rule: PeriodRule,
 ) -> anyhow::Result<String> {
     let now = store.time().await?;
-    choose_period(campaign, explicit, rule, now, config.retention())
+    choose_period(campaign, explicit, rule, now)
+}
+
+/// A kick refused because its period's kick window has ended: the traces its dedup reads
+/// may have expired, so it could send twice. Nothing was written. (A usage error: the
+/// CLI exits 64.)
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the period {period}'s dedup has expired (kept until {kept_until}): kicking it again could send twice; refused"
+)]
+pub struct PeriodClosed {
+    pub period: String,
+    /// When the window ended (RFC 3339, UTC).
+    pub kept_until: String,
+}
+
+/// `campaign`'s `period` kick window with a retention of `window_secs`: the numbers
+/// enqueue.lua judges a kick by (its start on the calendar, in the campaign's zone).
+pub fn window_of(campaign: &CampaignConfig, period: &str, window_secs: u64) -> anyhow::Result<KickWindow> {
+    let start = campaign
+        .period
+        .start(period, campaign.tz())
+        .with_context(|| format!("{period:?} is not a {} period", campaign.period.name()))?;
+    Ok(KickWindow { start_ms: start.timestamp_millis().max(0) as u64, window_secs })
+}
+
+/// `campaign`'s `period` kick window on this deployment (its retention:
+/// `Store::kick_window_secs`).
+pub async fn window_for(
+    store: &Store,
+    config: &Config,
+    campaign: &CampaignConfig,
+    period: &str,
+) -> anyhow::Result<KickWindow> {
+    window_of(campaign, period, store.kick_window_secs(config).await?)
+}
+
+/// [`window_for`], checked open on Redis's clock by the rule enqueue.lua applies
+/// (window.lua, which writes nothing), with the moment it ends (Redis-clock ms): a kick asks
+/// before it writes anything, so one refused with [`PeriodClosed`] leaves Redis as it was.
+pub async fn open_window(
+    store: &Store,
+    config: &Config,
+    campaign: &CampaignConfig,
+    period: &str,
+) -> anyhow::Result<(KickWindow, u64)> {
+    let window = window_for(store, config, campaign, period).await?;
+    let mut conn = store.conn().await?;
+    match scripts::kick_window(&mut conn, window).await.context("window.lua")? {
+        Ok(ends_ms) => Ok((window, ends_ms)),
+        Err(ends_ms) => Err(closed(period, ends_ms).into()),
+    }
+}
+
+/// The refusal of a kick of `period`, whose window ended at `kick_until_ms`.
+fn closed(period: &str, kick_until_ms: u64) -> PeriodClosed {
+    PeriodClosed { period: period.to_string(), kept_until: rfc3339_ms(kick_until_ms) }
+}
+
+/// A Redis-clock time in ms as RFC 3339 (UTC, seconds).
+pub(crate) fn rfc3339_ms(ms: u64) -> String {
+    let at = DateTime::from_timestamp_millis(ms as i64).unwrap_or_default();
+    at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 /// How long a fan-out's holder keeps its record without recording a page.
@@ -165,6 +218,8 @@ pub async fn kick_with(
 ) -> anyhow::Result<KickReport> {
     let mut report =
         KickReport { campaign: run.campaign.to_string(), period: run.period.to_string(), ..Default::default() };
+    let c = config.campaign(run.campaign).with_context(|| format!("no campaign {:?} in the config", run.campaign))?;
+    open_window(store, config, c, run.period).await?;
     match acquire(store, config, run, restart).await? {
         Fanout::Acquired { resumed, cursors } => fan_out(store, config, run, resumed, cursors, options).await,
         Fanout::Held { owner } => {
@@ -199,6 +254,7 @@ struct Target<'a> {
     period: &'a str,
     channels: &'a [Channel],
     release: Option<LocalHour>,
+    window: KickWindow,
 }
 
 /// Enqueues a delivery per target of each eligible subscriber of `ids` (partition
@@ -235,7 +291,7 @@ async fn enqueue_eligible(
             Verdict::NotEligible(_) => report.not_eligible += 1,
         }
     }
-    enqueue(store, p, (target.campaign, target.period), items, retention, report).await
+    enqueue(store, p, (target.campaign, target.period), items, (retention, target.window), report).await
 }
 
 /// Per opt-out set (`None`: none to read), which of `ids` are in it: the sets read in one
@@ -263,13 +319,14 @@ pub(super) async fn opted_out(
 /// Enqueues `items` (ids of deliveries of one campaign period in partition `p`, their
 /// release times and channels) through enqueue.lua, [`ENQUEUE_CHUNK`] a call, the calls at
 /// once on connections of their own (so Redis always has the next one), adding what
-/// happened to `report`.
+/// happened to `report`; refused with [`PeriodClosed`] once the period's kick window has
+/// ended.
 pub(super) async fn enqueue(
     store: &Store,
     p: u16,
     (campaign, period): (&str, &str),
     items: Vec<(String, u64, Channel)>,
-    retention: u64,
+    (retention, window): (u64, KickWindow),
     report: &mut KickReport,
 ) -> anyhow::Result<()> {
     let mut calls = tokio::task::JoinSet::new();
@@ -279,9 +336,10 @@ pub(super) async fn enqueue(
         let (store, campaign, period) = (store.clone(), campaign.to_string(), period.to_string());
         calls.spawn(async move {
             let mut conn = store.waited_conn().await?;
-            let added = scripts::enqueue_ids(&mut conn, &store.keys, p, &campaign, &period, &chunk, retention)
-                .await
-                .context("enqueue.lua")?;
+            let added =
+                scripts::enqueue_ids(&mut conn, &store.keys, p, (&campaign, &period), &chunk, retention, window)
+                    .await
+                    .context("enqueue.lua")?;
             // Counted enqueued (and the fan-out's cursor moved past it) only once it would
             // survive a failover.
             store.durable(&mut conn, &store.keys.stream(p)).await?;
@@ -289,7 +347,10 @@ pub(super) async fn enqueue(
         });
     }
     while let Some(added) = calls.join_next().await {
-        let added = added.context("enqueue task panicked")??;
+        let added = match added.context("enqueue task panicked")?? {
+            Enqueued::Added(added) => added,
+            Enqueued::Closed { kick_until_ms } => return Err(closed(period, kick_until_ms).into()),
+        };
         let new = added.iter().filter(|&&a| a).count() as u64;
         report.new += new;
         report.duplicates += added.len() as u64 - new;
@@ -305,6 +366,8 @@ pub async fn kick_list(
     period: &str,
     subscribers: &[Subscriber],
 ) -> anyhow::Result<KickReport> {
+    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let (window, _) = open_window(store, config, c, period).await?;
     subscribers::upsert(store, subscribers).await?;
     let mut by_partition: Vec<Vec<String>> = vec![Vec::new(); usize::from(store.keys.partitions())];
     for s in subscribers {
@@ -313,12 +376,11 @@ pub async fn kick_list(
     let mut report = KickReport { campaign: campaign.to_string(), period: period.to_string(), ..Default::default() };
     let mut conn = store.conn().await?;
     let retention = config.retention().as_secs();
-    let c = config.campaign(campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
     let release = LocalHour::of(c, store.time().await?, period)?;
     for (p, ids) in by_partition.iter().enumerate() {
         // As written a moment ago, suppressions and opt-outs included.
         for chunk in ids.chunks(ENQUEUE_CHUNK) {
-            let target = Target { campaign, period, channels: &c.channels, release };
+            let target = Target { campaign, period, channels: &c.channels, release, window };
             enqueue_eligible(&mut conn, store, p as u16, &target, chunk, retention, &mut report).await?;
         }
     }
@@ -337,8 +399,6 @@ mod tests {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }
 
-    const RETENTION: std::time::Duration = std::time::Duration::from_secs(35 * 86_400);
-
     #[test]
     fn the_period_follows_the_clock_it_is_given() {
         // Two kickers reading one clock on either side of Monday 00:00 JST agree on
@@ -346,28 +406,38 @@ mod tests {
         let c = campaign();
         let before = at("2026-11-29T14:59:59Z");
         let after = at("2026-11-29T15:00:00Z");
-        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, before, RETENTION).unwrap(), "2026-W48");
-        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, after, RETENTION).unwrap(), "2026-W49");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, before).unwrap(), "2026-W48");
+        assert_eq!(choose_period(&c, None, PeriodRule::NearNow, after).unwrap(), "2026-W49");
     }
 
     #[test]
     fn explicit_periods_are_limited_to_near_now_unless_asked() {
         let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
         for ok in ["2026-W48", "2026-W49", "2026-W50"] {
-            assert_eq!(choose_period(&c, Some(ok), PeriodRule::NearNow, now, RETENTION).unwrap(), ok);
+            assert_eq!(choose_period(&c, Some(ok), PeriodRule::NearNow, now).unwrap(), ok);
         }
-        let far = choose_period(&c, Some("2026-W46"), PeriodRule::NearNow, now, RETENTION).unwrap_err();
+        let far = choose_period(&c, Some("2026-W46"), PeriodRule::NearNow, now).unwrap_err();
         assert!(far.to_string().contains("--allow-any-period"), "{far}");
-        assert!(choose_period(&c, Some("2026-W46"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
-        assert!(choose_period(&c, Some("2027-W10"), PeriodRule::AnyWithinRetention, now, RETENTION).is_ok());
+        assert!(choose_period(&c, Some("2026-W46"), PeriodRule::AnyWithinRetention, now).is_ok());
+        assert!(choose_period(&c, Some("2027-W10"), PeriodRule::AnyWithinRetention, now).is_ok());
     }
 
     #[test]
-    fn a_period_older_than_the_retention_is_refused_outright() {
+    fn a_malformed_period_is_refused_and_any_real_one_is_left_to_the_window() {
         let (c, now) = (campaign(), at("2026-11-30T03:00:00Z"));
-        let old = choose_period(&c, Some("2026-W40"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
-        assert!(old.to_string().contains("refused"), "{old}");
-        let bad = choose_period(&c, Some("2025-W53"), PeriodRule::AnyWithinRetention, now, RETENTION).unwrap_err();
+        let bad = choose_period(&c, Some("2025-W53"), PeriodRule::AnyWithinRetention, now).unwrap_err();
         assert!(bad.to_string().contains("is not a week period"), "{bad}");
+        // Old or not: whether it may be kicked is the kick window's to say, on Redis.
+        assert!(choose_period(&c, Some("2026-W40"), PeriodRule::AnyWithinRetention, now).is_ok());
+    }
+
+    #[test]
+    fn a_window_starts_at_the_period_s_first_local_midnight() {
+        // 2026-W49 starts Monday 2026-11-30 00:00 in Tokyo, 2026-11-29T15:00Z.
+        let w = window_of(&campaign(), "2026-W49", 35 * 86_400).unwrap();
+        assert_eq!(w.start_ms, at("2026-11-29T15:00:00Z").timestamp_millis() as u64);
+        assert_eq!(w.window_secs, 35 * 86_400);
+        assert!(window_of(&campaign(), "2026-12", 1).is_err());
+        assert_eq!(rfc3339_ms(w.start_ms), "2026-11-29T15:00:00Z");
     }
 }

@@ -21,7 +21,32 @@ use mailstream::{Listeners, RunOptions};
 use tokio::task::JoinHandle;
 
 pub const CAMPAIGN: &str = "weekly_digest";
-pub const PERIOD: &str = "2026-W48";
+
+/// The week the tests kick: the current one in the example campaign's zone (Asia/Tokyo)
+/// when the test binary started, so its kick window (the retention, 35 days, from its
+/// start) is open whenever the tests run.
+pub static PERIOD: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| week(0));
+
+/// The ISO week `offset` weeks from the current one, in the example campaign's zone.
+pub fn week(offset: i64) -> String {
+    let at = chrono::Utc::now() + chrono::Duration::weeks(offset);
+    let w = chrono::Datelike::iso_week(&at.with_timezone(&chrono_tz::Asia::Tokyo));
+    format!("{}-W{:02}", w.year(), w.week())
+}
+
+/// The kick window of the example campaign's `period`, with `config`'s retention.
+pub fn window(config: &Config, period: &str) -> mailstream::db::scripts::KickWindow {
+    let c = config.campaign(CAMPAIGN).expect("the example campaign");
+    kick::window_of(c, period, config.retention().as_secs()).expect("a week")
+}
+
+/// enqueue.lua's answer for items it enqueued (not refused for a closed window).
+pub fn added(enqueued: mailstream::db::scripts::Enqueued) -> Vec<bool> {
+    match enqueued {
+        mailstream::db::scripts::Enqueued::Added(added) => added,
+        closed => panic!("enqueue refused: {closed:?}"),
+    }
+}
 
 /// The Redis a test world runs on: one server, or a 3-primary cluster.
 pub enum Servers {
@@ -145,11 +170,11 @@ impl World {
     }
 
     pub async fn kick(&self) -> kick::KickReport {
-        kick::kick_registry(&self.store, &self.config, CAMPAIGN, PERIOD).await.expect("kick")
+        kick::kick_registry(&self.store, &self.config, CAMPAIGN, &PERIOD).await.expect("kick")
     }
 
     pub async fn counts(&self) -> Counts {
-        self.store.counts(CAMPAIGN, PERIOD).await.expect("counts")
+        self.store.counts(CAMPAIGN, &PERIOD).await.expect("counts")
     }
 
     /// Starts the daemon with this world's config.
@@ -168,7 +193,7 @@ impl World {
         eventually(within, || {
             let store = store.clone();
             async move {
-                let c = store.counts(CAMPAIGN, PERIOD).await.ok()?;
+                let c = store.counts(CAMPAIGN, &PERIOD).await.ok()?;
                 (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
             }
         })
@@ -289,7 +314,7 @@ pub async fn deliveries(
 
 /// The delivery of `CAMPAIGN`/`PERIOD` for subscriber `sub`'s first target.
 pub fn delivery_of(sub: &Subscriber) -> mailstream::work::DeliveryRef {
-    mailstream::work::DeliveryRef::new(CAMPAIGN, PERIOD, &sub.id, &sub.targets_or_default()[0])
+    mailstream::work::DeliveryRef::new(CAMPAIGN, &PERIOD, &sub.id, &sub.targets_or_default()[0])
 }
 
 /// A loopback port that stays closed while the returned socket lives: bound, so no
@@ -391,21 +416,34 @@ pub async fn sealed_batch(
     owner: &str,
     sending: bool,
 ) -> (String, Vec<mailstream::work::DeliveryRef>) {
+    let subs = partition_0_subscribers(world, n).await;
+    let items: Vec<(mailstream::work::DeliveryRef, String)> =
+        subs.iter().map(|s| (delivery_of(s), s.email.clone())).collect();
+    sealed_batch_of(world, &items, window(&world.config, &PERIOD), owner, sending).await
+}
+
+/// [`sealed_batch`] of `items` (deliveries of one campaign period in partition 0, each with
+/// the address its email goes to), enqueued within `window`.
+pub async fn sealed_batch_of(
+    world: &World,
+    items: &[(mailstream::work::DeliveryRef, String)],
+    window: mailstream::db::scripts::KickWindow,
+    owner: &str,
+    sending: bool,
+) -> (String, Vec<mailstream::work::DeliveryRef>) {
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let subs = partition_0_subscribers(world, n).await;
-    let items: Vec<mailstream::work::DeliveryRef> = subs.iter().map(delivery_of).collect();
-    mailstream::db::scripts::enqueue(&mut conn, keys, 0, &items, 3600).await.unwrap();
-    let ids: Vec<String> = items.iter().map(mailstream::work::DeliveryRef::id).collect();
+    let refs: Vec<mailstream::work::DeliveryRef> = items.iter().map(|(d, _)| d.clone()).collect();
+    added(mailstream::db::scripts::enqueue(&mut conn, keys, 0, &refs, 3600, window).await.unwrap());
+    let ids: Vec<String> = refs.iter().map(mailstream::work::DeliveryRef::id).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     let claims = mailstream::db::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
     assert!(claims.iter().all(|c| matches!(c, mailstream::db::scripts::Claim::Claimed { .. })));
     let members: Vec<mailstream::work::Ready> = items
         .iter()
-        .zip(&subs)
-        .map(|(d, s)| {
+        .map(|(d, email)| {
             let json =
-                format!(r#"{{"from":"a@acme.example","to":["{}"],"subject":"Digest {PERIOD}","text":"x"}}"#, s.email);
+                format!(r#"{{"from":"a@acme.example","to":["{email}"],"subject":"Digest {}","text":"x"}}"#, d.period);
             mailstream::work::Ready {
                 entry: "0-1".into(),
                 delivery: d.clone(),
@@ -424,7 +462,7 @@ pub async fn sealed_batch(
         lease_ms: 1,
     };
     let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
-    assert_eq!(sealed.len(), n);
+    assert_eq!(sealed.len(), items.len());
     if sending {
         let limits = gate_limits(1);
         let request = mailstream::db::scripts::GateRequest {
@@ -435,10 +473,10 @@ pub async fn sealed_batch(
             limits,
             maybe_sent: false,
         };
-        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &items).await.unwrap();
+        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &refs).await.unwrap();
         assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
     }
-    ("B1".into(), items)
+    ("B1".into(), refs)
 }
 
 /// A daily cron (in the example campaign's zone, Asia/Tokyo) whose latest fire was

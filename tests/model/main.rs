@@ -21,9 +21,10 @@ use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 /// another node, which the redis crate's cluster client could do after a failover, a
 /// sender fallback after a request that may have been sent, and, on the channel's bound,
 /// an application event whose body is written anew or not waited for, on the Web Push
-/// bound, browser marks not waited for, and, on the settled history's bound, a kick whose
-/// dedup does not read the history).
-const REQUIRED: [Mutant; 9] = [
+/// bound, browser marks not waited for, on the settled history's bound, a kick whose
+/// dedup does not read the history, and, on the ages' bound, traces that expire the
+/// retention after they settled).
+const REQUIRED: [Mutant; 10] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
@@ -33,6 +34,7 @@ const REQUIRED: [Mutant; 9] = [
     Mutant::AppBodyNotWaited,
     Mutant::PushMarksNotWaited,
     Mutant::KickForgetsSettledHistory,
+    Mutant::ExpiryFromSettlement,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
@@ -65,6 +67,7 @@ fn ci_bound(mutant: Option<Mutant>) -> Protocol {
             wait_failures: 0,
             windows: 1,
             pauses: 0,
+            ticks: 0,
         },
         envs: vec![Env::Replicated, Env::LostWrites],
         mutant,
@@ -102,6 +105,7 @@ fn channel_bound(mutant: Option<Mutant>) -> Protocol {
             wait_failures: 0,
             windows: 0,
             pauses: 0,
+            ticks: 0,
         },
         envs: vec![Env::Replicated],
         mutant,
@@ -136,15 +140,26 @@ fn history_bound(mutant: Option<Mutant>) -> Protocol {
         wait_failures: 0,
         windows: 0,
         pauses: 0,
+        ticks: 0,
     };
     m
 }
 
+/// The ages' bound: the settled history's, with Redis's clock moving on four steps (past
+/// the period's kick window, which ends at 3): the email and its event kicked twice, at
+/// any age from early (before the period starts) to the last moment of the window.
+fn aging_bound(mutant: Option<Mutant>) -> Protocol {
+    let mut m = history_bound(mutant);
+    m.budget.ticks = 4;
+    m
+}
+
 /// The bound a mutant is checked on: the channel's for the channel's mutants, the
-/// settled history's for its own.
+/// settled history's for its own, the ages' for theirs.
 fn bound_for(mutant: Mutant) -> Protocol {
     match mutant {
         Mutant::KickForgetsSettledHistory => history_bound(Some(mutant)),
+        Mutant::ExpiryFromSettlement => aging_bound(Some(mutant)),
         m if m.is_channel() => channel_bound(Some(mutant)),
         m if m.is_push() => push_bound(Some(mutant)),
         _ => ci_bound(Some(mutant)),
@@ -188,6 +203,7 @@ fn larger_bound() -> Protocol {
         wait_failures: 1,
         windows: 2,
         pauses: 1,
+        ticks: 0,
     };
     m.liveness = false;
     m
@@ -281,6 +297,7 @@ fn walk_bound() -> Protocol {
         wait_failures: 0,
         windows: 2,
         pauses: 2,
+        ticks: 0,
     };
     m.envs = vec![Env::Replicated];
     m
@@ -317,6 +334,23 @@ fn main() -> ExitCode {
     // `cargo test` passes the harness's own flags (--quiet, a filter): they are ignored.
     let (json, all_mutants, larger) = (flag("--json"), flag("--all-mutants"), flag("--larger"));
 
+    if flag("--ages-only") {
+        // While working on the kick window and the dedup's expiry: the ages' bound and its mutant.
+        let run = check(aging_bound(None));
+        eprintln!("model: {} states, depth {}, {:.1} s (the ages' bound)", run.states, run.depth, run.seconds);
+        for (property, steps) in &run.failures {
+            print_trace("the ages", property, steps);
+        }
+        let mutant = check_mutant(aging_bound(Some(Mutant::ExpiryFromSettlement)));
+        for (property, steps) in mutant.failures.iter().take(1) {
+            print_trace("mutant expiry_from_settlement caught", property, steps);
+        }
+        return if run.failures.is_empty() && !mutant.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let (walks, length) = if larger { (2000, 150) } else { (600, 150) };
     let started = Instant::now();
     let (steps, walked, mismatch) = conform(walks, length);
@@ -388,6 +422,14 @@ fn main() -> ExitCode {
     for (property, steps) in &history.failures {
         print_trace("the settled history", property, steps);
     }
+    let aging = check(aging_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the ages' bound: kick, settle and expiry on one clock, exhaustive)",
+        aging.states, aging.depth, aging.seconds
+    );
+    for (property, steps) in &aging.failures {
+        print_trace("the ages", property, steps);
+    }
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
         let run = check_mutant(bound_for(mutant));
@@ -440,6 +482,7 @@ fn main() -> ExitCode {
             "push_states": push.states,
             "push_seconds": push.seconds,
             "history_states": history.states,
+            "aging_states": aging.states,
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
@@ -458,7 +501,8 @@ fn main() -> ExitCode {
     let bounds_hold = base.failures.is_empty()
         && channel.failures.is_empty()
         && push.failures.is_empty()
-        && history.failures.is_empty();
+        && history.failures.is_empty()
+        && aging.failures.is_empty();
     if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {

@@ -13,7 +13,13 @@
 //! Time appears only where the protocol reads it: a lease runs out for a holder that
 //! does not renew it (stalled, crashed, or no longer holding that work), a batch is
 //! due for a retry, and a key may pass the resend window (`old`), after which the
-//! provider has forgotten it.
+//! provider has forgotten it. The ages that guard a period's dedup are logical time (a
+//! bound with `ticks`): Redis's clock (`State::clock`) moves on in steps; the period
+//! starts at [`PERIOD_START`], a kick is accepted while the clock is before its window's
+//! end ([`PERIOD_START`] + [`RETENTION`], enqueue.lua), so a kick at 0 is an early one (the
+//! period kicked as "the next one") and one at 2 a late one; a delivery's trace (its
+//! compact entry, or its failed / outcome_unknown record) is stamped with an expiry when it
+//! settles (prelude.lua, `keep_until`) and is gone once the clock reaches it.
 
 use std::fmt;
 
@@ -69,6 +75,14 @@ pub struct Delivery {
     pub sibling: Option<u8>,
 }
 
+/// The most deliveries a bound may have.
+pub const MAX_DELIVERIES: usize = 8;
+
+/// When the period of every delivery of the bound starts, in logical time.
+pub const PERIOD_START: u8 = 1;
+/// The retention, in logical time: a trace lives this long after it was written.
+pub const RETENTION: u8 = 2;
+
 /// How much of each kind of trouble a path may meet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Budget {
@@ -84,6 +98,8 @@ pub struct Budget {
     pub wait_failures: u8,
     pub windows: u8,
     pub pauses: u8,
+    /// Steps of Redis's clock (0: time does not pass for the dedup's ages).
+    pub ticks: u8,
 }
 
 /// Where Redis may lose writes.
@@ -157,10 +173,14 @@ pub enum Mutant {
     /// history, so a kick after a delivery was settled sent (its record gone for its
     /// compact entry) enqueues it again.
     KickForgetsSettledHistory,
+    /// prelude.lua `keep_until`: a trace of the dedup expires the retention after it was
+    /// written, not before its period's kick window ends (key layout 7): a period kicked
+    /// early and settled before it started can be kicked again once its traces are gone.
+    ExpiryFromSettlement,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 18] = [
+    pub const ALL: [Mutant; 19] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -179,6 +199,7 @@ impl Mutant {
         Mutant::AppBodyNotWaited,
         Mutant::PushMarksNotWaited,
         Mutant::KickForgetsSettledHistory,
+        Mutant::ExpiryFromSettlement,
     ];
 
     /// Whether it is about the application channel (checked on the channel's bound).
@@ -211,6 +232,7 @@ impl Mutant {
             Mutant::AppBodyNotWaited => "app_body_not_waited",
             Mutant::PushMarksNotWaited => "push_marks_not_waited",
             Mutant::KickForgetsSettledHistory => "kick_forgets_settled_history",
+            Mutant::ExpiryFromSettlement => "expiry_from_settlement",
         }
     }
 }
@@ -286,6 +308,9 @@ pub struct Data {
     /// Per Web Push delivery: the holders whose requests left and whose answers are not
     /// recorded yet (`push_inflight:<owner>`).
     pub push_inflight: Vec<u8>,
+    /// Per delivery: when its trace expires (0: none; only stamped on a bound with ticks). A
+    /// fixed array: cloned with every state, it should cost no allocation.
+    pub expires: [u8; MAX_DELIVERIES],
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -424,6 +449,10 @@ pub struct Ghost {
     pub reposted: bool,
     /// Per Web Push delivery: the browsers that answered 410 (and always will).
     pub push_gone: Vec<u8>,
+    /// Deliveries whose trace expired.
+    pub expired: u8,
+    /// A kick was accepted for a delivery whose trace had expired.
+    pub rekicked: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -437,6 +466,8 @@ pub struct State {
     pub left: Budget,
     pub next_batch: u8,
     pub ghost: Ghost,
+    /// Redis's clock, in logical steps.
+    pub clock: u8,
 }
 
 /// What the provider does with a request whose key it does not know.
@@ -487,6 +518,8 @@ pub enum Action {
     Pause,
     Unpause,
     WindowPasses(u8, u8),
+    /// Redis's clock moves on one step.
+    Tick,
 }
 
 fn holder_name(h: u8) -> char {
@@ -540,6 +573,11 @@ impl fmt::Display for Action {
             Action::WindowPasses(b, v) => {
                 write!(f, "the resend window of batch {b} v{v} passes (the provider forgets it)")
             }
+            Action::Tick => write!(
+                f,
+                "Redis's clock moves on a step (the period starts at {PERIOD_START}, its kick window ends at {}; traces kept until now expire)",
+                PERIOD_START + RETENTION
+            ),
         }
     }
 }
@@ -593,6 +631,7 @@ impl Protocol {
                 .collect(),
             maybe_taken: 0,
             push_inflight: vec![0; self.deliveries.len()],
+            expires: [0; MAX_DELIVERIES],
         }
     }
 
@@ -758,7 +797,10 @@ impl Model for Protocol {
                         push_marked: vec![0; self.deliveries.len()],
                         reposted: false,
                         push_gone: vec![0; self.deliveries.len()],
+                        expired: 0,
+                        rekicked: false,
                     },
+                    clock: 0,
                 }
             })
             .collect()
@@ -766,11 +808,16 @@ impl Model for Protocol {
 
     fn actions(&self, s: &State, actions: &mut Vec<Action>) {
         let n = self.deliveries.len() as u8;
+        // enqueue.lua refuses a kick once its period's window has ended (nothing written).
+        let open = s.clock < PERIOD_START + RETENTION;
         for d in 0..n {
             let first = s.kicks[usize::from(d)] == 0;
-            if first || s.kicks[usize::from(d)] < s.left.kicks {
+            if open && (first || s.kicks[usize::from(d)] < s.left.kicks) {
                 actions.push(Action::Kick(d));
             }
+        }
+        if s.left.ticks > 0 {
+            actions.push(Action::Tick);
         }
         for h in 0..s.holders.len() as u8 {
             let holder = &s.holders[usize::from(h)];
@@ -943,6 +990,8 @@ impl Model for Protocol {
                 // key) and XADD, one step for every channel of the key; then WAIT before the
                 // kick (or the ingest API) says it is enqueued.
                 for e in std::iter::once(d).chain(self.deliveries[usize::from(d)].sibling) {
+                    // Accepted (the window is open) for a delivery whose dedup is gone.
+                    s.ghost.rekicked |= s.ghost.expired & bit(e) != 0;
                     let forgotten = self.on(Mutant::KickForgetsSettledHistory)
                         && matches!(node.live.recs[usize::from(e)], Rec::Sent | Rec::Skipped);
                     if node.live.recs[usize::from(e)] == Rec::Absent || forgotten {
@@ -1409,7 +1458,23 @@ impl Model for Protocol {
                 s.ghost.old.push((id, version));
                 s.provider.retain(|(k, _)| *k != (id, version));
             }
+            Action::Tick => {
+                s.left.ticks -= 1;
+                s.clock += 1;
+                for node in &mut s.nodes {
+                    for data in [&mut node.live, &mut node.safe] {
+                        for d in 0..self.deliveries.len() as u8 {
+                            let e = data.expires[usize::from(d)];
+                            if e != 0 && e <= s.clock {
+                                Self::expire(data, d);
+                                s.ghost.expired |= bit(d);
+                            }
+                        }
+                    }
+                }
+            }
         }
+        self.stamp(&mut s);
         Some(self.replicate(s))
     }
 
@@ -1424,6 +1489,9 @@ impl Model for Protocol {
             Property::always("no_maybe_sent_body_sent_again_after_its_window", |_, s: &State| !s.ghost.past_window),
             Property::always("an_event_is_posted_with_one_body", |_, s: &State| !s.ghost.two_bodies),
             Property::always("no_browser_posted_again_after_its_201_was_recorded", |_, s: &State| !s.ghost.reposted),
+            Property::always("no_kick_accepted_after_the_dedup_of_its_deliveries_may_have_expired", |_, s: &State| {
+                !s.ghost.rekicked
+            }),
             Property::always("a_settled_outcome_says_what_was_sent", |m: &Protocol, s: &State| {
                 (0..m.deliveries.len()).all(|d| {
                     // An application event is sent when the application took it.
@@ -1445,7 +1513,13 @@ impl Model for Protocol {
         ];
         if self.liveness {
             properties.push(Property::eventually("every_delivery_is_settled", |m: &Protocol, s: &State| {
-                (0..m.deliveries.len()).all(|d| s.nodes[m.partition(d as u8)].live.recs[d].is_final())
+                // Or never to be: its period's kick window ended before it was kicked, or after
+                // its trace expired.
+                let closed = s.clock >= PERIOD_START + RETENTION;
+                (0..m.deliveries.len()).all(|d| {
+                    let rec = s.nodes[m.partition(d as u8)].live.recs[d];
+                    rec.is_final() || (closed && rec == Rec::Absent)
+                })
             }));
         }
         properties
@@ -1453,6 +1527,40 @@ impl Model for Protocol {
 }
 
 impl Protocol {
+    /// prelude.lua `keep_until`, on a bound where time passes: a trace settled now (a compact
+    /// entry, a failed or outcome_unknown record) expires the retention from now, and never
+    /// before its period's kick window ends; nothing unsettled expires.
+    fn stamp(&self, s: &mut State) {
+        if self.budget.ticks == 0 {
+            return;
+        }
+        let mut keep = s.clock + RETENTION;
+        if !self.on(Mutant::ExpiryFromSettlement) {
+            keep = keep.max(PERIOD_START + RETENTION);
+        }
+        for node in &mut s.nodes {
+            let live = &mut node.live;
+            for (r, e) in live.recs.iter().zip(live.expires.iter_mut()) {
+                if !r.is_final() {
+                    *e = 0;
+                } else if *e == 0 {
+                    *e = keep;
+                }
+            }
+        }
+    }
+
+    /// Delivery `d`'s trace expires: its record (or compact entry) and all it held are gone.
+    fn expire(data: &mut Data, d: u8) {
+        let i = usize::from(d);
+        data.recs[i] = Rec::Absent;
+        data.expires[i] = 0;
+        data.app_body[i] = 0;
+        data.push_marks[i] = 0;
+        data.maybe_taken &= !bit(d);
+        data.push_inflight[i] = 0;
+    }
+
     /// Replicas have every write but while replication is behind (with relaxed
     /// durability, but while a batch is on its way: the restart checked against loses
     /// only that batch's writes).

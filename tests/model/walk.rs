@@ -41,7 +41,6 @@ const GROUP: &str = "mailstream";
 const LEASE_MS: u64 = 3_600_000;
 const RETENTION: u64 = 3600;
 const CAMPAIGN: &str = "weekly_digest";
-const PERIOD: &str = "2026-W48";
 
 fn limits() -> GateLimits {
     GateLimits {
@@ -96,6 +95,8 @@ pub struct Walker {
     config: Config,
     model: Protocol,
     names: Names,
+    /// The kick window of the walk's period (open: the walk kicks it at any step).
+    window: scripts::KickWindow,
     /// Per delivery, the first event body this walk saw in its record: one that differs
     /// later is projected as a second body.
     first_body: std::sync::Mutex<Vec<Option<String>>>,
@@ -110,6 +111,10 @@ impl Walker {
         config.redis.durability = mailstream::config::Durability::Relaxed;
         config.delivery.retention_days = 35;
         let store = Store::connect(&config).await?;
+        // The current week (Redis's clock): its kick window, the retention from its start, is open.
+        let campaign = config.campaign(CAMPAIGN).expect("the example campaign").clone();
+        let period = mailstream::kick::period_for(&store, &campaign, None, Default::default()).await?;
+        let window = mailstream::kick::window_of(&campaign, &period, config.retention().as_secs())?;
         let keys = &store.keys;
         // Subscribers and idempotency keys chosen to land in the model's partitions.
         let mut names =
@@ -139,7 +144,7 @@ impl Walker {
                         Lane::Push => Channel::Push,
                         _ => Channel::Email,
                     };
-                    names.deliveries.push(DeliveryRef::new(CAMPAIGN, PERIOD, &id, "t").on(channel));
+                    names.deliveries.push(DeliveryRef::new(CAMPAIGN, &period, &id, "t").on(channel));
                     names.subscribers.push(Some(subscriber));
                 }
                 Lane::Transactional => {
@@ -153,7 +158,7 @@ impl Walker {
         let max = addresses.keys().max().copied().unwrap_or(0);
         names.hashes = (0..=max).map(|a| addresses.get(&a).map(|e| keys.address(e).hash).unwrap_or_default()).collect();
         let first_body = std::sync::Mutex::new(vec![None; model.deliveries.len()]);
-        Ok(Walker { _server: server, store, config, model, names, first_body })
+        Ok(Walker { _server: server, store, config, model, names, window, first_body })
     }
 
     /// One walk of at most `length` steps from `seed`; the steps taken, or the mismatch.
@@ -235,7 +240,10 @@ impl Walker {
                     Lane::Digest | Lane::App | Lane::Push => {
                         let mut both = vec![dref.clone()];
                         both.extend(spec.sibling.map(|s| self.names.deliveries[usize::from(s)].clone()));
-                        scripts::enqueue(conn, keys, p, &both, RETENTION).await?;
+                        match scripts::enqueue(conn, keys, p, &both, RETENTION, self.window).await? {
+                            scripts::Enqueued::Added(_) => {}
+                            closed => anyhow::bail!("the walk's kick was refused: {closed:?}"),
+                        }
                     }
                     Lane::Transactional => {
                         let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}", event: None };
@@ -631,6 +639,9 @@ impl Walker {
             | Action::Stall(_)
             | Action::Resume(_) => {}
             Action::Lag(_) | Action::Failover(_) => anyhow::bail!("not on one server"),
+            // The walks' bound has no ticks: the ages are checked on Redis's own clock, moved
+            // for real, by tests/dedup_age.rs.
+            Action::Tick => anyhow::bail!("the walks do not move Redis's clock"),
         }
         Ok(())
     }
@@ -729,6 +740,7 @@ impl Walker {
             push_subs: vec![0; n],
             maybe_taken: 0,
             push_inflight: vec![0; n],
+            expires: [0; crate::protocol::MAX_DELIVERIES],
         };
         // Unacknowledged: not yet read, or read and pending.
         let (mut entries, mut unacked) = (BTreeMap::new(), std::collections::BTreeSet::new());

@@ -9,54 +9,64 @@ use crate::db::keys::Keys;
 use crate::outcome::{DeliveryState, Outcome, Reason, Requeue};
 use crate::work::{Channel, DeliveryRef, Lane};
 
-/// Enqueues deliveries of one partition and one campaign period; `true` where new.
+/// A campaign period's kick window, the numbers enqueue.lua and window.lua judge it by
+/// (prelude.lua, `kick_until`): the period's start on the calendar, in its campaign's zone,
+/// and the kick window's retention (`Store::kick_window_secs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KickWindow {
+    /// When the period starts, in Redis-clock (Unix) ms.
+    pub start_ms: u64,
+    pub window_secs: u64,
+}
+
+/// What enqueue.lua did with one call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Per item, `true` where it was enqueued now, `false` where it already was.
+    Added(Vec<bool>),
+    /// The period's kick window ended at `kick_until_ms` (Redis-clock ms): nothing was written.
+    Closed { kick_until_ms: u64 },
+}
+
+/// Enqueues deliveries of one partition and one campaign period (each at most once), unless
+/// the period's kick window has ended.
 pub async fn enqueue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     items: &[DeliveryRef],
     retention_secs: u64,
-) -> RedisResult<Vec<bool>> {
-    let now: Vec<(DeliveryRef, u64)> = items.iter().map(|d| (d.clone(), 0)).collect();
-    enqueue_at(conn, keys, partition, &now, retention_secs).await
-}
-
-/// [`enqueue`] with a release time (Redis-clock ms) per delivery: one in the future
-/// waits in the partition's due set, 0 (or a past time) goes to the stream now.
-async fn enqueue_at(
-    conn: &mut impl ConnectionLike,
-    keys: &Keys,
-    partition: u16,
-    items: &[(DeliveryRef, u64)],
-    retention_secs: u64,
-) -> RedisResult<Vec<bool>> {
-    let Some((first, _)) = items.first() else { return Ok(Vec::new()) };
+    window: KickWindow,
+) -> RedisResult<Enqueued> {
+    let Some(first) = items.first() else { return Ok(Enqueued::Added(Vec::new())) };
     let ids: Vec<(String, u64, Channel)> = items
         .iter()
-        .map(|(item, release_ms)| {
+        .map(|item| {
             debug_assert!(
                 item.campaign == first.campaign && item.period == first.period,
                 "one campaign period per call"
             );
-            (item.id(), *release_ms, item.channel)
+            (item.id(), 0, item.channel)
         })
         .collect();
-    enqueue_ids(conn, keys, partition, &first.campaign, &first.period, &ids, retention_secs).await
+    enqueue_ids(conn, keys, partition, (&first.campaign, &first.period), &ids, retention_secs, window).await
 }
 
-/// [`enqueue_at`] for deliveries of `campaign`'s `period` given by id, with their
-/// release times and channels (what a fan-out builds, without a [`DeliveryRef`] each).
+/// [`enqueue`] for deliveries of `campaign`'s `period` given by id, with their release
+/// times (Redis-clock ms: one in the future waits in the partition's due set, 0 or a past
+/// time goes to the stream now) and channels (what a fan-out builds, without a
+/// [`DeliveryRef`] each).
 pub(crate) async fn enqueue_ids(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
-    campaign: &str,
-    period: &str,
+    (campaign, period): (&str, &str),
     items: &[(String, u64, Channel)],
     retention_secs: u64,
-) -> RedisResult<Vec<bool>> {
+    window: KickWindow,
+) -> RedisResult<Enqueued> {
     if items.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Enqueued::Added(Vec::new()));
     }
     // Each key is the partition's delivery prefix plus the id (the script reads the id
     // back from it), built in one buffer: a fan-out makes a million of them.
@@ -75,7 +85,9 @@ pub(crate) async fn enqueue_ids(
         .arg(format!("{campaign}:{period}"))
         .arg(prefix.len())
         .arg(if timed { "1" } else { "0" })
-        .arg(Channel::ALL.len());
+        .arg(Channel::ALL.len())
+        .arg(window.start_ms)
+        .arg(window.window_secs);
     let mut key = String::with_capacity(prefix.len() + 96);
     for (id, release_ms, channel) in items {
         key.truncate(0);
@@ -86,12 +98,36 @@ pub(crate) async fn enqueue_ids(
             call.arg(release_ms);
         }
     }
-    read_added(call.invoke_async(conn).await?)
+    let (status, kick_until, added): (String, u64, Vec<i64>) = call.invoke_async(conn).await?;
+    read_added(&status, kick_until, added, items.len())
 }
 
-/// enqueue.lua's answer: 1 where new, 0 where already enqueued.
-pub(super) fn read_added(added: Vec<i64>) -> RedisResult<Vec<bool>> {
-    added.into_iter().map(|a| super::flag("enqueue.lua", a)).collect()
+/// enqueue.lua's answer: per item 1 where new, 0 where already enqueued; or the window closed.
+pub(super) fn read_added(status: &str, kick_until_ms: u64, added: Vec<i64>, items: usize) -> RedisResult<Enqueued> {
+    match status {
+        "ok" if added.len() == items => {
+            Ok(Enqueued::Added(added.into_iter().map(|a| super::flag("enqueue.lua", a)).collect::<RedisResult<_>>()?))
+        }
+        "closed" if added.is_empty() => Ok(Enqueued::Closed { kick_until_ms }),
+        other => Err(unexpected("enqueue.lua", &format!("{other} with {} of {items} items", added.len()))),
+    }
+}
+
+/// Whether a campaign period may still be kicked (window.lua, writing nothing): `Ok` with
+/// the window's end, or `Err` with it once it has ended (both Redis-clock ms).
+pub async fn kick_window(conn: &mut impl ConnectionLike, window: KickWindow) -> RedisResult<Result<u64, u64>> {
+    let (status, kick_until, _now): (String, u64, u64) =
+        SCRIPTS.window.arg(window.start_ms).arg(window.window_secs).invoke_async(conn).await?;
+    read_window(&status, kick_until)
+}
+
+/// window.lua's answer.
+pub(super) fn read_window(status: &str, kick_until_ms: u64) -> RedisResult<Result<u64, u64>> {
+    match status {
+        "open" => Ok(Ok(kick_until_ms)),
+        "closed" => Ok(Err(kick_until_ms)),
+        other => Err(unexpected("window.lua", other)),
+    }
 }
 
 /// One transactional item for [`ingest`]: its delivery, the request as stored in the

@@ -50,7 +50,7 @@ macro_rules! scripts {
 
 scripts!(
     enqueue, ingest, defer, claim, seal, gate, take, reschedule, settle, decide, requeue, release, renew, pause,
-    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback, note,
+    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback, note, window,
 );
 
 /// The prelude every script of `lua/` is joined to (for a script run by another tool,
@@ -118,7 +118,11 @@ mod tests {
     fn every_typed_call_refuses_a_reply_it_does_not_expect() {
         let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<String>>();
         assert!(flag("x.lua", 2).is_err());
-        assert!(deliveries::read_added(vec![1, 0, 7]).is_err(), "enqueue");
+        assert!(deliveries::read_added("ok", 9, vec![1, 0, 7], 3).is_err(), "enqueue");
+        assert!(deliveries::read_added("ok", 9, vec![1], 2).is_err(), "enqueue");
+        assert!(deliveries::read_added("closed", 9, vec![1], 1).is_err(), "enqueue");
+        assert!(deliveries::read_added("shut", 9, vec![], 1).is_err(), "enqueue");
+        assert!(deliveries::read_window("ajar", 9).is_err(), "window");
         assert!(deliveries::read_ingested(vec![("maybe".into(), "id".into())]).is_err(), "ingest");
         assert!(deliveries::read_deferred(vec![-3]).is_err(), "defer");
         assert!(deliveries::read_claim(Vec::new()).is_err(), "claim");
@@ -141,7 +145,9 @@ mod tests {
         assert!(suppression::read_event(7).is_err(), "event");
         assert!(suppression::read_opt_out(3).is_err(), "optout");
         // And what they do expect still reads.
-        assert_eq!(deliveries::read_added(vec![1, 0]).unwrap(), vec![true, false]);
+        assert_eq!(deliveries::read_added("ok", 9, vec![1, 0], 2).unwrap(), Enqueued::Added(vec![true, false]));
+        assert_eq!(deliveries::read_added("closed", 9, vec![], 2).unwrap(), Enqueued::Closed { kick_until_ms: 9 });
+        assert_eq!(deliveries::read_window("closed", 9).unwrap(), Err(9));
         assert_eq!(batches::read_gate(strings(&["not_held"])).unwrap(), Gate::NotHeld);
     }
 }
