@@ -290,6 +290,11 @@ pub async fn deliveries(
         for key in keys {
             let fields: std::collections::HashMap<String, String> =
                 redis::cmd("HGETALL").arg(&key).query_async(&mut conn).await.unwrap();
+            if fields.is_empty() {
+                // Settled and compacted between the SCAN and the read: the
+                // settled history scanned below holds it now.
+                continue;
+            }
             let id = key.split_once(":d:").unwrap().1;
             out.push((DeliveryRef::parse(id).unwrap(), fields));
         }
