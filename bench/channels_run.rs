@@ -197,8 +197,9 @@ async fn run(
                 secret: Some(Secret::new(SECRET)),
             })
         }
-        Some(Far::Push(_, private, _)) => {
+        Some(Far::Push(service, private, _)) => {
             config.channels.push = Some(PushChannelConfig {
+                allowed_hosts: Some(vec![service.allowed_host()]),
                 ttl_seconds: 3600,
                 requests_per_second_per_service: 100_000,
                 ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private.clone()))

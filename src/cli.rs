@@ -6,6 +6,11 @@ use std::path::Path;
 
 use anyhow::Context;
 
+/// A value given on the command line that is refused (a usage error: the CLI exits 64).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadValue(pub String);
+
 /// Reads a file, or stdin for `-`.
 pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
     if source == "-" {

@@ -37,6 +37,7 @@ pub mod period;
 pub mod private;
 pub mod public;
 pub mod push;
+pub mod push_endpoint;
 pub mod reclaim;
 pub mod redis_server;
 pub mod render;

@@ -221,7 +221,9 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<mailstream::config::ConfigError>().is_some() {
                 ExitCode::from(exit::CONFIG)
-            } else if e.downcast_ref::<mailstream::kick::PeriodClosed>().is_some() {
+            } else if e.downcast_ref::<mailstream::kick::PeriodClosed>().is_some()
+                || e.downcast_ref::<mailstream::cli::BadValue>().is_some()
+            {
                 ExitCode::from(exit::USAGE)
             } else if mailstream::db::unavailable(&e) {
                 ExitCode::from(exit::UNAVAILABLE)

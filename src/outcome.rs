@@ -113,12 +113,15 @@ pub enum Reason {
     PushRefused,
     /// Web Push: no push service took it before the delivery deadline.
     PushUnavailable,
+    /// Web Push: every subscription's endpoint (that none took) is one this deployment may
+    /// not be aimed at (`push_endpoint`): never sent.
+    PushEndpointRefused,
     /// The provider refused it, by this name.
     Provider(ErrorName),
 }
 
 impl Reason {
-    const LOCAL: [Reason; 24] = [
+    const LOCAL: [Reason; 25] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -143,6 +146,7 @@ impl Reason {
         Reason::PushTooLarge,
         Reason::PushRefused,
         Reason::PushUnavailable,
+        Reason::PushEndpointRefused,
     ];
 
     /// The name stored in Redis and shown to operators.
@@ -172,6 +176,7 @@ impl Reason {
             Reason::PushTooLarge => "push_too_large",
             Reason::PushRefused => "push_refused",
             Reason::PushUnavailable => "push_unavailable",
+            Reason::PushEndpointRefused => "push_endpoint_refused",
             Reason::Provider(name) => name.as_str(),
         }
     }

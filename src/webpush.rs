@@ -145,6 +145,10 @@ impl Receiver {
     /// From base64url `p256dh` (an uncompressed P-256 point) and `auth` (16 bytes).
     pub fn parse(p256dh: &str, auth: &str) -> Result<Receiver, &'static str> {
         let point = b64_decode(p256dh).ok_or("keys.p256dh is not base64url")?;
+        // RFC 8291 §4: the 65-byte uncompressed point (a compressed one is not what a browser gives).
+        if point.len() != 65 || point[0] != 0x04 {
+            return Err("keys.p256dh is not an uncompressed P-256 point (65 bytes)");
+        }
         let public = PublicKey::from_sec1_bytes(&point).map_err(|_| "keys.p256dh is not a P-256 public key")?;
         let auth = b64_decode(auth).ok_or("keys.auth is not base64url")?;
         let auth = auth.try_into().map_err(|_| "keys.auth is not 16 bytes")?;

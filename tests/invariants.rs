@@ -233,6 +233,7 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
         c.delivery.lease_seconds = 6;
         c.campaigns[0].channels = vec![mailstream::work::Channel::Email, mailstream::work::Channel::Push];
         c.channels.push = Some(mailstream::config::PushChannelConfig {
+            allowed_hosts: Some(vec![push.allowed_host()]),
             ttl_seconds: 60,
             timeout_ms: 2000,
             concurrency: 8,

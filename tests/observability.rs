@@ -46,6 +46,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("mailstream_provider_down", &[]),
     ("mailstream_provider_request_duration_seconds", &["endpoint", "status_class"]),
     ("mailstream_provider_requests_total", &["action", "endpoint", "result", "status_class"]),
+    ("mailstream_push_endpoints_refused_total", &["reason"]),
     ("mailstream_push_requests_total", &["status_class"]),
     ("mailstream_push_subscriptions_removed_total", &[]),
     ("mailstream_records_lost_total", &[]),
@@ -111,7 +112,8 @@ pub const HOOK_FAMILIES: &[&str] = &["mailstream_render_hook_deferred_total", "m
 
 /// Families only a daemon with the application or the push channel exports;
 /// `tests/channels.rs` and `tests/push.rs` check them on one.
-const CHANNEL_FAMILIES: &[&str] = &["mailstream_app_requests_total", "mailstream_push_requests_total"];
+const CHANNEL_FAMILIES: &[&str] =
+    &["mailstream_app_requests_total", "mailstream_push_endpoints_refused_total", "mailstream_push_requests_total"];
 
 /// One sample of a scrape: family, labels, value.
 type Sample = (String, BTreeMap<String, String>, f64);

@@ -34,6 +34,7 @@ async fn push_world_keyed(timeout_ms: u64) -> (World, PushService, String, Vapid
     let mut world = World::with(Default::default(), |c| {
         c.campaigns[0].channels = vec![Channel::Email, Channel::Push];
         c.channels.push = Some(PushChannelConfig {
+            allowed_hosts: Some(vec![service.allowed_host()]),
             ttl_seconds: 60,
             urgency: Urgency::High,
             timeout_ms,
@@ -243,7 +244,7 @@ async fn a_push_service_that_is_down_holds_the_delivery_not_the_email() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted() {
-    let (mut world, service, vapid, _stop) = push_world(2000).await;
+    let (mut world, service, private, vapid, _stop) = push_world_keyed(2000).await;
     world.config.http.ingest_tokens = vec![Secret::new("ingest-token-0123456789")];
     let subs = world.subscribers(2).await;
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -276,24 +277,40 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     daemon.stop().await;
 
     // The CLI, as an operator runs it: the subscription names its id, never its endpoint.
-    let config =
-        common::cli::config_file("push.toml", &[common::cli::TEST_REDIS, ("partitions = 1", "partitions = 2")]);
+    // The deployment lists the emulator's push service (on loopback) as one to send to.
+    let push = format!("[channels.push]\nallowed_hosts = [\"{}\"]\nsubject", service.allowed_host());
+    let config = common::cli::config_file(
+        "push.toml",
+        &[common::cli::TEST_REDIS, ("partitions = 1", "partitions = 2"), ("# [channels.push]\n# subject", &push)],
+    );
     let second = browser(&service, &vapid.public);
     let json = serde_json::to_string(&second).unwrap();
     let redis = world.redis.url();
     let args = ["subscribe", "--id", &subs[1].id, "--push-subscription", "-", "--json"];
-    let out = common::cli::run(&config, &redis, &args, &json);
+    let run = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let mut child = common::cli::bin()
+            .args(args)
+            .arg("--config")
+            .arg(&config)
+            .env("MAILSTREAM_REDIS_URL", &redis)
+            .env("MAILSTREAM_VAPID_PRIVATE_KEY", &private)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    let out = run(&args, &json);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let printed = format!("{}{}", common::cli::stdout(&out), String::from_utf8_lossy(&out.stderr));
     let second_token = second.endpoint.rsplit('/').next().unwrap();
     assert!(printed.contains(&second.id()) && !printed.contains(second_token), "{printed}");
-    let out = common::cli::run(
-        &config,
-        &redis,
-        &["subscribe", "--id", &subs[1].id, "--push-subscription", "{\"endpoint\":\"https://x/secret-path\"}"],
-        "",
-    );
-    assert!(!out.status.success());
+    let out =
+        run(&["subscribe", "--id", &subs[1].id, "--push-subscription", "{\"endpoint\":\"https://x/secret-path\"}"], "");
+    assert_eq!(out.status.code(), Some(64));
     assert!(!String::from_utf8_lossy(&out.stderr).contains("secret-path"), "{}", String::from_utf8_lossy(&out.stderr));
     let mut conn = world.store.conn().await.unwrap();
     let keys = &world.store.keys;
@@ -339,7 +356,13 @@ async fn a_sender_killed_with_requests_out_is_followed_by_one_that_shows_each_on
             ("lease_seconds = 15", "lease_seconds = 10"),
             ("partitions = 1", "partitions = 2"),
             ("channels = [\"email\"]", "channels = [\"email\", \"push\"]"),
-            ("# [channels.push]\n# subject", "[channels.push]\ntimeout_ms = 8000\nsubject"),
+            (
+                "# [channels.push]\n# subject",
+                &format!(
+                    "[channels.push]\ntimeout_ms = 8000\nallowed_hosts = [\"{}\"]\nsubject",
+                    service.allowed_host()
+                ),
+            ),
             ANY_METRICS_PORT,
             TEST_REDIS,
         ],

@@ -55,9 +55,24 @@ pub struct PushChannelConfig {
     pub vapid_private_key_file: Option<PathBuf>,
     #[serde(skip)]
     pub vapid_private_key: Option<Secret>,
+    /// The push services a subscription's endpoint may name: hosts, or `*.` and a domain,
+    /// each with an optional `:port`. Unset: the public push services
+    /// (`push_endpoint::DEFAULT_ALLOWED_HOSTS`); set, the list replaces them. Plain `http` is
+    /// taken only for a loopback host listed with its port (an emulator, a test).
+    #[serde(default)]
+    pub allowed_hosts: Option<Vec<String>>,
 }
 
 impl PushChannelConfig {
+    /// The push services its subscriptions may name (checked by `validate`).
+    pub fn allowed(&self) -> crate::push_endpoint::AllowedHosts {
+        match &self.allowed_hosts {
+            Some(list) => crate::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
+                .unwrap_or_else(|_| crate::push_endpoint::AllowedHosts::parse([]).expect("an empty list")),
+            None => crate::push_endpoint::AllowedHosts::default(),
+        }
+    }
+
     /// The defaults, naming `subject` and signing with `vapid_private_key`.
     pub fn new(subject: &str, vapid_private_key: Secret) -> PushChannelConfig {
         PushChannelConfig {
@@ -69,6 +84,7 @@ impl PushChannelConfig {
             requests_per_second_per_service: default_per_service(),
             vapid_private_key_file: None,
             vapid_private_key: Some(vapid_private_key),
+            allowed_hosts: None,
         }
     }
 }
@@ -254,6 +270,11 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
             push.timeout_ms
         ),
     );
+    if let Some(list) = &push.allowed_hosts
+        && let Err(e) = crate::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
+    {
+        check(false, format!("channels.push.allowed_hosts: {e}"));
+    }
     check(
         (1..=1024).contains(&push.concurrency),
         format!("channels.push.concurrency: must be 1..=1024 (got {})", push.concurrency),

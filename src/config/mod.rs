@@ -103,6 +103,13 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// The push services a Web Push subscription's endpoint may name: `[channels.push]`'s
+    /// `allowed_hosts`, or the public push services when it is not set (or there is no
+    /// `[channels.push]`: a subscription registered before the channel is turned on).
+    pub fn push_allowed_hosts(&self) -> crate::push_endpoint::AllowedHosts {
+        self.channels.push.as_ref().map(|p| p.allowed()).unwrap_or_default()
+    }
+
     /// Reads, parses, applies environment overrides and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|cause| ConfigError::Read {

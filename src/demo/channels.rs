@@ -109,6 +109,8 @@ pub async fn configure(config: &mut Config, campaign: &str, channels: &[Channel]
         config.channels.push = Some(PushChannelConfig {
             ttl_seconds: 3600,
             requests_per_second_per_service: 1000,
+            // The emulator's push service, on loopback: listed with its port, so plain http.
+            allowed_hosts: Some(vec![service.allowed_host()]),
             ..PushChannelConfig::new("mailto:ops@example.com", Secret::new(private))
         });
         ends.push = Some(Serving { server: service, stop, task });

@@ -142,6 +142,17 @@ impl PushService {
         self.slow_ms.store(ms, Ordering::SeqCst);
     }
 
+    /// Where it serves (`http://127.0.0.1:PORT`) once spawned; its host and port are what
+    /// `channels.push.allowed_hosts` lists for it.
+    pub fn origin(&self) -> String {
+        self.origin.lock().expect("origin").clone()
+    }
+
+    /// Its host and port, as `channels.push.allowed_hosts` lists a loopback push service.
+    pub fn allowed_host(&self) -> String {
+        self.origin().trim_start_matches("http://").to_string()
+    }
+
     pub fn stats(&self) -> PushStats {
         self.state.lock().expect("push state").stats
     }

@@ -37,6 +37,7 @@ pub struct Metrics {
     outcomes: IntCounterVec,
     app_requests: IntCounterVec,
     push_requests: IntCounterVec,
+    push_endpoints_refused: IntCounterVec,
     push_removed: prometheus::IntCounter,
     provider_requests: IntCounterVec,
     provider_duration: HistogramVec,
@@ -187,6 +188,13 @@ impl Metrics {
                 "mailstream_push_requests_total",
                 "Requests to push services (Web Push), by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
                 &["status_class"],
+            ),
+            push_endpoints_refused: counter(
+                &r,
+                "mailstream_push_endpoints_refused_total",
+                "Web Push requests not made because the subscription's endpoint is not one to aim at, by reason \
+                 (userinfo, host_not_allowed, address_forbidden, not_https)",
+                &["reason"],
             ),
             push_removed,
             provider_requests: counter(
@@ -354,6 +362,11 @@ impl Metrics {
         self.push_requests.with_label_values(&[status_class(status)]).inc();
     }
 
+    /// A Web Push request not made: its subscription's endpoint is refused (`reason`).
+    pub fn push_endpoint_refused(&self, reason: crate::push_endpoint::Refusal) {
+        self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc();
+    }
+
     /// A Web Push subscription removed (its push service said it is gone).
     pub fn push_subscription_removed(&self) {
         self.push_removed.inc();
@@ -382,6 +395,9 @@ impl Metrics {
         if config.channels.push.is_some() {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
                 self.push_requests.with_label_values(&[class]).inc_by(0);
+            }
+            for reason in crate::push_endpoint::Refusal::ALL {
+                self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc_by(0);
             }
         }
         for p in 0..config.redis.partitions {

@@ -86,7 +86,8 @@ impl Ingest {
         if subscriber.is_empty() || subscriber.contains(':') || subscriber.len() > 256 {
             return refuse(StatusCode::BAD_REQUEST, "subscriber: not a subscriber id");
         }
-        let s = match Subscription::from_value(body.remove("subscription").unwrap_or_default()) {
+        let allowed = self.config.push_allowed_hosts();
+        let s = match Subscription::register_value(body.remove("subscription").unwrap_or_default(), &allowed) {
             Ok(s) => s,
             Err(e) => return refuse(StatusCode::BAD_REQUEST, &e),
         };

@@ -32,6 +32,7 @@ use crate::config::PushChannelConfig;
 use crate::ctx::Ctx;
 use crate::db::scripts::{self, Decision};
 use crate::outcome::{Outcome, Reason};
+use crate::push_endpoint::{AllowedHosts, CheckedResolver, Refusal};
 use crate::render::Renderer;
 use crate::subscribers::push::{self as subscriptions, Subscription};
 use crate::webpush::{self as crypto, VapidKey};
@@ -91,9 +92,13 @@ pub enum Answered {
     Again(u64),
     /// No answer (a timeout, a lost connection): it may have been taken; asked again later.
     Unanswered,
-    /// Another 4xx (400, 401, 403: a request or a VAPID key it will not take): not asked
-    /// again.
+    /// Another 4xx (400, 401, 403: a request or a VAPID key it will not take), or a 3xx
+    /// (a push service answers; it does not send the daemon elsewhere, and no redirect is
+    /// followed): not asked again.
     Refused(u16),
+    /// Not asked: its endpoint is not one to aim at (`push_endpoint`), checked before the
+    /// request and again on the addresses its host resolves to.
+    EndpointRefused(Refusal),
 }
 
 /// How a status (and its `Retry-After`, seconds) is read (`None`: no answer came).
@@ -103,7 +108,7 @@ pub fn answered(status: Option<u16>, retry_after: Option<u64>) -> Answered {
         Some(404 | 410) => Answered::Gone,
         Some(413) => Answered::TooLarge,
         Some(429) => Answered::Again(retry_after.unwrap_or(0).min(3600) * 1000),
-        Some(400..=499) => Answered::Refused(status.unwrap_or_default()),
+        Some(300..=499) => Answered::Refused(status.unwrap_or_default()),
         Some(_) => Answered::Again(0),
         None => Answered::Unanswered,
     }
@@ -122,6 +127,8 @@ pub fn settles(answers: &[Answered], sent_before: usize) -> Option<(Outcome, Rea
         (Outcome::Failed, Reason::PushTooLarge)
     } else if answers.iter().any(|a| matches!(a, Answered::Refused(_))) {
         (Outcome::Failed, Reason::PushRefused)
+    } else if answers.iter().any(|a| matches!(a, Answered::EndpointRefused(_))) {
+        (Outcome::Skipped, Reason::PushEndpointRefused)
     } else {
         (Outcome::Skipped, Reason::NoSubscription)
     })
@@ -141,6 +148,8 @@ pub(crate) struct PushChannel {
     /// The pace of each push service (by origin).
     pace: DefaultKeyedRateLimiter<String>,
     tokens: Mutex<HashMap<String, Token>>,
+    /// The push services its subscriptions may name (`channels.push.allowed_hosts`).
+    allowed: Arc<AllowedHosts>,
 }
 
 impl PushChannel {
@@ -151,9 +160,16 @@ impl PushChannel {
         let vapid =
             VapidKey::parse(key.expose()).context("channels.push: the VAPID key is not a base64url P-256 scalar")?;
         crate::resend::client::install_crypto_provider();
+        let allowed = Arc::new(config.allowed());
+        // An endpoint is untrusted: no redirect is followed (a 3xx is an answer), no proxy
+        // from the environment stands between, and a host connects only to an address that
+        // was checked, found by the one lookup of its request.
         let http = reqwest::Client::builder()
             .user_agent(concat!("mailstream/", env!("CARGO_PKG_VERSION")))
             .timeout(Duration::from_millis(config.timeout_ms))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .dns_resolver(Arc::new(CheckedResolver::new(allowed.clone())))
             .build()?;
         let per_second = NonZeroU32::new(config.requests_per_second_per_service).context("a positive pace")?;
         Ok(Some(Arc::new(PushChannel {
@@ -161,6 +177,7 @@ impl PushChannel {
             slots: Slots::new(ctx, config.concurrency),
             pace: RateLimiter::keyed(Quota::per_second(per_second)),
             tokens: Mutex::default(),
+            allowed,
             ctx: ctx.clone(),
             config,
             vapid,
@@ -184,11 +201,15 @@ impl PushChannel {
         header
     }
 
-    /// One request of `payload` to one subscription, paced per push service.
+    /// One request of `payload` to one subscription, paced per push service; none to an
+    /// endpoint that is not one to aim at.
     async fn post(&self, s: &Subscription, topic: &str, payload: &[u8]) -> Answered {
+        if let Err(refusal) = s.admit(&self.allowed) {
+            return Answered::EndpointRefused(refusal);
+        }
         let Ok(receiver) = s.receiver() else { return Answered::Gone };
         let Ok(body) = crypto::encrypt(payload, &receiver) else { return Answered::TooLarge };
-        let origin = s.origin().to_string();
+        let origin = s.origin();
         self.pace.until_key_ready(&origin).await;
         let request = self
             .http
@@ -204,6 +225,10 @@ impl PushChannel {
             Ok(r) => {
                 let after = r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.trim().parse().ok());
                 (Some(r.status().as_u16()), after)
+            }
+            // Its host resolved to forbidden addresses only: nothing was sent.
+            Err(e) if crate::push_endpoint::refused_by_resolver(&e) => {
+                return Answered::EndpointRefused(Refusal::AddressForbidden);
             }
             Err(_) => (None, None),
         };
@@ -279,6 +304,15 @@ impl Sender for PushChannel {
         // What the push services said, kept before anything is settled or put off.
         for ((sid, _), a) in asked.iter().zip(&answers) {
             match a {
+                Answered::EndpointRefused(reason) => {
+                    ctx.metrics.push_endpoint_refused(*reason);
+                    tracing::warn!(
+                        partition = p,
+                        subscription = %sid,
+                        reason = reason.as_str(),
+                        "push subscription's endpoint refused: not sent to"
+                    );
+                }
                 Answered::Sent => {
                     scripts::note(&mut conn, &sent_field(sid), &[(record.clone(), "1")]).await?;
                 }
@@ -337,6 +371,9 @@ mod tests {
         assert_eq!(answered(Some(503), Some(7)), Answered::Again(0));
         assert_eq!(answered(None, None), Answered::Unanswered);
         assert_eq!(answered(Some(403), None), Answered::Refused(403));
+        // A redirect is an answer, not followed.
+        assert_eq!(answered(Some(302), None), Answered::Refused(302));
+        assert_eq!(answered(Some(308), None), Answered::Refused(308));
     }
 
     #[test]
@@ -351,6 +388,10 @@ mod tests {
         assert_eq!(settles(&[Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));
         assert_eq!(settles(&[Sent, Again(0)], 0), None);
         assert_eq!(settles(&[Gone, Unanswered], 0), None);
+        let refused = EndpointRefused(Refusal::AddressForbidden);
+        assert_eq!(settles(&[refused, Gone], 0), Some((Outcome::Skipped, Reason::PushEndpointRefused)));
+        assert_eq!(settles(&[refused, Sent], 0), Some((Outcome::Sent, Reason::Accepted)));
+        assert_eq!(settles(&[refused, Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));
     }
 
     #[test]

@@ -56,6 +56,15 @@ pub struct Args {
 
 /// Adds or updates the subscribers `args` name.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
+    // A browser subscription is checked before anything is written.
+    let mut push = Vec::new();
+    let allowed = config.push_allowed_hosts();
+    for (i, given) in args.push_subscriptions.iter().enumerate() {
+        let text = if given == "-" { crate::cli::read_source("-")? } else { given.clone() };
+        let s = crate::subscribers::push::Subscription::register(&text, &allowed)
+            .map_err(|e| crate::cli::BadValue(format!("--push-subscription #{}: {e}", i + 1)))?;
+        push.push(s);
+    }
     let store = Store::open(config).await?;
     let list = match &args.ndjson {
         Some(source) => parse_ndjson(&crate::cli::read_source(source)?)?,
@@ -72,13 +81,6 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
             bail!("--off {item}: no campaign {campaign:?} in the config");
         }
         off.push((campaign, channel));
-    }
-    let mut push = Vec::new();
-    for (i, given) in args.push_subscriptions.iter().enumerate() {
-        let text = if given == "-" { crate::cli::read_source("-")? } else { given.clone() };
-        let s = crate::subscribers::push::Subscription::parse(&text)
-            .map_err(|e| anyhow::anyhow!("--push-subscription #{}: {e}", i + 1))?;
-        push.push(s);
     }
     // Flags alone that only add a subscription to a stored subscriber leave its record as is.
     let record_untouched = args.ndjson.is_none()

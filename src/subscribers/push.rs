@@ -15,6 +15,7 @@ use super::ClassifyName;
 use crate::db::Store;
 use crate::db::conn::Conn;
 use crate::db::keys::Keys;
+use crate::push_endpoint::{AllowedHosts, Refusal};
 use crate::webpush::Receiver;
 
 /// The most subscriptions a subscriber keeps (a browser each, rarely more than a few).
@@ -38,7 +39,8 @@ pub struct SubscriptionKeys {
 }
 
 impl Subscription {
-    /// Reads and checks one subscription; an error names what is wrong, never the input.
+    /// Reads one subscription as stored, checking its form (not where its endpoint points:
+    /// [`Subscription::admit`]); an error names what is wrong, never the input.
     pub fn parse(json: &str) -> Result<Subscription, String> {
         let s: Subscription = serde_json::from_str(json).map_err(|e| {
             format!(
@@ -50,7 +52,16 @@ impl Subscription {
         Ok(s)
     }
 
-    /// From a JSON value (the ingest API's `subscription`).
+    /// A subscription given to register (CLI): its form, and its endpoint one this
+    /// deployment may be aimed at (`allowed`, checked without a DNS lookup).
+    pub fn register(json: &str, allowed: &AllowedHosts) -> Result<Subscription, String> {
+        let s = Subscription::parse(json)?;
+        s.admit(allowed).map_err(|r| r.message().to_string())?;
+        Ok(s)
+    }
+
+    /// From a JSON value, checking its form only (a program that makes its own, as the demo
+    /// does; a registration checks the endpoint too: [`Subscription::register_value`]).
     pub fn from_value(v: serde_json::Value) -> Result<Subscription, String> {
         let s: Subscription = serde_json::from_value(v)
             .map_err(|_| "subscription: expected {\"endpoint\", \"keys\": {\"p256dh\", \"auth\"}}".to_string())?;
@@ -58,14 +69,24 @@ impl Subscription {
         Ok(s)
     }
 
+    /// [`Subscription::register`] from a JSON value (the ingest API's `subscription`).
+    pub fn register_value(v: serde_json::Value, allowed: &AllowedHosts) -> Result<Subscription, String> {
+        let s = Subscription::from_value(v)?;
+        s.admit(allowed).map_err(|r| r.message().to_string())?;
+        Ok(s)
+    }
+
+    /// Whether its endpoint is one this deployment may be aimed at (`push_endpoint`).
+    pub fn admit(&self, allowed: &AllowedHosts) -> Result<(), Refusal> {
+        allowed.admit(&self.endpoint)
+    }
+
     fn check(&self) -> Result<(), String> {
         let e = &self.endpoint;
         if e.len() > MAX_ENDPOINT {
             return Err(format!("endpoint: longer than {MAX_ENDPOINT} characters"));
         }
-        // A push service is https; plain http only on this machine (an emulator, a test).
-        let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"].iter().any(|p| e.starts_with(p));
-        if !(e.starts_with("https://") || loopback) || host(e).is_empty() || e.chars().any(char::is_whitespace) {
+        if host(e).is_empty() || e.chars().any(char::is_whitespace) || !e.contains("://") {
             return Err("endpoint: must be an https URL".into());
         }
         Receiver::parse(&self.keys.p256dh, &self.keys.auth).map(|_| ()).map_err(str::to_string)
@@ -84,28 +105,30 @@ impl Subscription {
 
     /// The push service's origin (`https://host[:port]`): the VAPID token's audience, and
     /// what requests are paced by.
-    pub fn origin(&self) -> &str {
+    pub fn origin(&self) -> String {
         origin(&self.endpoint)
     }
 
-    /// What the admin page shows: the push service's host and the id, not the path that
-    /// names the browser.
+    /// What the admin page and the CLI show: the push service's host and the id, not the
+    /// path that names the browser, nor a userinfo an endpoint was given with.
     pub fn masked(&self) -> String {
         format!("{}/… ({})", host(&self.endpoint), self.id())
     }
 }
 
-/// `scheme://host[:port]` of a URL.
-fn origin(url: &str) -> &str {
+/// `scheme://host[:port]` of a URL, without a userinfo (`user:pw@`) before the host.
+fn origin(url: &str) -> String {
     let start = url.find("://").map_or(0, |i| i + 3);
     let end = url[start..].find(['/', '?', '#']).map_or(url.len(), |i| start + i);
-    &url[..end]
+    let authority = &url[start..end];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{}{host}", &url[..start])
 }
 
-/// `host[:port]` of a URL.
-fn host(url: &str) -> &str {
+/// `host[:port]` of a URL (without a userinfo).
+fn host(url: &str) -> String {
     let o = origin(url);
-    o.find("://").map_or(o, |i| &o[i + 3..])
+    o.find("://").map_or(o.clone(), |i| o[i + 3..].to_string())
 }
 
 /// The field of a Web Push delivery's record marking subscription `<id>` as reached (its
@@ -200,22 +223,49 @@ mod tests {
 
     #[test]
     fn a_browser_subscription_is_read_and_checked_without_quoting_it() {
-        let s = Subscription::parse(&browser("https://fcm.googleapis.com/fcm/send/abc:secret-token")).unwrap();
+        let defaults = AllowedHosts::default();
+        let s = Subscription::register(&browser("https://fcm.googleapis.com/fcm/send/abc:secret-token"), &defaults)
+            .unwrap();
         assert_eq!(s.origin(), "https://fcm.googleapis.com");
         assert_eq!(s.id().len(), 16);
         assert!(!s.masked().contains("secret-token"), "{}", s.masked());
         assert!(s.masked().starts_with("fcm.googleapis.com/…"));
-        assert_eq!(Subscription::parse(&browser("http://127.0.0.1:9/push/1")).unwrap().origin(), "http://127.0.0.1:9");
+        let local = AllowedHosts::parse(["127.0.0.1:9"]).unwrap();
+        let s = Subscription::register(&browser("http://127.0.0.1:9/push/1"), &local).unwrap();
+        assert_eq!(s.origin(), "http://127.0.0.1:9");
         for bad in [
             browser("http://push.example/secret-token"),
             browser("ftp://push.example/secret-token"),
             browser(&format!("https://push.example/{}", "x".repeat(3000))),
-            browser("https://push.example/secret-token").replace("AAECAwQFBgcICQoLDA0ODw", "AAEC"),
+            browser("https://fcm.googleapis.com/secret-token").replace("AAECAwQFBgcICQoLDA0ODw", "AAEC"),
             r#"{"endpoint":"https://push.example/secret-token"}"#.to_string(),
             "secret-token".to_string(),
+            browser("https://user:secret-token@fcm.googleapis.com/x"),
         ] {
-            let e = Subscription::parse(&bad).unwrap_err();
+            let e = Subscription::register(&bad, &defaults).unwrap_err();
             assert!(!e.contains("secret-token"), "{e}");
         }
+    }
+
+    #[test]
+    fn a_compressed_p256dh_is_refused() {
+        // RFC 8291 §4: the 65-byte uncompressed point; 33 bytes is the compressed form.
+        let key = crate::webpush::new_secret().public_key();
+        let compressed = {
+            use base64::Engine;
+            use p256::elliptic_curve::sec1::ToEncodedPoint;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.to_encoded_point(true).as_bytes())
+        };
+        let json = serde_json::json!({ "endpoint": "https://fcm.googleapis.com/x", "keys": { "p256dh": compressed, "auth": "AAECAwQFBgcICQoLDA0ODw" } });
+        let e = Subscription::parse(&json.to_string()).unwrap_err();
+        assert!(e.contains("uncompressed"), "{e}");
+    }
+
+    #[test]
+    fn a_listing_never_shows_a_userinfo() {
+        let s = Subscription::parse(&browser("https://user:pw@fcm.googleapis.com/x")).unwrap();
+        assert!(!s.masked().contains("user") && !s.masked().contains("pw"), "{}", s.masked());
+        let s = Subscription::parse(&browser("http://127.0.0.1:1@otherhost/x")).unwrap();
+        assert!(s.masked().starts_with("otherhost/…"), "{}", s.masked());
     }
 }
