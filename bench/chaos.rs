@@ -83,6 +83,8 @@ fn main() -> ExitCode {
             outage_seconds,
             rps: opts.rps,
             channel: mailstream::work::Channel::Push,
+            slow_ms: 0,
+            pool_size: None,
         };
         return channels_run::main_with(&channels, json);
     }

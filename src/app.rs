@@ -34,8 +34,9 @@ pub enum Answered {
     /// 410: settled `failed`, not asked again.
     Gone,
     /// Anything else (429, 5xx, another 4xx, a timeout, no connection): asked again later
-    /// with the same id and body, until the delivery deadline.
-    Again,
+    /// with the same id and body, until the delivery deadline; after a 429, not before its
+    /// `Retry-After` (ms, capped: `channel::retry_after_ms`; 0: the delivery's backoff).
+    Again(u64),
 }
 
 /// The event an application delivery sends (see the module doc).
@@ -66,12 +67,13 @@ pub fn signed_headers(key: &SigningKey, id: &str, timestamp: i64, body: &[u8]) -
     ]
 }
 
-/// How a status is read (`None`: no answer came).
-pub fn answered(status: Option<u16>) -> Answered {
+/// How a status (and its `Retry-After`, ms) is read (`None`: no answer came).
+pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> Answered {
     match status {
         Some(200..=299) => Answered::Taken,
         Some(410) => Answered::Gone,
-        _ => Answered::Again,
+        Some(429) => Answered::Again(retry_after_ms.unwrap_or(0)),
+        _ => Answered::Again(0),
     }
 }
 
@@ -130,9 +132,9 @@ impl Sender for AppChannel {
         for (name, value) in signed_headers(&self.key, &id, timestamp, body.as_bytes()) {
             request = request.header(name, value);
         }
-        let status = match request.body(body).send().await {
-            Ok(response) => Some(response.status().as_u16()),
-            Err(_) => None,
+        let (status, retry_after) = match request.body(body).send().await {
+            Ok(response) => (Some(response.status().as_u16()), channel::retry_after_ms(response.headers())),
+            Err(_) => (None, None),
         };
         ctx.metrics.app_request(status);
         let mut conn = ctx.store.conn().await?;
@@ -141,10 +143,10 @@ impl Sender for AppChannel {
         }
         let decide =
             |outcome, reason| Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost: false };
-        match answered(status) {
+        match answered(status, retry_after) {
             Answered::Taken => channel::decide(&*self, &mut conn, p, &[decide(Outcome::Sent, Reason::Accepted)]).await,
             Answered::Gone => channel::decide(&*self, &mut conn, p, &[decide(Outcome::Failed, Reason::AppGone)]).await,
-            Answered::Again => channel::put_off(&*self, &mut conn, p, &item, 0, None).await,
+            Answered::Again(at_least_ms) => channel::put_off(&*self, &mut conn, p, &item, at_least_ms, None).await,
         }
     }
 }
@@ -155,12 +157,15 @@ mod tests {
 
     #[test]
     fn answers_are_read_as_the_channel_promises() {
-        assert_eq!(answered(Some(200)), Answered::Taken);
-        assert_eq!(answered(Some(204)), Answered::Taken);
-        assert_eq!(answered(Some(410)), Answered::Gone);
+        assert_eq!(answered(Some(200), None), Answered::Taken);
+        assert_eq!(answered(Some(204), None), Answered::Taken);
+        assert_eq!(answered(Some(410), None), Answered::Gone);
         for again in [Some(429), Some(500), Some(503), Some(400), Some(401), Some(404), None] {
-            assert_eq!(answered(again), Answered::Again, "{again:?}");
+            assert_eq!(answered(again, None), Answered::Again(0), "{again:?}");
         }
+        // A 429's Retry-After is a floor; another status's is not read.
+        assert_eq!(answered(Some(429), Some(4000)), Answered::Again(4000));
+        assert_eq!(answered(Some(503), Some(4000)), Answered::Again(0));
     }
 
     #[test]

@@ -44,6 +44,17 @@ pub(crate) trait Sender: Send + Sync + Sized + 'static {
     fn send(self: Arc<Self>, p: u16, item: Claimed, body: String) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
+/// The longest a far end's `Retry-After` is obeyed for: a longer one is read as this (the
+/// delivery deadline still ends it).
+pub const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
+
+/// A 429's `Retry-After` (delta-seconds; an HTTP-date or garbage is read as none), in ms,
+/// capped at [`MAX_RETRY_AFTER_SECONDS`].
+pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
+    let seconds: u64 = headers.get("retry-after")?.to_str().ok()?.trim().parse().ok()?;
+    Some(seconds.min(MAX_RETRY_AFTER_SECONDS) * 1000)
+}
+
 /// A claimed delivery on its way.
 pub(crate) struct Claimed {
     pub entry: String,
@@ -409,4 +420,24 @@ pub(crate) async fn decide<S: Sender>(
         ctx.metrics.settled(&d.delivery.campaign, S::CHANNEL, d.outcome, reason, 1);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_retry_after_is_read_in_seconds_and_capped_at_an_hour() {
+        let with = |v: &str| {
+            let mut h = reqwest::header::HeaderMap::new();
+            h.insert("retry-after", v.parse().unwrap());
+            retry_after_ms(&h)
+        };
+        assert_eq!(with("4"), Some(4000));
+        assert_eq!(with(" 30 "), Some(30_000));
+        assert_eq!(with("108000"), Some(MAX_RETRY_AFTER_SECONDS * 1000));
+        assert_eq!(with("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+        assert_eq!(with("-1"), None);
+        assert_eq!(retry_after_ms(&reqwest::header::HeaderMap::new()), None);
+    }
 }

@@ -292,6 +292,17 @@ impl Local {
         Ok(s.granted - 1)
     }
 
+    /// Waits for the next slot, following it as it moves, and takes it: the caller sends
+    /// right away (its departure is the grant's moment unless [`Local::sent`] says later).
+    pub async fn take_slot(&self) -> u64 {
+        loop {
+            match self.try_take() {
+                Ok(n) => return n,
+                Err(wait) => tokio::time::sleep(wait).await,
+            }
+        }
+    }
+
     /// Waits for the next slot, following it as it moves (a late departure, a new
     /// pause), and takes it: the caller sends right away. Gives up, returning how far
     /// off the slot is, when it lies more than `patience` ahead.

@@ -21,7 +21,18 @@ use sha2::{Digest, Sha256};
 /// The most a push service must take (RFC 8030 §7.2): an encrypted payload up to 4096
 /// bytes. One record adds 86 bytes to the plaintext (header 21 + key id 65, then a
 /// 16-byte tag and the 1-byte delimiter): 3993 bytes of payload at most.
-pub const MAX_PAYLOAD: usize = 4096 - 86 - 17;
+pub const MAX_PAYLOAD: usize = MAX_MESSAGE - OVERHEAD;
+
+/// The largest encrypted message a push service must take (RFC 8030 §7.2).
+pub const MAX_MESSAGE: usize = 4096;
+
+/// What one aes128gcm record adds to its plaintext.
+const OVERHEAD: usize = 86 + 17;
+
+/// The size of the encrypted message of a `payload`-byte plaintext.
+pub fn encrypted_len(payload: usize) -> usize {
+    payload + OVERHEAD
+}
 
 /// A new P-256 secret key, from the thread's CSPRNG.
 pub fn new_secret() -> SecretKey {

@@ -260,3 +260,193 @@ async fn a_receipt_whose_template_lists_the_application_channel_sends_its_event_
     assert!(!body.to_string().contains('@'), "{body}");
     assert_eq!(endpoint.stats().duplicates, 0);
 }
+
+/// Each event's answer is recorded as it arrives: of two events read in one pass, the
+/// first is answered at once and the second held unanswered. Once the first is settled
+/// the daemon is killed (SIGKILL); after restart only the second is asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_answered_before_a_kill_is_not_posted_again() {
+    use common::cli::{ANY_METRICS_PORT, TEST_REDIS, bin, config_file};
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    let (url, _stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(2).await;
+    let (first, second) = (delivery_of(&subs[0]).on(Channel::App).id(), delivery_of(&subs[1]).on(Channel::App).id());
+    endpoint.holds.hold(&second);
+    world.kick().await;
+    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
+    let app = format!("[channels.app]\nurl = \"{url}\"\ntimeout_ms = 25000\n# url");
+    let path = config_file(
+        "app-answer-kill.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            ("lease_seconds = 15", "lease_seconds = 30"),
+            ("partitions = 1", "partitions = 2"),
+            ("channels = [\"email\"]", "channels = [\"email\", \"app\"]"),
+            ("# [channels.app]\n# url", &app),
+            ANY_METRICS_PORT,
+            TEST_REDIS,
+        ],
+    );
+    let mut cmd = bin();
+    cmd.arg("run").arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", world.redis.url());
+    cmd.env("RESEND_API_KEY", "re_cli_test").env("MAILSTREAM_APP_WEBHOOK_SECRET", SECRET);
+    let killed = common::Logged::spawn(cmd.stdout(std::process::Stdio::null()));
+    let recorded = eventually(Duration::from_secs(150), || {
+        let (store, first) = (world.store.clone(), first.clone());
+        async move { (delivery(&store, &first).await.get("state").map(String::as_str) == Some("sent")).then_some(()) }
+    })
+    .await;
+    assert!(recorded.is_some(), "the first event's answer is recorded: {:?}", killed.lines.lock().unwrap());
+    assert_eq!(endpoint.holds.waiting(), 1, "the second event is out, unanswered");
+    killed.signal("KILL");
+    let _ = killed.wait().await;
+
+    let daemon = world.daemon();
+    let asked_again = eventually(Duration::from_secs(150), || {
+        let endpoint = endpoint.clone();
+        let second = second.clone();
+        async move { (endpoint.holds.arrived(&second) >= 2).then_some(()) }
+    })
+    .await;
+    assert!(asked_again.is_some(), "the unanswered event is posted again after the restart");
+    endpoint.holds.release();
+    let counts = app_settled(&world, Duration::from_secs(150)).await;
+    daemon.stop().await;
+    assert_eq!(counts.sent, 2, "{counts:?}");
+    assert_eq!(endpoint.holds.arrived(&first), 1, "the event whose answer was recorded is not posted again");
+}
+
+/// A 429's `Retry-After` is a floor for the application channel's next request (capped
+/// at an hour): the delivery's due time lies at least that far past the 429, far beyond
+/// the delivery backoff (at most `retry_max_ms`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_application_channel_waits_out_a_retry_after() {
+    use mailstream::work::Lane;
+    let endpoint = AppEndpoint::new(SECRET).unwrap();
+    let (url, _stop_app, _) = endpoint.spawn_local().await.unwrap();
+    let mut world = world_with_app(&url).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
+    let subs = world.subscribers(2).await;
+    // The first event's request is told 30 minutes; the second's 30 hours (read as one).
+    endpoint.throttle(1, 1800);
+    world.kick().await;
+    let daemon = world.daemon();
+    let store = world.store.clone();
+    let due = |d: String| {
+        let store = store.clone();
+        async move {
+            let p = store.keys.partition_of(&subs_id(&d));
+            let mut conn = store.conn().await.ok()?;
+            let score: Option<f64> = redis::cmd("ZSCORE")
+                .arg(store.keys.lane_due(p, Lane::of("", Channel::App)))
+                .arg(&d)
+                .query_async(&mut conn)
+                .await
+                .ok()?;
+            score.map(|s| s as u64)
+        }
+    };
+    let ids: Vec<String> = subs.iter().map(|s| delivery_of(s).on(Channel::App).id()).collect();
+    let put_off = eventually(Duration::from_secs(60), || {
+        let (ids, due) = (ids.clone(), &due);
+        async move {
+            for id in &ids {
+                if let Some(at) = due(id.clone()).await {
+                    return Some((id.clone(), at));
+                }
+            }
+            None
+        }
+    })
+    .await;
+    let (throttled, at) = put_off.expect("the throttled event is put off");
+    let now = world.store.time().await.unwrap();
+    let now_ms = now.timestamp_millis() as u64;
+    assert!(at >= now_ms + 1_000_000, "due {} s from now: the Retry-After of 1800 s is obeyed", (at - now_ms) / 1000);
+    assert_eq!(endpoint.stats().throttled, 1);
+    // The other event went at once.
+    let other = ids.iter().find(|id| **id != throttled).unwrap().clone();
+    let sent = eventually(Duration::from_secs(60), || {
+        let (store, other) = (world.store.clone(), other.clone());
+        async move { (delivery(&store, &other).await.get("state").map(String::as_str) == Some("sent")).then_some(()) }
+    })
+    .await;
+    assert!(sent.is_some());
+    // A longer one is capped at an hour.
+    endpoint.throttle(1, 108_000);
+    let keys = &world.store.keys;
+    let mut conn = world.store.conn().await.unwrap();
+    let p = keys.partition_of(&subs_id(&throttled));
+    // Due now: the next request is the throttled one again.
+    let _: () = redis::cmd("ZADD")
+        .arg(keys.lane_due(p, Lane::of("", Channel::App)))
+        .arg("XX")
+        .arg(0)
+        .arg(&throttled)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let again = eventually(Duration::from_secs(60), || {
+        let (endpoint, due, throttled) = (endpoint.clone(), &due, throttled.clone());
+        async move {
+            if endpoint.stats().throttled < 2 {
+                return None;
+            }
+            due(throttled).await.filter(|&at| at > 0)
+        }
+    })
+    .await;
+    daemon.stop().await;
+    let at = again.expect("put off again");
+    let now_ms = world.store.time().await.unwrap().timestamp_millis() as u64;
+    assert!(
+        at <= now_ms + 3_600_000,
+        "a Retry-After of 30 hours is read as one hour: due in {} s",
+        (at - now_ms) / 1000
+    );
+    assert!(at >= now_ms + 3_000_000, "and still obeyed: due in {} s", (at - now_ms) / 1000);
+}
+
+/// The subscriber id in a delivery id (`campaign:period:subscriber:target:channel`).
+fn subs_id(delivery: &str) -> String {
+    delivery.split(':').nth(2).unwrap().to_string()
+}
+
+/// `kick --dry-run --json` counts deliveries as the kick does, over every channel of the
+/// campaign (an opt-out of one channel leaves the others), and says each channel's share;
+/// the keys it had are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_counts_each_channel_as_the_kick_does() {
+    let world = world_with_app("http://127.0.0.1:9/events").await;
+    let subs = world.subscribers(3).await;
+    let mut conn = world.store.conn().await.unwrap();
+    mailstream::db::scripts::opt_out(&mut conn, &world.store.keys, &subs[2].id, CAMPAIGN, Channel::App).await.unwrap();
+    let json = |d: &mailstream::kick::DryRun| serde_json::to_value(d).unwrap();
+    let before = json(&mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
+    for key in ["campaign", "period", "subscribers", "new", "already_enqueued", "not_eligible", "by_release_hour"] {
+        assert!(before.get(key).is_some(), "{key} is kept: {before}");
+    }
+    assert_eq!(
+        (before["subscribers"].as_u64(), before["new"].as_u64(), before["duplicates"].as_u64()),
+        (Some(3), Some(5), Some(0))
+    );
+    assert_eq!(
+        before["by_channel"],
+        serde_json::json!({"email": {"new": 3, "duplicates": 0}, "app": {"new": 2, "duplicates": 0}}),
+        "{before}"
+    );
+    let kicked = world.kick().await;
+    assert_eq!((kicked.new, kicked.duplicates), (5, 0), "the kick enqueued what the dry run said");
+    let after = json(&mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
+    assert_eq!(
+        (after["new"].as_u64(), after["duplicates"].as_u64(), after["already_enqueued"].as_u64()),
+        (Some(0), Some(5), Some(5))
+    );
+    assert_eq!(
+        after["by_channel"],
+        serde_json::json!({"email": {"new": 0, "duplicates": 3}, "app": {"new": 0, "duplicates": 2}}),
+        "{after}"
+    );
+}

@@ -92,6 +92,37 @@ fn browser(service: &PushService, key: &str) -> Subscription {
     Subscription::from_value(service.subscribe(key)).expect("the emulator's subscriptions are well-formed")
 }
 
+/// The daemon as a process (to be killed), on email and Web Push: (config file name,
+/// lease seconds, push timeout ms).
+fn daemon_process(
+    world: &World,
+    service: &PushService,
+    private: &str,
+    (name, lease, timeout): (&str, u64, u64),
+) -> common::Logged {
+    use common::cli::{ANY_METRICS_PORT, TEST_REDIS, bin, config_file};
+    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
+    let lease = format!("lease_seconds = {lease}");
+    let push =
+        format!("[channels.push]\ntimeout_ms = {timeout}\nallowed_hosts = [\"{}\"]\nsubject", service.allowed_host());
+    let path = config_file(
+        name,
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            ("lease_seconds = 15", &lease),
+            ("partitions = 1", "partitions = 2"),
+            ("channels = [\"email\"]", "channels = [\"email\", \"push\"]"),
+            ("# [channels.push]\n# subject", &push),
+            ANY_METRICS_PORT,
+            TEST_REDIS,
+        ],
+    );
+    let mut cmd = bin();
+    cmd.arg("run").arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", world.redis.url());
+    cmd.env("RESEND_API_KEY", "re_cli_test").env("MAILSTREAM_VAPID_PRIVATE_KEY", private);
+    common::Logged::spawn(cmd.stdout(std::process::Stdio::null()))
+}
+
 fn origin_of(s: &Subscription) -> String {
     s.origin().to_string()
 }
@@ -308,6 +339,12 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     let printed = format!("{}{}", common::cli::stdout(&out), String::from_utf8_lossy(&out.stderr));
     let second_token = second.endpoint.rsplit('/').next().unwrap();
     assert!(printed.contains(&second.id()) && !printed.contains(second_token), "{printed}");
+    // The line a person reads names the subscription once.
+    let third = browser(&service, &vapid.public);
+    let out = run(&args[..args.len() - 1], &serde_json::to_string(&third).unwrap());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let said = format!("{}{}", common::cli::stdout(&out), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(said.matches(&third.id()).count(), 1, "{said}");
     let out =
         run(&["subscribe", "--id", &subs[1].id, "--push-subscription", "{\"endpoint\":\"https://x/secret-path\"}"], "");
     assert_eq!(out.status.code(), Some(64));
@@ -316,7 +353,7 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     let keys = &world.store.keys;
     for sub in &subs {
         let found = subscriptions::list(&mut conn, keys, keys.partition_of(&sub.id), &sub.id).await.unwrap();
-        assert_eq!(found.len(), 1, "{}", sub.id);
+        assert_eq!(found.len(), if sub.id == subs[1].id { 2 } else { 1 }, "{}", sub.id);
     }
     // `mailstream vapid-keys`: a pair whose private half is only in the file.
     let file = std::env::temp_dir().join(format!("vapid-{}.key", std::process::id()));
@@ -339,7 +376,6 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
 /// delivery ends `outcome_unknown`, not `skipped`: the killed request may have reached it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sender_killed_with_requests_out_is_followed_by_one_that_shows_each_once() {
-    use common::cli::{ANY_METRICS_PORT, TEST_REDIS, bin, config_file};
     let (world, service, private, vapid, _stop) = push_world_keyed(2000).await;
     let subs = world.subscribers(6).await;
     let browsers: Vec<_> = subs.iter().map(|s| (s.id.clone(), browser(&service, &vapid.public))).collect();
@@ -348,29 +384,7 @@ async fn a_sender_killed_with_requests_out_is_followed_by_one_that_shows_each_on
     service.set_offline(true);
     service.set_slow(60_000);
     world.kick().await;
-    let base_url = format!("base_url = \"{}\"", world.config.resend.base_url);
-    let path = config_file(
-        "push-kill.toml",
-        &[
-            ("base_url = \"https://api.resend.com\"", &base_url),
-            ("lease_seconds = 15", "lease_seconds = 10"),
-            ("partitions = 1", "partitions = 2"),
-            ("channels = [\"email\"]", "channels = [\"email\", \"push\"]"),
-            (
-                "# [channels.push]\n# subject",
-                &format!(
-                    "[channels.push]\ntimeout_ms = 8000\nallowed_hosts = [\"{}\"]\nsubject",
-                    service.allowed_host()
-                ),
-            ),
-            ANY_METRICS_PORT,
-            TEST_REDIS,
-        ],
-    );
-    let mut cmd = bin();
-    cmd.arg("run").arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", world.redis.url());
-    cmd.env("RESEND_API_KEY", "re_cli_test").env("MAILSTREAM_VAPID_PRIVATE_KEY", &private);
-    let killed = common::Logged::spawn(cmd.stdout(std::process::Stdio::null()));
+    let killed = daemon_process(&world, &service, &private, ("push-kill.toml", 10, 8000));
     let all_out = eventually(SETTLE, || {
         let (service, browsers) = (service.clone(), browsers.clone());
         async move {
@@ -403,4 +417,44 @@ async fn a_sender_killed_with_requests_out_is_followed_by_one_that_shows_each_on
     let stats = service.stats();
     assert!(stats.replaced >= 5, "each retry replaced the held copy by its Topic: {stats:?}");
     assert_eq!(stats.duplicates, 0, "{stats:?}");
+}
+
+/// An answer is recorded as it arrives: of a subscriber's two browsers, the first answers
+/// 201 at once and the second is held unanswered. Once the record marks the first, the
+/// sender is killed (SIGKILL); after restart only the second browser is asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_recorded_before_a_kill_is_not_asked_again() {
+    let (world, service, private, vapid, _stop) = push_world_keyed(2000).await;
+    let subs = world.subscribers(1).await;
+    let (first, second) = (browser(&service, &vapid.public), browser(&service, &vapid.public));
+    let id = subs[0].id.clone();
+    subscriptions::add_many(&world.store, &[(id.clone(), first.clone()), (id, second.clone())]).await.unwrap();
+    let (first_path, second_path) = (PushService::path_of(&first.endpoint), PushService::path_of(&second.endpoint));
+    service.holds.hold(second_path);
+    world.kick().await;
+    let killed = daemon_process(&world, &service, &private, ("push-answer-kill.toml", 30, 25_000));
+    let delivery = delivery_of(&subs[0]).on(Channel::Push).id();
+    let mark = subscriptions::sent_field(&first.id());
+    let marked = eventually(SETTLE, || {
+        let (store, delivery, mark) = (world.store.clone(), delivery.clone(), mark.clone());
+        async move { common::delivery(&store, &delivery).await.contains_key(&mark).then_some(()) }
+    })
+    .await;
+    assert!(marked.is_some(), "the first browser's 201 is recorded: {:?}", killed.lines.lock().unwrap());
+    assert_eq!(service.holds.waiting(), 1, "the second browser's request is out, unanswered");
+    killed.signal("KILL");
+    let _ = killed.wait().await;
+
+    let daemon = world.daemon();
+    let asked_again = eventually(SETTLE, || {
+        let service = service.clone();
+        async move { (service.holds.arrived(second_path) >= 2).then_some(()) }
+    })
+    .await;
+    assert!(asked_again.is_some(), "the unanswered browser is asked again after the restart");
+    service.holds.release();
+    let push = push_settled(&world).await;
+    daemon.stop().await;
+    assert_eq!(push.sent, 1, "{push:?}");
+    assert_eq!(service.holds.arrived(first_path), 1, "the browser whose 201 was recorded is not asked again");
 }

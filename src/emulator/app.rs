@@ -2,7 +2,9 @@
 //! tests and the chaos bench point `[channels.app] url` at): it verifies each request's
 //! Standard Webhooks signature, takes each event id once (as an application that dedups
 //! on `webhook-id` does), counts an id taken a second time as a duplicate, and answers
-//! what it is told to: normally 200; while `down`, 503; every `gone_every`-th new id, 410.
+//! what it is told to: normally 200; while `down`, 503; every `gone_every`-th new id, 410;
+//! the next n requests 429 with `Retry-After` (`throttle`); requests held unanswered until
+//! released (`holds`, by `webhook-id`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,6 +30,8 @@ pub struct AppStats {
     pub gone: u64,
     /// Requests answered 503 while down.
     pub refused_while_down: u64,
+    /// Requests answered 429.
+    pub throttled: u64,
 }
 
 /// A taken event as it arrived: its `webhook-*` and content-type headers, and its body.
@@ -52,13 +56,24 @@ pub struct AppEndpoint {
     state: Arc<Mutex<State>>,
     down: Arc<AtomicBool>,
     gone_every: Arc<AtomicU64>,
+    /// (requests left to answer 429, their `Retry-After` in seconds).
+    throttle: Arc<Mutex<(u64, u64)>>,
+    /// Requests held unanswered until released, by `webhook-id` (the delivery id).
+    pub holds: super::hold::Holds,
 }
 
 impl AppEndpoint {
     /// An endpoint verifying with `secret` (`whsec_<base64>`).
     pub fn new(secret: &str) -> anyhow::Result<AppEndpoint> {
         let key = SigningKey::parse(secret).ok_or_else(|| anyhow::anyhow!("not a whsec_ secret"))?;
-        Ok(AppEndpoint { key, state: Arc::default(), down: Arc::default(), gone_every: Arc::new(AtomicU64::new(0)) })
+        Ok(AppEndpoint {
+            key,
+            state: Arc::default(),
+            down: Arc::default(),
+            gone_every: Arc::new(AtomicU64::new(0)),
+            throttle: Arc::default(),
+            holds: super::hold::Holds::default(),
+        })
     }
 
     /// While true, every request is answered 503 (the application is down).
@@ -69,6 +84,11 @@ impl AppEndpoint {
     /// Every `n`-th new id is answered 410 (0: none).
     pub fn set_gone_every(&self, n: u64) {
         self.gone_every.store(n, Ordering::SeqCst);
+    }
+
+    /// The next `n` requests are answered 429 with `Retry-After: seconds`.
+    pub fn throttle(&self, n: u64, seconds: u64) {
+        *self.throttle.lock().expect("throttle") = (n, seconds);
     }
 
     pub fn stats(&self) -> AppStats {
@@ -93,9 +113,13 @@ impl AppEndpoint {
         let url = format!("http://{}/events", listener.local_addr()?);
         let (stop, down) = crate::shutdown::channel();
         let this = self.clone();
-        let handler = move |req| {
+        let handler = move |req: HttpRequest| {
             let this = this.clone();
-            async move { this.handle(req) }
+            async move {
+                let id = req.headers().get("webhook-id").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+                this.holds.pass(&id).await;
+                this.handle(req)
+            }
         };
         Ok((url, stop, tokio::spawn(http::serve(listener, handler, down, http::Limits::default()))))
     }
@@ -117,6 +141,16 @@ impl AppEndpoint {
         if self.down.load(Ordering::SeqCst) {
             s.stats.refused_while_down += 1;
             return http::text(StatusCode::SERVICE_UNAVAILABLE, "down");
+        }
+        {
+            let mut t = self.throttle.lock().expect("throttle");
+            if t.0 > 0 {
+                t.0 -= 1;
+                s.stats.throttled += 1;
+                let mut r = http::text(StatusCode::TOO_MANY_REQUESTS, "slow down");
+                r.headers_mut().insert("retry-after", t.1.into());
+                return r;
+            }
         }
         if s.gone.contains(&id) {
             return http::text(StatusCode::GONE, "gone");

@@ -8,6 +8,7 @@ pub mod app;
 mod command;
 pub mod emails;
 pub mod faults;
+pub mod hold;
 pub mod idempotency;
 pub mod push;
 pub mod rate;

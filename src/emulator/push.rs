@@ -11,7 +11,8 @@
 //! browser was shown per (subscription, tag): the same tag twice is a duplicate. Faults:
 //! every n-th subscription gone (410), the service down (503), the next n requests
 //! throttled (429 with `Retry-After`), answers held back past the client's timeout,
-//! browsers offline (messages held).
+//! requests held unanswered until released (`holds`, by request path), browsers offline
+//! (messages held).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -93,6 +94,8 @@ pub struct PushService {
     /// Each answer is held back this long (ms) after the request was handled: a client
     /// that gives up sooner never hears that its message was taken.
     slow_ms: Arc<AtomicU64>,
+    /// Requests held unanswered until released, by path (`/push/<n>/<token>`).
+    pub holds: super::hold::Holds,
 }
 
 impl Default for PushService {
@@ -111,6 +114,7 @@ impl PushService {
             gone_every: Arc::default(),
             throttle: Arc::default(),
             slow_ms: Arc::default(),
+            holds: super::hold::Holds::default(),
         }
     }
 
@@ -187,6 +191,11 @@ impl PushService {
         serde_json::json!({ "endpoint": format!("{origin}/push/{n}/{token}"), "expirationTime": null, "keys": keys })
     }
 
+    /// The request path of subscription `endpoint`: what [`PushService::holds`] keys on.
+    pub fn path_of(endpoint: &str) -> &str {
+        endpoint.find("/push/").map_or(endpoint, |at| &endpoint[at..])
+    }
+
     /// The browser an endpoint (or its path) names.
     fn browser_of(endpoint: &str) -> Option<(usize, &str)> {
         let rest = &endpoint[endpoint.find("/push/")? + "/push/".len()..];
@@ -250,9 +259,10 @@ impl PushService {
         *self.origin.lock().expect("origin") = origin.clone();
         let (stop, down) = crate::shutdown::channel();
         let this = self.clone();
-        let handler = move |req| {
+        let handler = move |req: HttpRequest| {
             let this = this.clone();
             async move {
+                this.holds.pass(req.uri().path()).await;
                 let answer = this.handle(req);
                 let slow = this.slow_ms.load(Ordering::SeqCst);
                 if slow > 0 {

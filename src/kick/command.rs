@@ -66,6 +66,11 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
             "dry run, nothing written: campaign {} period {}: {} subscribers; {} deliveries would be new, {} already enqueued",
             d.campaign, d.period, d.subscribers, d.new, d.already_enqueued
         ));
+        if d.by_channel.len() > 1 {
+            for (channel, n) in &d.by_channel {
+                out.line(format_args!("  {channel}: {} new, {} already enqueued", n.new, n.duplicates));
+            }
+        }
         for (why, n) in &d.not_eligible {
             out.line(format_args!("  not eligible, {why}: {n}"));
         }

@@ -11,7 +11,7 @@ use super::LocalHour;
 use crate::config::Config;
 use crate::db::Store;
 use crate::subscribers::{self, Unwanted, field};
-use crate::work::DeliveryRef;
+use crate::work::{Channel, DeliveryRef};
 
 /// What the kick makes of one subscriber record.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,16 +70,28 @@ pub struct DryRun {
     pub campaign: String,
     pub period: String,
     pub subscribers: u64,
-    /// Deliveries a kick would enqueue now.
+    /// Deliveries a kick would enqueue now, summed over the campaign's channels (as the
+    /// kick counts them).
     pub new: u64,
-    /// Deliveries already enqueued for the period.
+    /// Deliveries already enqueued for the period, summed over the channels.
     pub already_enqueued: u64,
+    /// The same count under the kick's own name for it.
+    pub duplicates: u64,
+    /// `new` and `duplicates` per channel of the campaign (`email`, `app`, `push`).
+    pub by_channel: BTreeMap<&'static str, ChannelCounts>,
     /// Subscribers left out, by reason.
     pub not_eligible: BTreeMap<&'static str, u64>,
     /// For a local-hour campaign: new deliveries by release hour (UTC, RFC 3339).
     pub by_release_hour: BTreeMap<String, u64>,
     /// The end of the period's kick window (RFC 3339, UTC): a kick after it is refused.
     pub kick_window_ends: String,
+}
+
+/// One channel's share of a dry run.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct ChannelCounts {
+    pub new: u64,
+    pub duplicates: u64,
 }
 
 /// Reads the registry as a kick of `period` would, and writes nothing; refused as the kick
@@ -92,6 +104,7 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
         campaign: campaign.to_string(),
         period: period.to_string(),
         kick_window_ends: super::rfc3339_ms(ends_ms),
+        by_channel: c.channels.iter().map(|ch| (ch.as_str(), ChannelCounts::default())).collect(),
         ..Default::default()
     };
     let mut conn = store.conn().await?;
@@ -103,12 +116,24 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
             let ids: Vec<String> = ids.into_iter().filter(|id| seen.insert(id.clone())).collect();
             out.subscribers += ids.len() as u64;
             let verdicts = read_subscribers(&mut conn, store, p, campaign, &ids).await?;
+            // A delivery per target and channel not opted out of, as the kick enqueues.
+            let sets: Vec<Option<String>> = c
+                .channels
+                .iter()
+                .map(|&ch| (ch != Channel::Email).then(|| store.keys.channel_opted_out(p, campaign, ch)))
+                .collect();
+            let off = super::opted_out(&mut conn, &sets, &ids).await?;
             let mut wanted = Vec::new();
-            for (id, verdict) in ids.iter().zip(verdicts) {
+            for (i, (id, verdict)) in ids.iter().zip(verdicts).enumerate() {
                 match verdict {
                     Verdict::Eligible { targets, zone } => {
                         let release = release.map(|r| r.release_ms(zone.as_deref()));
-                        wanted.extend(targets.iter().map(|t| (DeliveryRef::new(campaign, period, id, t), release)));
+                        let on = c.channels.iter().enumerate().filter(|(k, _)| !off[*k][i]).map(|(_, &ch)| ch);
+                        for ch in on {
+                            wanted.extend(
+                                targets.iter().map(|t| (DeliveryRef::new(campaign, period, id, t).on(ch), release)),
+                            );
+                        }
                     }
                     Verdict::NotEligible(why) => *out.not_eligible.entry(why.as_str()).or_default() += 1,
                 }
@@ -126,11 +151,15 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
                 for (i, entry) in recordless.into_iter().zip(kept) {
                     exists[i] = entry.is_some();
                 }
-                for ((_, release), exists) in wanted.iter().zip(exists) {
+                for ((d, release), exists) in wanted.iter().zip(exists) {
+                    let counts = out.by_channel.entry(d.channel.as_str()).or_default();
                     if exists {
+                        counts.duplicates += 1;
                         out.already_enqueued += 1;
+                        out.duplicates += 1;
                         continue;
                     }
+                    counts.new += 1;
                     out.new += 1;
                     if let Some(ms) = release {
                         let hour =

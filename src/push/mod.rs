@@ -10,10 +10,13 @@
 //!   every request of the delivery carries the same `Topic` (a hash of the delivery id):
 //!   a push service replaces a message it still holds with a newer one of the same topic,
 //!   and a browser replaces a shown notification with one of the same tag;
-//! - a subscription that answered 201 is marked in the record (`push_sent:<id>`), and the
-//!   replicas have the mark, before the delivery is settled or put off: it is not sent to
-//!   again, even when a failover loses the settlement (the protocol model's
+//! - a subscription that answered 201 is marked in the record (`push_sent:<id>`) as its
+//!   answer arrives, and the replicas have the mark, before anything else of the delivery
+//!   is written: it is not sent to again, even when the sender is killed before the other
+//!   browsers answer or a failover loses the settlement (the protocol model's
 //!   `no_browser_posted_again_after_its_201`);
+//! - no Redis connection is held while a push service takes its time, so a slow one
+//!   holds no email whatever `redis.pool_size` is;
 //! - 404/410 removes the subscription; with none left and nothing sent, the delivery is
 //!   skipped `no_subscription` (`outcome_unknown` if a request of it went unanswered: a
 //!   browser may have it). 413 fails it (`push_too_large`); 429 puts it off for at least
@@ -25,12 +28,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 
 use crate::channel::{self, Claimed, Sender, Slots};
 use crate::config::PushChannelConfig;
 use crate::ctx::Ctx;
 use crate::db::scripts::{self, Decision};
+use crate::limiter::Local;
 use crate::outcome::{Outcome, Reason};
 use crate::push_endpoint::{AllowedHosts, CheckedResolver, Refusal};
 use crate::render::Renderer;
@@ -101,17 +104,30 @@ pub enum Answered {
     EndpointRefused(Refusal),
 }
 
-/// How a status (and its `Retry-After`, seconds) is read (`None`: no answer came).
-pub fn answered(status: Option<u16>, retry_after: Option<u64>) -> Answered {
+/// How a status (and its `Retry-After`, ms, capped: `channel::retry_after_ms`) is read
+/// (`None`: no answer came).
+pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> Answered {
     match status {
         Some(200..=299) => Answered::Sent,
         Some(404 | 410) => Answered::Gone,
         Some(413) => Answered::TooLarge,
-        Some(429) => Answered::Again(retry_after.unwrap_or(0).min(3600) * 1000),
+        Some(429) => Answered::Again(retry_after_ms.unwrap_or(0)),
         Some(300..=499) => Answered::Refused(status.unwrap_or_default()),
         Some(_) => Answered::Again(0),
         None => Answered::Unanswered,
     }
+}
+
+/// Why a notification whose payload is `bytes` long is not sent: its size and the limit
+/// of a push message (RFC 8291 §4), said as this daemon's refusal, not a push service's.
+pub fn too_large(bytes: usize) -> String {
+    format!(
+        "push notification not sent (push_too_large): its payload is {bytes} bytes, {} encrypted, over the \
+         {}-byte limit of a push message (at most {} bytes of payload); no request was made",
+        crypto::encrypted_len(bytes),
+        crypto::MAX_MESSAGE,
+        crypto::MAX_PAYLOAD
+    )
 }
 
 /// What a delivery comes to once every subscription asked has answered: `None` while one
@@ -134,6 +150,32 @@ pub fn settles(answers: &[Answered], sent_before: usize) -> Option<(Outcome, Rea
     })
 }
 
+/// Each push service's pace (by origin), by the email limiter's departure rule kept in
+/// this process: one request per `1/rate` and never more than `rate` in any sliding
+/// second, so none bursts after an idle spell or in the first second.
+struct Pace {
+    per_second: u32,
+    services: Mutex<HashMap<String, Arc<Local>>>,
+}
+
+impl Pace {
+    fn new(per_second: u32) -> Pace {
+        Pace { per_second, services: Mutex::default() }
+    }
+
+    /// Waits for `origin`'s next slot and takes it: the request leaves right away.
+    async fn take(&self, origin: &str) {
+        let service = {
+            let mut services = self.services.lock().expect("pace");
+            services
+                .entry(origin.to_string())
+                .or_insert_with(|| Arc::new(Local::new(self.per_second, Duration::ZERO)))
+                .clone()
+        };
+        service.take_slot().await;
+    }
+}
+
 /// A push service's VAPID header while it is valid: (header, valid until, unix s).
 type Token = (String, i64);
 
@@ -146,7 +188,7 @@ pub(crate) struct PushChannel {
     http: reqwest::Client,
     slots: Slots,
     /// The pace of each push service (by origin).
-    pace: DefaultKeyedRateLimiter<String>,
+    pace: Pace,
     tokens: Mutex<HashMap<String, Token>>,
     /// The push services its subscriptions may name (`channels.push.allowed_hosts`).
     allowed: Arc<AllowedHosts>,
@@ -172,10 +214,11 @@ impl PushChannel {
             .dns_resolver(Arc::new(CheckedResolver::new(allowed.clone())))
             .build()?;
         let per_second = NonZeroU32::new(config.requests_per_second_per_service).context("a positive pace")?;
+        let pace = Pace::new(per_second.get());
         Ok(Some(Arc::new(PushChannel {
             renderer: ctx.config.renderer().context("compiling templates")?,
             slots: Slots::new(ctx, config.concurrency),
-            pace: RateLimiter::keyed(Quota::per_second(per_second)),
+            pace,
             tokens: Mutex::default(),
             allowed,
             ctx: ctx.clone(),
@@ -210,7 +253,7 @@ impl PushChannel {
         let Ok(receiver) = s.receiver() else { return Answered::Gone };
         let Ok(body) = crypto::encrypt(payload, &receiver) else { return Answered::TooLarge };
         let origin = s.origin();
-        self.pace.until_key_ready(&origin).await;
+        self.pace.take(&origin).await;
         let request = self
             .http
             .post(&s.endpoint)
@@ -222,10 +265,7 @@ impl PushChannel {
             .header("content-type", "application/octet-stream")
             .body(body);
         let (status, retry_after) = match request.send().await {
-            Ok(r) => {
-                let after = r.headers().get("retry-after").and_then(|v| v.to_str().ok()?.trim().parse().ok());
-                (Some(r.status().as_u16()), after)
-            }
+            Ok(r) => (Some(r.status().as_u16()), channel::retry_after_ms(r.headers())),
             // Its host resolved to forbidden addresses only: nothing was sent.
             Err(e) if crate::push_endpoint::refused_by_resolver(&e) => {
                 return Answered::EndpointRefused(Refusal::AddressForbidden);
@@ -256,76 +296,72 @@ impl Sender for PushChannel {
         let notification = self.renderer.render_push(template, d, data).map_err(|_| Reason::RenderError)?;
         let payload = payload(&notification, &crypto::topic(&d.id()));
         if payload.len() > crypto::MAX_PAYLOAD {
+            tracing::warn!(
+                campaign = %d.campaign,
+                template,
+                message_bytes = crypto::encrypted_len(payload.len()),
+                limit_bytes = crypto::MAX_MESSAGE,
+                "{}",
+                too_large(payload.len())
+            );
             return Err(Reason::PushTooLarge);
         }
         Ok(payload)
     }
 
-    /// One request to each subscription not sent to yet, then the delivery settled or put
-    /// off.
+    /// One request to each subscription not sent to yet, each answer recorded as it
+    /// arrives, then the delivery settled or put off. No Redis connection is held while a
+    /// push service takes its time: each is taken for a write and given back.
     async fn send(self: Arc<Self>, p: u16, item: Claimed, body: String) -> anyhow::Result<()> {
         let ctx = &self.ctx;
         let keys = &ctx.store.keys;
         let d = &item.delivery;
         let record = keys.delivery(p, &d.id());
-        let mut conn = ctx.store.conn().await?;
-        // Still ours, just before the requests leave (and for another lease): a holder
-        // that stalled since its claim must not post what another may have sent since.
-        let lease = ctx.config.lease().as_millis() as u64;
-        let (held, _) = scripts::renew(&mut conn, keys, p, &ctx.owner, lease, &[d], &[]).await?;
-        if held == 0 {
-            tracing::info!(partition = p, "a push delivery's lease ran out before its requests: left to its holder");
-            return Ok(());
-        }
         let mine = inflight_field(&ctx.owner);
-        scripts::note(&mut conn, &mine, &[(record.clone(), "1")]).await?;
-        ctx.store.durable(&mut conn, &record).await?;
-        // The browsers, and what the record already says of them, in one round trip.
-        let (all, fields): (Vec<(String, String)>, Vec<String>) = redis::pipe()
-            .hgetall(keys.push_subscriptions(p, &d.subscriber))
-            .hkeys(&record)
-            .query_async(&mut conn)
-            .await?;
-        let all = subscriptions::read(all);
-        let sent_before: BTreeSet<&str> = fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).collect();
+        let (all, fields) = {
+            let mut conn = ctx.store.conn().await?;
+            // Still ours, just before the requests leave (and for another lease): a holder
+            // that stalled since its claim must not post what another may have sent since.
+            let lease = ctx.config.lease().as_millis() as u64;
+            let (held, _) = scripts::renew(&mut conn, keys, p, &ctx.owner, lease, &[d], &[]).await?;
+            if held == 0 {
+                tracing::info!(
+                    partition = p,
+                    "a push delivery's lease ran out before its requests: left to its holder"
+                );
+                return Ok(());
+            }
+            scripts::note(&mut conn, &mine, &[(record.clone(), "1")]).await?;
+            ctx.store.durable(&mut conn, &record).await?;
+            // The browsers, and what the record already says of them, in one round trip.
+            let read: (Vec<(String, String)>, Vec<String>) = redis::pipe()
+                .hgetall(keys.push_subscriptions(p, &d.subscriber))
+                .hkeys(&record)
+                .query_async(&mut conn)
+                .await?;
+            read
+        };
+        let sent_before: BTreeSet<String> =
+            fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).map(str::to_string).collect();
         let asked: Vec<(String, Subscription)> =
-            all.into_iter().filter(|(sid, _)| !sent_before.contains(sid.as_str())).collect();
+            subscriptions::read(all).into_iter().filter(|(sid, _)| !sent_before.contains(sid)).collect();
         let topic = crypto::topic(&d.id());
         let mut requests = tokio::task::JoinSet::new();
-        for (i, (_, s)) in asked.iter().enumerate() {
-            let (this, s, topic, body) = (self.clone(), s.clone(), topic.clone(), body.clone());
-            requests.spawn(async move { (i, this.post(&s, &topic, body.as_bytes()).await) });
+        for (i, (sid, s)) in asked.iter().enumerate() {
+            let (this, sid, s, topic, body) = (self.clone(), sid.clone(), s.clone(), topic.clone(), body.clone());
+            let (record, subscriber) = (record.clone(), d.subscriber.clone());
+            requests.spawn(async move {
+                let answer = this.post(&s, &topic, body.as_bytes()).await;
+                (i, answer, this.record(p, &record, &subscriber, &sid, answer).await)
+            });
         }
         let mut answers = vec![Answered::Unanswered; asked.len()];
         while let Some(done) = requests.join_next().await {
-            let (i, a) = done.context("a push request's task")?;
+            let (i, a, recorded) = done.context("a push request's task")?;
             answers[i] = a;
+            recorded?;
         }
-        // What the push services said, kept before anything is settled or put off.
-        for ((sid, _), a) in asked.iter().zip(&answers) {
-            match a {
-                Answered::EndpointRefused(reason) => {
-                    ctx.metrics.push_endpoint_refused(*reason);
-                    tracing::warn!(
-                        partition = p,
-                        subscription = %sid,
-                        reason = reason.as_str(),
-                        "push subscription's endpoint refused: not sent to"
-                    );
-                }
-                Answered::Sent => {
-                    scripts::note(&mut conn, &sent_field(sid), &[(record.clone(), "1")]).await?;
-                }
-                Answered::Gone if subscriptions::remove(&mut conn, keys, p, &d.subscriber, sid).await? => {
-                    ctx.metrics.push_subscription_removed();
-                    tracing::info!(partition = p, subscription = %sid, "push subscription gone: removed");
-                }
-                _ => {}
-            }
-        }
-        if answers.contains(&Answered::Unanswered) {
-            channel::maybe_taken(&*self, &mut conn, p, &item).await?;
-        }
+        let mut conn = ctx.store.conn().await?;
         // Every answer is recorded: this instance's requests are no longer in doubt.
         let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(&mut conn).await?;
         // The marks survive a failover before anything is settled or put off: a settlement
@@ -336,16 +372,12 @@ impl Sender for PushChannel {
         // recorded its answers, may have reached a browser.
         let maybe_taken = answers.contains(&Answered::Unanswered)
             || fields.iter().any(|f| f == "push_maybe_taken" || (f.starts_with("push_inflight:") && *f != mine));
+        let decision = |(outcome, reason)| Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
         match settles(&answers, sent_before.len()) {
             Some((Outcome::Skipped | Outcome::Failed, reason)) if maybe_taken => {
-                let outcome = Outcome::OutcomeUnknown;
-                let decision = Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
-                channel::decide(&*self, &mut conn, p, &[decision]).await
+                channel::decide(&*self, &mut conn, p, &[decision((Outcome::OutcomeUnknown, reason))]).await
             }
-            Some((outcome, reason)) => {
-                let decision = Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
-                channel::decide(&*self, &mut conn, p, &[decision]).await
-            }
+            Some(settled) => channel::decide(&*self, &mut conn, p, &[decision(settled)]).await,
             None => {
                 let wait = answers.iter().map(|a| if let Answered::Again(ms) = a { *ms } else { 0 }).max();
                 // Past the deadline, a delivery a browser has is sent; else it failed.
@@ -353,6 +385,54 @@ impl Sender for PushChannel {
                 channel::put_off(&*self, &mut conn, p, &item, wait.unwrap_or(0), reached).await
             }
         }
+    }
+}
+
+impl PushChannel {
+    /// Writes what one subscription answered as soon as it arrives (and waits until the
+    /// replicas have it), so a crash repeats only requests never answered: a 201 marks
+    /// the record, a 404/410 removes the subscription, no answer says the delivery may
+    /// have been taken. The connection is taken for these writes only.
+    async fn record(&self, p: u16, record: &str, subscriber: &str, sid: &str, answer: Answered) -> anyhow::Result<()> {
+        let ctx = &self.ctx;
+        match answer {
+            Answered::Sent => {
+                let mut conn = ctx.store.conn().await?;
+                scripts::note(&mut conn, &sent_field(sid), &[(record.to_string(), "1")]).await?;
+                ctx.store.durable(&mut conn, record).await?;
+            }
+            Answered::Gone => {
+                let mut conn = ctx.store.conn().await?;
+                if subscriptions::remove(&mut conn, &ctx.store.keys, p, subscriber, sid).await? {
+                    ctx.metrics.push_subscription_removed();
+                    tracing::info!(partition = p, subscription = %sid, "push subscription gone: removed");
+                }
+                ctx.store.durable(&mut conn, record).await?;
+            }
+            Answered::Unanswered => {
+                let mut conn = ctx.store.conn().await?;
+                scripts::note(&mut conn, <Self as Sender>::MAYBE_TAKEN_FIELD, &[(record.to_string(), "1")]).await?;
+            }
+            Answered::EndpointRefused(reason) => {
+                ctx.metrics.push_endpoint_refused(reason);
+                tracing::warn!(
+                    partition = p,
+                    subscription = %sid,
+                    reason = reason.as_str(),
+                    "push subscription's endpoint refused: not sent to"
+                );
+            }
+            Answered::TooLarge => {
+                tracing::warn!(
+                    partition = p,
+                    subscription = %sid,
+                    limit_bytes = crypto::MAX_PAYLOAD,
+                    "a push service refused the notification as too large (413)"
+                );
+            }
+            Answered::Again(_) | Answered::Refused(_) => {}
+        }
+        Ok(())
     }
 }
 
@@ -366,9 +446,9 @@ mod tests {
         assert_eq!(answered(Some(404), None), Answered::Gone);
         assert_eq!(answered(Some(410), None), Answered::Gone);
         assert_eq!(answered(Some(413), None), Answered::TooLarge);
-        assert_eq!(answered(Some(429), Some(7)), Answered::Again(7000));
+        assert_eq!(answered(Some(429), Some(7000)), Answered::Again(7000));
         assert_eq!(answered(Some(429), None), Answered::Again(0));
-        assert_eq!(answered(Some(503), Some(7)), Answered::Again(0));
+        assert_eq!(answered(Some(503), Some(7000)), Answered::Again(0));
         assert_eq!(answered(None, None), Answered::Unanswered);
         assert_eq!(answered(Some(403), None), Answered::Refused(403));
         // A redirect is an answer, not followed.
@@ -392,6 +472,32 @@ mod tests {
         assert_eq!(settles(&[refused, Gone], 0), Some((Outcome::Skipped, Reason::PushEndpointRefused)));
         assert_eq!(settles(&[refused, Sent], 0), Some((Outcome::Sent, Reason::Accepted)));
         assert_eq!(settles(&[refused, Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_push_service_gets_its_rate_from_the_first_second_on_with_no_burst() {
+        let pace = Pace::new(100);
+        let start = tokio::time::Instant::now();
+        let mut first_second = 0;
+        for _ in 0..300 {
+            pace.take("https://fcm.googleapis.com").await;
+            if start.elapsed() < Duration::from_secs(1) {
+                first_second += 1;
+            }
+        }
+        assert_eq!(first_second, 100, "the first second holds the rate, not twice it");
+        // Another push service has its own pace.
+        let other = tokio::time::Instant::now();
+        pace.take("https://updates.push.services.mozilla.com").await;
+        assert_eq!(other.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn too_large_says_the_size_and_the_limit_as_our_refusal() {
+        let said = too_large(4000);
+        assert!(said.contains("4000 bytes") && said.contains("4103 encrypted"), "{said}");
+        assert!(said.contains("4096-byte limit") && said.contains("3993 bytes"), "{said}");
+        assert!(said.contains("no request was made"), "{said}");
     }
 
     #[test]

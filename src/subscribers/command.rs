@@ -105,7 +105,8 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let mut registered = Vec::new();
     for s in &push {
         let sid = crate::subscribers::push::add(&store, id, s).await?;
-        out.line(format_args!("push subscription {sid} ({}) registered for {id}", s.masked()));
+        // `masked` names the subscription's id: printed once.
+        out.line(format_args!("push subscription {} registered for {id}", s.masked()));
         registered.push(sid);
     }
     out.object(

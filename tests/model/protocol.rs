@@ -165,9 +165,10 @@ pub enum Mutant {
     /// app.rs: the event's body is not WAITed for before the request, so a failover may
     /// take it back and the next holder post the id with another body.
     AppBodyNotWaited,
-    /// push/: the marks of the browsers that took a notification are not WAITed for
-    /// before the delivery is decided, so a failover may take them back and the next
-    /// holder post to a browser whose 201 was recorded.
+    /// push/: the marks of the browsers that took a notification are not WAITed for,
+    /// neither as each answer is recorded nor before the delivery is decided, so a
+    /// failover may take them back and the next holder post to a browser whose 201 was
+    /// recorded.
     PushMarksNotWaited,
     /// enqueue.lua: the dedup reads the delivery's record only, not its period's settled
     /// history, so a kick after a delivery was settled sent (its record gone for its
@@ -1147,6 +1148,27 @@ impl Model for Protocol {
                         x.lost |= bit(b);
                     }
                 }
+                // push/mod.rs `record`: the answer is written as it arrives (note.lua onto a
+                // record that is there: one settled sent or skipped is compact, none), a
+                // gone browser leaves the registry, and the write is WAITed for.
+                let node = &mut s.nodes[self.partition(d)];
+                let live = &mut node.live;
+                let record = !matches!(live.recs[usize::from(d)], Rec::Absent | Rec::Sent | Rec::Skipped);
+                match answer {
+                    AppAnswer::Taken if record => live.push_marks[usize::from(d)] |= bit(b),
+                    AppAnswer::Gone => live.push_subs[usize::from(d)] &= !bit(b),
+                    AppAnswer::TakenAnswerLost if record => live.maybe_taken |= bit(d),
+                    _ => {}
+                }
+                if answer == AppAnswer::Taken {
+                    s.ghost.push_marked[usize::from(d)] |= bit(b);
+                }
+                if matches!(answer, AppAnswer::Taken | AppAnswer::Gone)
+                    && s.env == Env::Replicated
+                    && !self.on(Mutant::PushMarksNotWaited)
+                {
+                    node.safe = node.live.clone();
+                }
                 let gone_before = (GONE | s.ghost.push_gone[usize::from(d)]) & bit(b) != 0;
                 if answer != AppAnswer::Taken && !gone_before {
                     s.left.failures -= 1;
@@ -1166,22 +1188,11 @@ impl Model for Protocol {
                     // Its lease ran out before its requests left: nothing is written.
                     return Some(self.replicate(s));
                 }
+                // Every answer is recorded (PushPost): this holder's requests are no longer
+                // in doubt. WAIT: the marks survive a failover before anything is decided.
                 let node = &mut s.nodes[self.partition(d)];
-                let live = &mut node.live;
-                // note.lua writes onto any record that is there (one settled sent or skipped
-                // is compact: none); the registry loses the gone browsers.
-                let record = !matches!(live.recs[usize::from(d)], Rec::Absent | Rec::Sent | Rec::Skipped);
-                if record {
-                    live.push_marks[usize::from(d)] |= x.taken;
-                    if x.lost != 0 {
-                        live.maybe_taken |= bit(d);
-                    }
-                }
-                live.push_inflight[usize::from(d)] &= !bit(h);
-                live.push_subs[usize::from(d)] &= !x.gone;
-                s.ghost.push_marked[usize::from(d)] |= x.taken;
-                // WAIT: the marks survive a failover before anything is decided.
-                if (x.taken | x.gone) != 0 && s.env == Env::Replicated && !self.on(Mutant::PushMarksNotWaited) {
+                node.live.push_inflight[usize::from(d)] &= !bit(h);
+                if s.env == Env::Replicated && !self.on(Mutant::PushMarksNotWaited) {
                     node.safe = node.live.clone();
                 }
                 let live = &mut node.live;

@@ -520,8 +520,27 @@ impl Walker {
                 let record = keys.delivery(p, &dref.id());
                 scripts::note(conn, &mailstream::push::inflight_field(&owner(h)), &[(record, "1")]).await?;
             }
+            Action::PushPost(_, d, b, answer) => {
+                // push/mod.rs `record`: this browser's answer, written as it arrives.
+                let dref = &self.names.deliveries[usize::from(d)];
+                let p = u16::from(self.model.deliveries[usize::from(d)].partition);
+                let record = keys.delivery(p, &dref.id());
+                match answer {
+                    AppAnswer::Taken => {
+                        scripts::note(conn, &mailstream::push::sent_field(&format!("b{b}")), &[(record, "1")]).await?;
+                    }
+                    AppAnswer::Gone => {
+                        let key = keys.push_subscriptions(p, &dref.subscriber);
+                        let _: () = redis::cmd("HDEL").arg(key).arg(format!("b{b}")).query_async(conn).await?;
+                    }
+                    AppAnswer::TakenAnswerLost => {
+                        scripts::note(conn, "push_maybe_taken", &[(record, "1")]).await?;
+                    }
+                    AppAnswer::Again => {}
+                }
+            }
             Action::PushSettle(h, d) => {
-                // push/mod.rs: the marks, the gone browsers, "may have been taken", then
+                // push/mod.rs: every answer recorded (PushPost), its flag cleared, then
                 // decide.lua or defer.lua.
                 let holder = &s.holders[usize::from(h)];
                 let x = *holder.pushing.iter().find(|x| x.delivery == d).expect("pushing it");
@@ -532,17 +551,6 @@ impl Walker {
                 let dref = &self.names.deliveries[usize::from(d)];
                 let p = u16::from(self.model.deliveries[usize::from(d)].partition);
                 let record = keys.delivery(p, &dref.id());
-                for b in (0..8u8).filter(|&b| x.taken & (1 << b) != 0) {
-                    scripts::note(conn, &mailstream::push::sent_field(&format!("b{b}")), &[(record.clone(), "1")])
-                        .await?;
-                }
-                for b in (0..8u8).filter(|&b| x.gone & (1 << b) != 0) {
-                    let key = keys.push_subscriptions(p, &dref.subscriber);
-                    let _: () = redis::cmd("HDEL").arg(key).arg(format!("b{b}")).query_async(conn).await?;
-                }
-                if x.lost != 0 {
-                    scripts::note(conn, "push_maybe_taken", &[(record.clone(), "1")]).await?;
-                }
                 let mine = mailstream::push::inflight_field(&owner(h));
                 let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(conn).await?;
                 let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(conn).await?;
@@ -634,7 +642,6 @@ impl Walker {
             Action::Wait(..)
             | Action::Send(..)
             | Action::Post(..)
-            | Action::PushPost(..)
             | Action::Crash(_)
             | Action::Stall(_)
             | Action::Resume(_) => {}
