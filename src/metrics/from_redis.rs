@@ -32,26 +32,26 @@ impl Gauges {
             IntGauge::new("mailstream_redis_up", "1 when the last scrape could read Redis").expect("valid metric");
         r.register(Box::new(redis_up.clone())).expect("unique metric");
         Gauges {
-            period_deliveries: super::gauges(
+            period_deliveries: super::families::gauges(
                 r,
                 "mailstream_period_deliveries",
                 "Deliveries of a campaign period by channel (email, app) and state (enqueued, pending, sent, \
                  failed, skipped, outcome_unknown), read from Redis; the same on every instance",
                 &["campaign", "period", "channel", "state"],
             ),
-            period_duplicates: super::gauges(
+            period_duplicates: super::families::gauges(
                 r,
                 "mailstream_period_duplicates",
                 "Offers to enqueue a delivery of the period that was already enqueued (kicked twice)",
                 &["campaign", "period"],
             ),
-            variant_exposures: super::gauges(
+            variant_exposures: super::families::gauges(
                 r,
                 "mailstream_variant_exposures",
                 "A/B exposures of a campaign period: emails of each variant the provider accepted",
                 &["campaign", "period", "variant"],
             ),
-            backlog: super::gauges(
+            backlog: super::families::gauges(
                 r,
                 "mailstream_backlog",
                 "Per partition: stream_length, unread (the group's lag), unacked (read, not sealed), \
@@ -60,7 +60,7 @@ impl Gauges {
                  transactional_unacked (the transactional lane)",
                 &["partition", "kind"],
             ),
-            dead_letters: super::gauges(
+            dead_letters: super::families::gauges(
                 r,
                 "mailstream_dead_letters",
                 "Entries in the dead-letter streams: failed, and unknown (outcome_unknown)",
