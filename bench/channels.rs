@@ -9,7 +9,7 @@ mod channels_run;
 use std::process::ExitCode;
 
 use channels_run::{Options, main_with};
-use mailstream::work::Channel;
+use mailstream::model::work::Channel;
 
 fn main() -> ExitCode {
     let mut opts = Options {

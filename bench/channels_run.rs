@@ -20,15 +20,15 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{AppChannelConfig, Config, PushChannelConfig, Secret};
-use mailstream::db::{Counts, Store};
-use mailstream::emulator::app::AppEndpoint;
-use mailstream::emulator::push::PushService;
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::webpush::VapidKey;
-use mailstream::work::Channel;
+use mailstream::model::webpush::VapidKey;
+use mailstream::model::work::Channel;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::store::{Counts, Store};
+use mailstream::tools::emulator::app::AppEndpoint;
+use mailstream::tools::emulator::push::PushService;
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
@@ -259,16 +259,16 @@ async fn run(
             .map(|s| {
                 (
                     s.id.clone(),
-                    mailstream::subscribers::push::Subscription::from_value(service.subscribe(public))
+                    mailstream::audience::subscribers::push::Subscription::from_value(service.subscribe(public))
                         .expect("well-formed"),
                 )
             })
             .collect();
-        mailstream::subscribers::push::add_many(&store, &items).await?;
+        mailstream::audience::subscribers::push::add_many(&store, &items).await?;
     }
     let campaign = config.campaigns[0].name.clone();
-    let period = mailstream::kick::period_for(&store, &config.campaigns[0], None, Default::default()).await?;
-    mailstream::kick::kick_registry(&store, &config, &campaign, &period).await?;
+    let period = mailstream::audience::kick::period_for(&store, &config.campaigns[0], None, Default::default()).await?;
+    mailstream::audience::kick::kick_registry(&store, &config, &campaign, &period).await?;
 
     let (stop, down) = mailstream::shutdown::channel();
     let daemon = tokio::spawn(mailstream::run_with(config.clone(), Default::default(), down, Default::default()));

@@ -82,7 +82,7 @@ fn main() -> ExitCode {
             subscribers,
             outage_seconds,
             rps: opts.rps,
-            channel: mailstream::work::Channel::Push,
+            channel: mailstream::model::work::Channel::Push,
             slow_ms: 0,
             pool_size: None,
         };

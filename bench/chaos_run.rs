@@ -15,15 +15,15 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::deliveries::Filter;
-use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
-use mailstream::kick;
-use mailstream::pause::Pause;
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::ops::deliveries::Filter;
+use mailstream::send::pause::Pause;
 use mailstream::shutdown::Trigger;
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::Serialize;
@@ -310,7 +310,7 @@ pub async fn chaos(opts: &ChaosOptions) -> anyhow::Result<ChaosReport> {
     let mut reasons: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
     let mut sent_recipients = Vec::new();
     let every = Filter { period: Some(period.clone()), limit: 1000, ..Default::default() };
-    for r in mailstream::deliveries::every(&store, &every).await? {
+    for r in mailstream::ops::deliveries::every(&store, &every).await? {
         let why = r.why.clone().unwrap_or_else(|| "?".into());
         match r.status.as_str() {
             "sent" => sent_recipients.push(format!("delivered+{}@resend.dev", r.subscriber)),

@@ -22,13 +22,13 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::deliveries::Filter;
-use mailstream::emulator::{Emulator, EmulatorConfig, Faults};
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::TRANSACTIONAL;
+use mailstream::model::work::TRANSACTIONAL;
+use mailstream::ops::deliveries::Filter;
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig, Faults};
 use serde::Serialize;
 
 const OPERATOR: &str = "oncall@acme.example";
@@ -124,7 +124,7 @@ async fn long_keys_taken(emulator_url: &str) -> anyhow::Result<bool> {
     let mut ok = true;
     // Two keys apart in their first characters (a derived key keeps the first 247).
     for (len, c) in [(255, "a"), (256, "b")] {
-        let key = mailstream::batch::fallback_key(&c.repeat(len));
+        let key = mailstream::send::batch::fallback_key(&c.repeat(len));
         ok &= key.chars().count() <= 256;
         let email = serde_json::json!({"from": format!("Ops <ops@{FALLBACK_DOMAIN}>"), "to": "delivered@resend.dev", "subject": format!("key {len}"), "text": "t"});
         let answer = http
@@ -169,8 +169,14 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let subs: Vec<Subscriber> = (0..opts.subscribers).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
     let campaign = config.campaign("weekly_digest").context("weekly_digest campaign")?.clone();
-    let period = mailstream::kick::period_for(&store, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
-    mailstream::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+    let period = mailstream::audience::kick::period_for(
+        &store,
+        &campaign,
+        None,
+        mailstream::audience::kick::PeriodRule::NearNow,
+    )
+    .await?;
+    mailstream::audience::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     let mut items: Vec<serde_json::Value> = (0..opts.operators)
         .map(|i| serde_json::json!({"idempotency_key": format!("lead-{i}"), "to": OPERATOR, "template": "new_lead", "data": {"company": format!("c{i}")}}))
         .collect();
@@ -178,7 +184,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
         serde_json::json!({"idempotency_key": format!("order-{i}"), "to": format!("delivered+r{i}@resend.dev"), "template": "receipt"})
     }));
     let day = store.time().await?.format("%Y-%m-%d").to_string();
-    mailstream::ingest::enqueue(&store, &config, items).await?;
+    mailstream::audience::ingest::enqueue(&store, &config, items).await?;
     if !opts.json {
         eprintln!(
             "fallback: {} digest emails, {} receipts, {} operator emails; sender domain acme.example refused; logs in {}",
@@ -226,7 +232,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let every = Filter { campaign: Some(TRANSACTIONAL.into()), limit: 1000, ..Default::default() };
     let (mut operator_sent_via_fallback, mut operator_outcome_unknown, mut customer_failed) = (0, 0, 0);
     let mut customer_flagged = 0;
-    for r in mailstream::deliveries::every(&store, &every).await? {
+    for r in mailstream::ops::deliveries::every(&store, &every).await? {
         let operator = r.target.starts_with("lead-");
         match (operator, r.status.as_str(), r.used_fallback_sender) {
             (true, "sent", true) => operator_sent_via_fallback += 1,
@@ -241,7 +247,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let killed_fallbacks_sent = killed_at
         .iter()
         .filter(|batch| {
-            let key = mailstream::batch::fallback_key(&mailstream::batch::idempotency_key(prefix, batch));
+            let key = mailstream::send::batch::fallback_key(&mailstream::send::batch::idempotency_key(prefix, batch));
             emulator.seen().iter().any(|s| s.status == 200 && s.idempotency_key.as_deref() == Some(key.as_str()))
         })
         .count() as u64;

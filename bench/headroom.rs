@@ -18,12 +18,12 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::kick;
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 
 const CAMPAIGN: &str = "weekly_digest";
@@ -172,7 +172,7 @@ async fn slowlog(store: &Store, start: bool) -> anyhow::Result<Vec<(String, u64,
                 let path = e.ok()?.path();
                 let name = path.file_stem()?.to_str()?.to_string();
                 let source = std::fs::read_to_string(&path).ok()?;
-                let script = redis::Script::new(&format!("{}{source}", mailstream::db::scripts::PRELUDE));
+                let script = redis::Script::new(&format!("{}{source}", mailstream::store::scripts::PRELUDE));
                 Some((script.get_hash().to_string(), name))
             })
             .collect();

@@ -18,12 +18,12 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, EXAMPLE, Secret};
-use mailstream::db::Store;
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::kick;
-use mailstream::redis_server::{RedisCluster, RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisCluster, RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 
 struct Options {
@@ -352,7 +352,7 @@ async fn limiter_cost() -> anyhow::Result<(u32, u64, u64, f64)> {
     // A rate well above the calls' so that a call takes a slot (the write the sender
     // makes) even when Redis runs two of them closer together than they were sent (an
     // fsync delayed the first); one that finds none costs the same and is timed alike.
-    let limiter = mailstream::limiter::Shared::new(store.clone(), 1000, Duration::ZERO);
+    let limiter = mailstream::send::limiter::Shared::new(store.clone(), 1000, Duration::ZERO);
     let mut conn = store.conn().await?;
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut conn).await?;
     let mut rtts = Vec::new();

@@ -14,15 +14,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hyper::StatusCode;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, RenderHookConfig, Secret};
-use mailstream::db::Store;
-use mailstream::deliveries::Filter;
-use mailstream::demo::{Transactional, transactional_latencies};
-use mailstream::emulator::{Emulator, EmulatorConfig, Stats};
-use mailstream::http::{self, HttpRequest, HttpResponse};
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::TRANSACTIONAL;
+use mailstream::http::server::{self, HttpRequest, HttpResponse};
+use mailstream::model::work::TRANSACTIONAL;
+use mailstream::ops::deliveries::Filter;
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::demo::{Transactional, transactional_latencies};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig, Stats};
 use mailstream::{Listeners, RunOptions, shutdown};
 use serde::Serialize;
 use serde_json::json;
@@ -136,7 +136,8 @@ fn main() -> ExitCode {
 async fn answer(hook: &Mutex<Hook>, req: HttpRequest) -> HttpResponse {
     let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("").to_string();
     let timestamp: i64 = header("mailstream-timestamp").parse().unwrap_or(0);
-    let good = header("mailstream-signature") == mailstream::hook::sign(HOOK_SECRET, timestamp, req.body())
+    let good = header("mailstream-signature")
+        == mailstream::audience::render_hook::sign(HOOK_SECRET, timestamp, req.body())
         && (chrono::Utc::now().timestamp() - timestamp).abs() <= 300;
     let body: serde_json::Value = serde_json::from_slice(req.body()).unwrap_or_default();
     let asked = body["deliveries"].as_array().cloned().unwrap_or_default();
@@ -145,7 +146,7 @@ async fn answer(hook: &Mutex<Hook>, req: HttpRequest) -> HttpResponse {
     h.largest = h.largest.max(asked.len());
     if !good {
         h.bad_signatures += 1;
-        return http::text(StatusCode::UNAUTHORIZED, "bad signature\n");
+        return server::text(StatusCode::UNAUTHORIZED, "bad signature\n");
     }
     let answers: Vec<serde_json::Value> = asked
         .iter()
@@ -159,7 +160,7 @@ async fn answer(hook: &Mutex<Hook>, req: HttpRequest) -> HttpResponse {
             }
         })
         .collect();
-    http::json(StatusCode::OK, &json!({ "deliveries": answers }))
+    server::json(StatusCode::OK, &json!({ "deliveries": answers }))
 }
 
 async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyhow::Result<Report> {
@@ -174,7 +175,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
         let hook = shared.clone();
         async move { answer(&hook, req).await }
     };
-    tokio::spawn(http::serve(app, handler, app_down, http::Limits::default()));
+    tokio::spawn(server::serve(app, handler, app_down, server::Limits::default()));
 
     let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(RPS), ..Default::default() });
     let (emulator_url, stop_emulator, _task) = emulator.spawn_local().await?;
@@ -198,8 +199,14 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
     let store = Store::open(&config).await?;
     let subs: Vec<Subscriber> = (0..n).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
-    let period = mailstream::kick::period_for(&store, &campaign, None, mailstream::kick::PeriodRule::NearNow).await?;
-    mailstream::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+    let period = mailstream::audience::kick::period_for(
+        &store,
+        &campaign,
+        None,
+        mailstream::audience::kick::PeriodRule::NearNow,
+    )
+    .await?;
+    mailstream::audience::kick::kick_registry(&store, &config, &campaign.name, &period).await?;
     // Between the kick and the send, the application revokes a share of the plans.
     let every = (1.0 / revoked_share.max(1e-9)).round().max(1.0) as usize;
     let revoked: HashSet<String> = subs.iter().step_by(every).map(|s| s.id.clone()).collect();
@@ -266,7 +273,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
         limit: 1000,
         ..Default::default()
     };
-    let rows = mailstream::deliveries::every(&store, &skipped).await?;
+    let rows = mailstream::ops::deliveries::every(&store, &skipped).await?;
     let not_entitled = rows.iter().filter(|r| r.why.as_deref() == Some("not_entitled")).count() as u64;
     let h = hook.lock().expect("hook lock");
     Ok(Report {

@@ -30,13 +30,13 @@ use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, EXAMPLE, Secret};
-use mailstream::db::Store;
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::kick;
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::{Channel, Lane};
+use mailstream::model::work::{Channel, Lane};
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -601,7 +601,7 @@ async fn redis_benchmark(store: &Store, redis: &RedisServer, deliveries: u64, re
     let mut conn = store.conn().await?;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(format!("{}{}", mailstream::db::scripts::PRELUDE, include_str!("../lua/enqueue.lua")))
+        .arg(format!("{}{}", mailstream::store::scripts::PRELUDE, include_str!("../lua/enqueue.lua")))
         .query_async(&mut conn)
         .await?;
     let keys = &store.keys;
@@ -838,8 +838,9 @@ Memory after the retention expires is the baseline again: every record and key e
         sr = r.redis_bytes_per_settled_delivery / r.bullmq_bytes_per_job.max(1e-9),
         bsm = target(r.redis_bytes_per_settled_delivery <= 120.0),
         rib = r.recent_index_bytes_per_delivery,
-        keep = mailstream::db::keys::RECENT_KEEP,
-        rit = r.recent_index_bytes_per_delivery * (mailstream::db::keys::RECENT_KEEP * usize::from(PARTITIONS)) as f64
+        keep = mailstream::store::keys::RECENT_KEEP,
+        rit = r.recent_index_bytes_per_delivery
+            * (mailstream::store::keys::RECENT_KEEP * usize::from(PARTITIONS)) as f64
             / 1_048_576.0,
         rss = r.daemon_peak_rss_mib,
         rssm = target(r.daemon_peak_rss_mib <= 64.0),

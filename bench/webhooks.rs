@@ -20,13 +20,13 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::redis_server::{RedisOptions, RedisServer};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::svix::SigningKey;
-use mailstream::work::DeliveryRef;
+use mailstream::model::svix::SigningKey;
+use mailstream::model::work::DeliveryRef;
+use mailstream::store::Store;
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use serde::Serialize;
 
 const SECRET: &str = "whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD";
@@ -104,13 +104,13 @@ async fn run(seconds: u64, connections: usize, pending: bool) -> anyhow::Result<
     let subs: Vec<Subscriber> = (0..DELIVERIES).map(Subscriber::synthetic).collect();
     subscribers::upsert(&store, &subs).await?;
     let campaign = config.campaigns[0].clone();
-    let period = mailstream::kick::period_for(&store, &campaign, None, Default::default()).await?;
+    let period = mailstream::audience::kick::period_for(&store, &campaign, None, Default::default()).await?;
     let period = period.as_str();
-    mailstream::kick::kick_registry(&store, &config, &campaign.name, period).await?;
+    mailstream::audience::kick::kick_registry(&store, &config, &campaign.name, period).await?;
     if pending {
         // Sending paused: the daemon's only work is the webhooks.
         let until = std::time::SystemTime::now() + Duration::from_secs(3600);
-        mailstream::pause::Pause::default().begin(&store, until, "daily_quota_exceeded").await?;
+        mailstream::send::pause::Pause::default().begin(&store, until, "daily_quota_exceeded").await?;
     }
     // The emulator without a rate limit: the period is sent before the events start.
     let emulator = Emulator::new(EmulatorConfig { requests_per_second: None, ..Default::default() });
@@ -262,7 +262,7 @@ async fn run(seconds: u64, connections: usize, pending: bool) -> anyhow::Result<
     stop_emulator.trigger();
     let _ = emulator_task.await;
     // What the daemon itself counted as verified (event.lua's hourly tallies).
-    let tallies = mailstream::db::scripts::webhook_events_last_24h(&store).await?;
+    let tallies = mailstream::store::scripts::webhook_events_last_24h(&store).await?;
     let verified = tallies.get("delivered").copied().unwrap_or(0);
     let reference = (reference_before + reference_set(redis.port(), connections)?) / 2.0;
     let events_per_second = (latencies.len() as u64 - errors) as f64 / elapsed;

@@ -9,11 +9,11 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 use tracing::Instrument;
 
-use crate::ctx::Failpoints;
-use crate::work::Lane;
+use crate::model::work::Lane;
+use crate::send::ctx::Failpoints;
 use crate::{
-    batcher, config::Config, consumer, ctx, db, dispatch, http, limiter, metrics::Metrics, private, public, reclaim,
-    schedule, shutdown, shutdown::Shutdown,
+    config::Config, http::private, http::public, http::server, metrics::Metrics, ops::schedule, send::ctx,
+    send::dispatch, send::limiter, send::queue, send::read, send::reclaim, shutdown, shutdown::Shutdown, store,
 };
 
 /// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
@@ -27,8 +27,8 @@ pub struct Listeners {
 impl Listeners {
     /// Binds what the config asks for.
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        let metrics = http::bind(config.http.metrics_listen, "metrics").await?;
-        Ok(Listeners { metrics, public: http::bind(config.http.public_listen, "public").await? })
+        let metrics = server::bind(config.http.metrics_listen, "metrics").await?;
+        Ok(Listeners { metrics, public: server::bind(config.http.public_listen, "public").await? })
     }
 }
 
@@ -55,13 +55,13 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> an
 /// [`run`] with options.
 pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
     config.validate()?;
-    let (store, relaxed) = db::Store::open_for_daemon(&config).await?;
-    let scripts = db::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
+    let (store, relaxed) = store::Store::open_for_daemon(&config).await?;
+    let scripts = store::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
         .await
         .context("loading the Lua scripts into Redis")?;
     let renderer = config.renderer().context("compiling templates")?;
-    let sender = crate::attempt::Sender::from_config(&config, o.seed)?;
-    let batcher = Arc::new(batcher::Batcher::from_config(&config));
+    let sender = crate::send::request::Sender::from_config(&config, o.seed)?;
+    let batcher = Arc::new(queue::Batcher::from_config(&config));
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
     let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
     ctx.metrics.set_durability_relaxed(relaxed);
@@ -84,9 +84,9 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     if let Some(listener) = listeners.metrics {
         tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
     }
-    let consumer = Arc::new(consumer::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
-    let app = crate::app::AppChannel::from_ctx(&ctx)?;
-    let push = crate::push::PushChannel::from_ctx(&ctx)?;
+    let consumer = Arc::new(read::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
+    let app = crate::channels::app::AppChannel::from_ctx(&ctx)?;
+    let push = crate::channels::push::PushChannel::from_ctx(&ctx)?;
     for p in 0..c.redis.partitions {
         for lane in Lane::EMAIL {
             let reader = tracing::info_span!("reader", partition = p, lane = lane.as_str());
@@ -95,12 +95,12 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         // The application channel's own readers, with their own connections and requests.
         if let Some(app) = &app {
             let reader = tracing::info_span!("reader", partition = p, lane = Lane::App.as_str());
-            tasks.spawn(crate::channel::read_partition(app.clone(), p).instrument(reader));
+            tasks.spawn(crate::channels::read_partition(app.clone(), p).instrument(reader));
         }
         // And the Web Push channel's.
         if let Some(push) = &push {
             let reader = tracing::info_span!("reader", partition = p, lane = Lane::Push.as_str());
-            tasks.spawn(crate::channel::read_partition(push.clone(), p).instrument(reader));
+            tasks.spawn(crate::channels::read_partition(push.clone(), p).instrument(reader));
         }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
@@ -123,37 +123,4 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
         let _ = public.await;
     }
     Ok(())
-}
-
-/// `mailstream run`: binds the listeners, runs until SIGTERM or SIGINT.
-pub async fn command(config: Config) -> anyhow::Result<std::process::ExitCode> {
-    for warning in config.check_sending()? {
-        tracing::warn!("{warning}");
-    }
-    let listeners = Listeners::bind(&config).await?;
-    let shutdown = shutdown::on_signals().context("installing the signal handlers")?;
-    run(config, listeners, shutdown).await?;
-    Ok(std::process::ExitCode::SUCCESS)
-}
-
-/// `mailstream upgrade`: moves an earlier key layout to this version's (every
-/// instance stopped), building the kick's audience index where the layout lacks it.
-pub async fn upgrade(config: &Config) -> anyhow::Result<std::process::ExitCode> {
-    let store = db::Store::connect(config).await?;
-    store.check_version().await?;
-    let upgraded = store
-        .upgrade_layout(config, async |store: &db::Store| {
-            let n = crate::subscribers::build_audience(store).await?;
-            println!("built the kick's audience: {n} subscribers entitled, subscribed and not suppressed");
-            Ok(())
-        })
-        .await?;
-    match upgraded {
-        Some(from) => println!(
-            "upgraded from key layout {from} to {}; every campaign period's dedup is kept until its kick window ends",
-            db::keys::LAYOUT
-        ),
-        None => println!("nothing to upgrade: key layout {}", db::keys::LAYOUT),
-    }
-    Ok(std::process::ExitCode::SUCCESS)
 }

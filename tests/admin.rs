@@ -11,11 +11,11 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::audience::suppression::{self, Why};
 use mailstream::config::Secret;
-use mailstream::deliveries::{self, Filter};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::suppression::{self, Why};
+use mailstream::ops::deliveries::{self, Filter};
+use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Listeners, RunOptions};
 use serde_json::{Value, json};
 
@@ -43,12 +43,12 @@ async fn seeded() -> World {
     let daemon = world.daemon();
     world.settled(SETTLE).await;
     daemon.stop().await;
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
+    mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     world
 }
 
 /// Every page of `f`, in order: the rows (each id once) and how many pages.
-async fn every_page(store: &mailstream::db::Store, f: &Filter) -> (Vec<deliveries::Row>, usize) {
+async fn every_page(store: &mailstream::store::Store, f: &Filter) -> (Vec<deliveries::Row>, usize) {
     let (mut rows, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
     let mut seen = BTreeSet::new();
     loop {
@@ -114,7 +114,7 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     let later = chrono::Utc::now().timestamp_millis() + 3_600_000;
     let mut zadd = redis::cmd("ZADD");
     zadd.arg(&recent);
-    for i in 0..mailstream::db::keys::RECENT_KEEP as i64 {
+    for i in 0..mailstream::store::keys::RECENT_KEEP as i64 {
         zadd.arg(later + i).arg(format!("gone:2026-W01:nobody:{i}"));
     }
     let _: () = zadd.query_async(&mut conn).await.unwrap();
@@ -229,7 +229,7 @@ async fn the_overview_says_what_slo_and_the_metrics_say() {
     // A receipt to an inline address: its row shows the address masked, its key as "Key".
     let receipt =
         json!({"idempotency_key": "order-1", "to": "ann@acme.example", "subject": "Receipt", "text": "Thanks"});
-    let r = mailstream::ingest::enqueue(&world.store, &world.config, vec![receipt]).await.unwrap();
+    let r = mailstream::audience::ingest::enqueue(&world.store, &world.config, vec![receipt]).await.unwrap();
     let (daemon, url) = daemon_with_metrics(&world).await;
     mailstream::resend::client::install_crypto_provider();
     let http = reqwest::Client::new();
@@ -275,7 +275,7 @@ async fn the_overview_says_what_slo_and_the_metrics_say() {
     assert!(page.contains("id=\"periods\"") && page.contains(&week(1)), "{page}");
     assert!(page.contains("Resend is down since"), "{page}");
 
-    let mailstream::ingest::ItemResult::Accepted { delivery: id, .. } = &r[0] else { panic!("{r:?}") };
+    let mailstream::audience::ingest::ItemResult::Accepted { delivery: id, .. } = &r[0] else { panic!("{r:?}") };
     let rows: Value = get("/admin/api/deliveries?campaign=transactional").await.unwrap().json().await.unwrap();
     assert_eq!(rows["rows"][0]["address"], "a***@acme.example", "{rows}");
     let href = form_urlencoded::byte_serialize(id.as_bytes()).collect::<String>();
@@ -300,7 +300,7 @@ impl Browser {
                 panic!("{name} is needed: apt-get install chromium chromium-driver (.ci/run installs them)")
             })
         };
-        let port = mailstream::redis_server::free_port().unwrap();
+        let port = mailstream::store::redis_server::free_port().unwrap();
         let driver = Command::new(which("chromedriver"))
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
@@ -474,7 +474,7 @@ async fn the_delivery_log_page_works_in_headless_chromium() {
     browser.click_to_navigate("tr.delivery a.open").await;
     let id = browser.text("#delivery").await;
     assert!(browser.text("#said").await.contains("domain is not allowed"), "what Resend said is shown");
-    let sub = mailstream::work::DeliveryRef::parse(&id).unwrap().subscriber;
+    let sub = mailstream::model::work::DeliveryRef::parse(&id).unwrap().subscriber;
     let i: u64 = sub.trim_start_matches("user-").parse().unwrap();
     subscribers::upsert(&world.store, &[Subscriber::synthetic(i)]).await.unwrap();
     browser.click_to_navigate("#retry").await;

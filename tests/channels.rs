@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::{AppChannelConfig, Secret};
-use mailstream::db::Counts;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::emulator::app::AppEndpoint;
-use mailstream::work::Channel;
+use mailstream::model::work::Channel;
+use mailstream::store::Counts;
+use mailstream::tools::emulator::EmulatorConfig;
+use mailstream::tools::emulator::app::AppEndpoint;
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 
@@ -191,7 +191,7 @@ async fn gone_fails_the_event_and_an_opt_out_of_one_channel_leaves_the_other() {
     let mut conn = world.store.conn().await.unwrap();
     for (sub, channel) in [(&subs[0], Channel::App), (&subs[1], Channel::Email)] {
         let keys = &world.store.keys;
-        let changed = mailstream::db::scripts::opt_out(&mut conn, keys, &sub.id, CAMPAIGN, channel).await.unwrap();
+        let changed = mailstream::store::scripts::opt_out(&mut conn, keys, &sub.id, CAMPAIGN, channel).await.unwrap();
         assert_eq!(changed, Some(true));
     }
     let kicked = world.kick().await;
@@ -233,14 +233,14 @@ async fn a_receipt_whose_template_lists_the_application_channel_sends_its_event_
         "template": "receipt", "data": {"order": "1"}});
     let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
     for _ in 0..2 {
-        mailstream::ingest::enqueue(&world.store, &world.config, vec![item.clone()]).await.unwrap();
+        mailstream::audience::ingest::enqueue(&world.store, &world.config, vec![item.clone()]).await.unwrap();
     }
     let daemon = world.daemon();
     let store = world.store.clone();
     let (email, app) = eventually(Duration::from_secs(60), || {
         let (store, day) = (store.clone(), day.clone());
         async move {
-            let tx = mailstream::work::TRANSACTIONAL;
+            let tx = mailstream::model::work::TRANSACTIONAL;
             let email = store.counts(tx, &day).await.ok()?;
             let app = store.channel_counts(tx, &day, Channel::App).await.ok()?;
             (email.sent == 1 && app.sent == 1).then_some((email, app))
@@ -323,7 +323,7 @@ async fn an_event_answered_before_a_kill_is_not_posted_again() {
 /// the delivery backoff (at most `retry_max_ms`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_application_channel_waits_out_a_retry_after() {
-    use mailstream::work::Lane;
+    use mailstream::model::work::Lane;
     let endpoint = AppEndpoint::new(SECRET).unwrap();
     let (url, _stop_app, _) = endpoint.spawn_local().await.unwrap();
     let mut world = world_with_app(&url).await;
@@ -422,9 +422,12 @@ async fn a_dry_run_counts_each_channel_as_the_kick_does() {
     let world = world_with_app("http://127.0.0.1:9/events").await;
     let subs = world.subscribers(3).await;
     let mut conn = world.store.conn().await.unwrap();
-    mailstream::db::scripts::opt_out(&mut conn, &world.store.keys, &subs[2].id, CAMPAIGN, Channel::App).await.unwrap();
-    let json = |d: &mailstream::kick::DryRun| serde_json::to_value(d).unwrap();
-    let before = json(&mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
+    mailstream::store::scripts::opt_out(&mut conn, &world.store.keys, &subs[2].id, CAMPAIGN, Channel::App)
+        .await
+        .unwrap();
+    let json = |d: &mailstream::audience::kick::DryRun| serde_json::to_value(d).unwrap();
+    let before =
+        json(&mailstream::audience::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
     for key in ["campaign", "period", "subscribers", "new", "already_enqueued", "not_eligible", "by_release_hour"] {
         assert!(before.get(key).is_some(), "{key} is kept: {before}");
     }
@@ -439,7 +442,8 @@ async fn a_dry_run_counts_each_channel_as_the_kick_does() {
     );
     let kicked = world.kick().await;
     assert_eq!((kicked.new, kicked.duplicates), (5, 0), "the kick enqueued what the dry run said");
-    let after = json(&mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
+    let after =
+        json(&mailstream::audience::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap());
     assert_eq!(
         (after["new"].as_u64(), after["duplicates"].as_u64(), after["already_enqueued"].as_u64()),
         (Some(0), Some(5), Some(5))

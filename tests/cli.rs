@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::cli::*;
 use common::{Logged, closed_port, logged_addr};
-use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::{EmulatorConfig, Faults};
 
 #[test]
 fn check_config_accepts_the_shipped_file() {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::outcome::Failpoint;
+use mailstream::model::outcome::Failpoint;
+use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Failpoints, Hold, RunOptions};
 use tokio::sync::Notify;
 

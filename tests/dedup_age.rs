@@ -12,14 +12,14 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::kick::{self, PeriodRule};
+use mailstream::audience::subscribers::Subscriber;
 use mailstream::config::{CampaignConfig, Config};
-use mailstream::db::Store;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::kick::{self, PeriodRule};
-use mailstream::period::PeriodKind;
-use mailstream::redis_server::RedisOptions;
-use mailstream::subscribers::Subscriber;
-use mailstream::work::DeliveryRef;
+use mailstream::model::period::PeriodKind;
+use mailstream::model::work::DeliveryRef;
+use mailstream::store::Store;
+use mailstream::store::redis_server::RedisOptions;
+use mailstream::tools::emulator::EmulatorConfig;
 
 const SETTLE: Duration = Duration::from_secs(120);
 
@@ -28,7 +28,7 @@ fn campaign_of(config: &Config, name: &str, kind: PeriodKind) -> CampaignConfig 
     CampaignConfig { name: name.into(), period: kind, ..config.campaigns[0].clone() }
 }
 
-async fn pexpiretime(conn: &mut mailstream::db::Conn, key: &str) -> i64 {
+async fn pexpiretime(conn: &mut mailstream::store::Conn, key: &str) -> i64 {
     redis::cmd("PEXPIRETIME").arg(key).query_async(conn).await.unwrap()
 }
 
@@ -52,7 +52,7 @@ fn partition_0_id(store: &Store, prefix: &str) -> String {
 }
 
 /// Waits until every delivery of `campaign`'s `period` is settled.
-async fn settled(store: &Store, campaign: &str, period: &str) -> mailstream::db::Counts {
+async fn settled(store: &Store, campaign: &str, period: &str) -> mailstream::store::Counts {
     eventually(SETTLE, || async {
         let c = store.counts(campaign, period).await.ok()?;
         (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
@@ -78,7 +78,7 @@ async fn every_trace_of_a_period_is_kept_until_its_kick_window_ends_however_earl
     let mut subs: Vec<Subscriber> = (0..4).map(subscriber).collect();
     // Resend refuses an example.com recipient: that delivery is failed, its record kept.
     subs.push(Subscriber { id: "refused".into(), email: "someone@example.com".into(), ..subscriber(0) });
-    mailstream::subscribers::upsert(&world.store, &subs).await.unwrap();
+    mailstream::audience::subscribers::upsert(&world.store, &subs).await.unwrap();
 
     let campaigns: Vec<CampaignConfig> = config.campaigns[1..].to_vec();
     let mut pairs = Vec::new();
@@ -93,7 +93,7 @@ async fn every_trace_of_a_period_is_kept_until_its_kick_window_ends_however_earl
     let lost = partition_0_id(&world.store, "lost-");
     let lost_delivery = DeliveryRef::new(&week.name, &next_week, &lost, "t");
     let lost_sub = Subscriber { id: lost.clone(), targets: vec!["t".into()], ..subscriber(9) };
-    mailstream::subscribers::upsert(&world.store, std::slice::from_ref(&lost_sub)).await.unwrap();
+    mailstream::audience::subscribers::upsert(&world.store, std::slice::from_ref(&lost_sub)).await.unwrap();
     let early = kick::window_of(week, &next_week, config.retention().as_secs()).unwrap();
     let items = [(lost_delivery.clone(), lost_sub.email.clone())];
     let (batch, _) = sealed_batch_of(&world, &items, early, "a-holder-that-died", true).await;
@@ -127,11 +127,11 @@ async fn every_trace_of_a_period_is_kept_until_its_kick_window_ends_however_earl
             let counts_expiry = pexpiretime(&mut conn, &counts).await;
             assert!(counts_expiry >= end, "{what}: counts hash expires at {counts_expiry}, before {end}");
             for n in 0..buckets {
-                let bucket = keys.settled(p, &c.name, period, mailstream::work::Channel::Email, n);
+                let bucket = keys.settled(p, &c.name, period, mailstream::model::work::Channel::Email, n);
                 let entries: Vec<String> = redis::cmd("HVALS").arg(&bucket).query_async(&mut conn).await.unwrap();
                 let Some(last) = entries
                     .iter()
-                    .map(|e| mailstream::db::history::Entry::parse(e).expect("an entry").settled_ms)
+                    .map(|e| mailstream::store::history::Entry::parse(e).expect("an entry").settled_ms)
                     .max()
                 else {
                     continue;
@@ -178,8 +178,8 @@ async fn a_transactional_key_is_deduplicated_for_the_retention_from_its_first_ac
     let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let item =
         serde_json::json!({"idempotency_key": "order-42", "to": "delivered@resend.dev", "subject": "s", "text": "t"});
-    let first = mailstream::ingest::enqueue(&world.store, &world.config, vec![item.clone()]).await.unwrap();
-    let mailstream::ingest::ItemResult::Accepted { delivery: id, .. } = first[0].clone() else {
+    let first = mailstream::audience::ingest::enqueue(&world.store, &world.config, vec![item.clone()]).await.unwrap();
+    let mailstream::audience::ingest::ItemResult::Accepted { delivery: id, .. } = first[0].clone() else {
         panic!("accepted: {first:?}")
     };
     let d = DeliveryRef::parse(&id).unwrap();
@@ -204,9 +204,9 @@ async fn a_transactional_key_is_deduplicated_for_the_retention_from_its_first_ac
     .await;
     daemon.stop().await;
     assert!(sent.is_some(), "the receipt is sent");
-    let again = mailstream::ingest::enqueue(&world.store, &world.config, vec![item]).await.unwrap();
+    let again = mailstream::audience::ingest::enqueue(&world.store, &world.config, vec![item]).await.unwrap();
     assert!(
-        matches!(&again[0], mailstream::ingest::ItemResult::Duplicate { delivery, .. } if *delivery == id),
+        matches!(&again[0], mailstream::audience::ingest::ItemResult::Duplicate { delivery, .. } if *delivery == id),
         "{again:?}"
     );
     assert_eq!(pexpiretime(&mut conn, &guard).await, enqueued_ms + retention_ms);
@@ -361,7 +361,7 @@ async fn upgrading_from_layout_7_keeps_every_live_trace_until_its_kick_window_en
     let retention_ms = config.retention().as_millis() as i64;
     world.subscribers(6).await;
     let refused = Subscriber { id: "refused".into(), email: "someone@example.com".into(), ..subscriber(0) };
-    mailstream::subscribers::upsert(&world.store, std::slice::from_ref(&refused)).await.unwrap();
+    mailstream::audience::subscribers::upsert(&world.store, std::slice::from_ref(&refused)).await.unwrap();
     let c = config.campaign(CAMPAIGN).unwrap().clone();
     let [_, _, next] = near_periods(&world.store, &c).await;
     kick::kick_registry(&world.store, &config, CAMPAIGN, &next).await.unwrap();
@@ -381,7 +381,8 @@ async fn upgrading_from_layout_7_keeps_every_live_trace_until_its_kick_window_en
         let buckets: Option<u32> = redis::cmd("HGET").arg(&counts).arg("buckets").query_async(&mut conn).await.unwrap();
         let Some(buckets) = buckets else { continue };
         traces.push(counts.clone());
-        traces.extend((0..buckets).map(|n| keys.settled(p, CAMPAIGN, &next, mailstream::work::Channel::Email, n)));
+        traces
+            .extend((0..buckets).map(|n| keys.settled(p, CAMPAIGN, &next, mailstream::model::work::Channel::Email, n)));
         let _: () = redis::cmd("HDEL").arg(&counts).arg("kick_until").query_async(&mut conn).await.unwrap();
         let _: () = redis::cmd("ZADD").arg(keys.periods(p)).arg(now).arg(&member).query_async(&mut conn).await.unwrap();
     }

@@ -11,14 +11,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use mailstream::RunOptions;
+use mailstream::audience::suppression::{self, Act, Why};
 use mailstream::config::Secret;
-use mailstream::db::scripts::{self, Gate, GateRequest, Settlement, Settler, Take, Verdict};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::outcome::Failpoint;
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::model::outcome::Failpoint;
 use mailstream::resend::{Client, ItemResult};
-use mailstream::suppression::{self, Act, Why};
-use mailstream::{ingest, subscribers};
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::store::scripts::{self, Gate, GateRequest, Settlement, Settler, Take, Verdict};
+use mailstream::tools::emulator::EmulatorConfig;
+use mailstream::{audience::ingest, audience::subscribers};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -113,7 +113,7 @@ async fn writes_reported_done_wait_for_the_replicas_they_ask_for() {
     assert!(refused.to_string().contains("replicas did not acknowledge"), "{refused}");
     assert!(subscribers::upsert(&world.store, &[subscriber(1)]).await.is_err());
     assert!(bounce().await.is_err());
-    assert!(mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.is_err());
+    assert!(mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.is_err());
     // With the replica the deployment asks for, each goes through.
     let _replica = replica_of(&world).await;
     let accepted = ingest::enqueue(&world.store, &world.config, receipt()).await.unwrap();
@@ -121,6 +121,7 @@ async fn writes_reported_done_wait_for_the_replicas_they_ask_for() {
     subscribers::upsert(&world.store, &[subscriber(1)]).await.unwrap();
     bounce().await.unwrap();
     // (The refused kick's fan-out stands until its lease runs out: another period here.)
-    let report = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(-1)).await.unwrap();
+    let report =
+        mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(-1)).await.unwrap();
     assert_eq!(report.new, 1, "{report:?}");
 }

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::start_emulator;
-use mailstream::emulator::{EmulatorConfig, Faults, QuotaRefusal};
+use mailstream::tools::emulator::{EmulatorConfig, Faults, QuotaRefusal};
 use serde_json::{Value, json};
 
 fn email(i: usize) -> Value {
@@ -228,7 +228,7 @@ async fn injected_faults_and_quota() {
 
 #[tokio::test]
 async fn a_restart_keeps_the_idempotency_store() {
-    let emulator = mailstream::emulator::Emulator::new(unlimited());
+    let emulator = mailstream::tools::emulator::Emulator::new(unlimited());
     let (url, stop, task) = emulator.spawn_local().await.unwrap();
     let (_, first) = json_of(Api::new(&url).post("/emails/batch", Some("k"), &batch(2), true).await).await;
     stop.trigger();

@@ -10,8 +10,8 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mailstream::emulator::{EmulatorConfig, Stats};
-use mailstream::outcome::Failpoint;
+use mailstream::model::outcome::Failpoint;
+use mailstream::tools::emulator::{EmulatorConfig, Stats};
 
 const SETTLE: Duration = Duration::from_secs(180);
 const DELIVERIES: usize = 400;

@@ -10,10 +10,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::ingest::ItemResult;
-use mailstream::outcome::Failpoint;
-use mailstream::redis_server::RedisOptions;
+use mailstream::audience::ingest::ItemResult;
+use mailstream::model::outcome::Failpoint;
+use mailstream::store::redis_server::RedisOptions;
+use mailstream::tools::emulator::{EmulatorConfig, Faults};
 use serde_json::json;
 
 const SETTLE: Duration = Duration::from_secs(90);
@@ -21,7 +21,7 @@ const FALLBACK_FROM: &str = "Acme alerts <alerts@acme-mail.example>";
 
 /// A world whose emulator refuses the senders of `domains` (the shipped config sends
 /// from acme.example; its operator template `new_lead` falls back to acme-mail.example).
-async fn refusing(domains: &[&str]) -> (World, mailstream::emulator::Emulator, mailstream::shutdown::Trigger) {
+async fn refusing(domains: &[&str]) -> (World, mailstream::tools::emulator::Emulator, mailstream::shutdown::Trigger) {
     let mut world = World::with(RedisOptions::default(), |c| {
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
@@ -36,7 +36,7 @@ async fn refusing(domains: &[&str]) -> (World, mailstream::emulator::Emulator, m
 
 /// Enqueues transactional items as the ingest API does; the delivery id of each accepted one.
 async fn enqueue(world: &World, items: Vec<serde_json::Value>) -> Vec<ItemResult> {
-    mailstream::ingest::enqueue(&world.store, &world.config, items).await.expect("enqueued")
+    mailstream::audience::ingest::enqueue(&world.store, &world.config, items).await.expect("enqueued")
 }
 
 fn accepted(result: &ItemResult) -> String {
@@ -67,7 +67,7 @@ async fn settled(world: &World, id: &str) -> std::collections::HashMap<String, S
 
 /// The keys of the requests the emulator saw, with their status, for the batch whose
 /// first key is the one of `status_first` (the refused request's).
-fn requests(emulator: &mailstream::emulator::Emulator) -> Vec<(String, u16)> {
+fn requests(emulator: &mailstream::tools::emulator::Emulator) -> Vec<(String, u16)> {
     emulator.seen().into_iter().map(|s| (s.idempotency_key.unwrap_or_default(), s.status)).collect()
 }
 
@@ -135,7 +135,9 @@ async fn a_fallback_refused_too_records_the_first_refusal() {
     assert_eq!(seen.len(), 2, "the refused request and its one fallback, no more: {seen:?}");
     assert!(seen[1].0.ends_with(".fallback") && seen.iter().all(|(_, s)| *s == 403), "{seen:?}");
     assert_eq!(metric(&metrics, "mailstream_sender_fallbacks_total", "template=\"new_lead\""), 0.0);
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
+        .await
+        .unwrap();
     assert_eq!(dead.iter().map(|d| d.error.as_str()).collect::<Vec<_>>(), ["validation_error"]);
 }
 
@@ -156,7 +158,7 @@ async fn an_address_no_longer_among_the_operators_gets_no_fallback() {
 /// as by kill -9), then another; the operator mail's record and the emulator after.
 async fn crash_then_take_over(
     point: Failpoint,
-) -> (std::collections::HashMap<String, String>, mailstream::emulator::Emulator) {
+) -> (std::collections::HashMap<String, String>, mailstream::tools::emulator::Emulator) {
     let (world, emulator, _stop) = refusing(&["acme.example"]).await;
     let id = accepted(&enqueue(&world, vec![lead("lead-1")]).await[0]);
     crash_at(&world.config, point, Duration::from_secs(30)).await;
@@ -193,7 +195,7 @@ async fn a_refusal_after_a_request_that_may_have_been_sent_never_falls_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_success_by_fallback_is_one_warn_line_with_no_address() {
     use common::cli::*;
-    let redis = mailstream::redis_server::RedisServer::start(RedisOptions::default()).await.unwrap();
+    let redis = mailstream::store::redis_server::RedisServer::start(RedisOptions::default()).await.unwrap();
     let emulator = Logged::spawn(
         bin()
             .args(["emulator", "--listen", "127.0.0.1:0", "--rps", "0", "--reject-from-domain", "acme.example"])
@@ -316,7 +318,7 @@ async fn a_scheduled_report_is_enqueued_once_by_two_instances() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slo_mail_enqueues_a_report_now_and_plain_slo_writes_nothing() {
     use common::cli::*;
-    let redis = mailstream::redis_server::RedisServer::start(RedisOptions::default()).await.unwrap();
+    let redis = mailstream::store::redis_server::RedisServer::start(RedisOptions::default()).await.unwrap();
     let (path, url) = (config_file("slo-mail.toml", &[TEST_REDIS]), redis.url());
     assert!(run(&path, &url, &["subscribe", "--id", "u1", "--email", "delivered@resend.dev"], "").status.success());
     assert!(run(&path, &url, &["kick", "--campaign", "weekly_digest"], "").status.success());

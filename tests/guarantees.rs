@@ -9,15 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::Config;
-use mailstream::db::history;
-use mailstream::db::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, Settlement, Settler, Verdict};
-use mailstream::emulator::{Emulator, EmulatorConfig, Faults, Storm};
-use mailstream::outcome::{Failpoint, Reason};
-use mailstream::pause::Pause;
+use mailstream::model::outcome::{Failpoint, Reason};
+use mailstream::model::work::Lane;
 use mailstream::resend::ErrorName;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::Lane;
+use mailstream::send::pause::Pause;
+use mailstream::store::history;
+use mailstream::store::scripts::{self, Gate, GateLimits, GateRequest, Reschedule, Settlement, Settler, Verdict};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig, Faults, Storm};
 use mailstream::{Failpoints, Hold, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -161,7 +161,7 @@ fn limits(window_ms: u64) -> GateLimits {
     }
 }
 
-async fn gate(world: &World, owner: &str, members: &[mailstream::work::DeliveryRef], window_ms: u64) -> Gate {
+async fn gate(world: &World, owner: &str, members: &[mailstream::model::work::DeliveryRef], window_ms: u64) -> Gate {
     let mut conn = world.store.conn().await.unwrap();
     let req = GateRequest {
         partition: 0,
@@ -326,7 +326,9 @@ async fn records_do_not_expire_while_unsettled_and_a_lost_one_is_a_dead_letter()
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
     assert_eq!((counts.sent, counts.failed), (19, 1));
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].delivery.as_str(), dead[0].error.as_str()), (lost.id().as_str(), "record_lost"));
     // The failed one keeps its record, the sent ones their entries in the period's
@@ -368,7 +370,9 @@ async fn a_dead_letter_counts_the_requests_made() {
     let settlements: Vec<Settlement<'_>> =
         members.iter().map(|m| Settlement { member: m, verdict: verdict.clone() }).collect();
     scripts::settle(&mut conn, keys, 0, &batch, Settler::Holder("holder"), &settlements, 3600).await.unwrap();
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 2);
     assert!(dead.iter().all(|d| d.attempts == "3" && d.error == "invalid_api_key"), "{dead:?}");
 }
@@ -506,7 +510,7 @@ async fn a_delivery_sent_and_kept_compactly_is_never_enqueued_again() {
         added(scripts::enqueue(&mut conn, keys, 0, &refs, world.config.retention().as_secs(), window).await.unwrap());
     assert!(added.iter().all(|new| !new), "{added:?}");
     assert_eq!((world.counts().await.enqueued, world.counts().await.duplicates), (30, 30));
-    let dry = mailstream::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
+    let dry = mailstream::audience::kick::dry_run(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     assert_eq!((dry.new, dry.already_enqueued), (0, 30));
 
     // A stale entry of a sent delivery (a reclaim that raced its holder): acknowledged.
@@ -539,32 +543,35 @@ async fn a_delivery_sent_and_kept_compactly_is_never_enqueued_again() {
     assert!(drained.is_some(), "the stale entry was read and acknowledged");
     let counts = world.counts().await;
     assert_eq!((counts.sent, counts.failed), (30, 0), "{counts:?}");
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
+        .await
+        .unwrap();
     assert!(dead.is_empty(), "no record_lost dead letter: {dead:?}");
     assert_eq!(emulator.stats().emails_accepted, 30);
 
     // The log reads the history: each delivery, sent, with its provider id.
-    let found = mailstream::deliveries::get(&world.store, &stale.id()).await.unwrap().expect("in the log");
+    let found = mailstream::ops::deliveries::get(&world.store, &stale.id()).await.unwrap().expect("in the log");
     assert_eq!(found.row.status, "sent");
     assert!(found.row.provider_id.is_some() && found.row.settled_at.is_some(), "{:?}", found.row);
-    let filter = mailstream::deliveries::Filter { period: Some(PERIOD.to_string()), limit: 7, ..Default::default() };
-    let rows = mailstream::deliveries::every(&world.store, &filter).await.unwrap();
+    let filter =
+        mailstream::ops::deliveries::Filter { period: Some(PERIOD.to_string()), limit: 7, ..Default::default() };
+    let rows = mailstream::ops::deliveries::every(&world.store, &filter).await.unwrap();
     assert_eq!(rows.len(), 30, "every one, once, over five pages");
     assert!(rows.iter().all(|r| r.status == "sent" && r.provider_id.is_some()));
     let distinct: std::collections::HashSet<&str> = rows.iter().map(|r| r.id.as_str()).collect();
     assert_eq!(distinct.len(), 30);
     // Past the newest-first index (gone here), page by page through the history's buckets.
     let _: () = redis::cmd("DEL").arg(keys.recent(0)).query_async(&mut conn).await.unwrap();
-    let again = mailstream::deliveries::every(&world.store, &filter).await.unwrap();
-    let ids = |rows: &[mailstream::deliveries::Row]| {
+    let again = mailstream::ops::deliveries::every(&world.store, &filter).await.unwrap();
+    let ids = |rows: &[mailstream::ops::deliveries::Row]| {
         let mut ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         ids.sort();
         ids
     };
     assert_eq!(ids(&again), ids(&rows));
-    let first = mailstream::deliveries::page(&world.store, &filter, None).await.unwrap();
+    let first = mailstream::ops::deliveries::page(&world.store, &filter, None).await.unwrap();
     assert!(first.next.as_deref().is_some_and(|c| c.starts_with("h.")), "{:?}", first.next);
-    let one = mailstream::deliveries::Filter { subscriber: Some(subs[7].id.clone()), ..filter };
-    let mine = mailstream::deliveries::every(&world.store, &one).await.unwrap();
+    let one = mailstream::ops::deliveries::Filter { subscriber: Some(subs[7].id.clone()), ..filter };
+    let mine = mailstream::ops::deliveries::every(&world.store, &one).await.unwrap();
     assert_eq!(ids(&mine), vec![stale.id()], "a subscriber's one bucket");
 }

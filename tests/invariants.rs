@@ -13,10 +13,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{LogConfig, LogFormat};
-use mailstream::db::Counts;
-use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::store::Counts;
+use mailstream::tools::emulator::{EmulatorConfig, Faults};
 
 const SETTLE: Duration = Duration::from_secs(120);
 
@@ -28,8 +28,9 @@ fn captured_logs() -> Arc<Mutex<Vec<u8>>> {
         let sink = buffer.clone();
         let writer = move || Sink(sink.clone());
         // The daemon's own JSON logger, as under systemd.
-        let log = LogConfig { level: "mailstream=debug,mailstream::emulator=off".into(), format: LogFormat::Json };
-        mailstream::logging::init(&log, writer, false).unwrap();
+        let log =
+            LogConfig { level: "mailstream=debug,mailstream::tools::emulator=off".into(), format: LogFormat::Json };
+        mailstream::ops::logging::init(&log, writer, false).unwrap();
         buffer
     })
     .clone()
@@ -152,7 +153,7 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
             _ => serde_json::json!({"idempotency_key": format!("r{i}"), "subscriber": subs[i].id, "template": "weekly_digest"}),
         })
         .collect();
-    mailstream::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
+    mailstream::audience::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
     let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
     let daemon = world.daemon();
     let store = world.store.clone();
@@ -160,8 +161,8 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     let settled = eventually(SETTLE, || {
         let (store, day) = (store.clone(), day.clone());
         async move {
-            let _ = mailstream::pause::Pause::resume(&store).await;
-            let tx = store.counts(mailstream::work::TRANSACTIONAL, &day).await.ok()?;
+            let _ = mailstream::send::pause::Pause::resume(&store).await;
+            let tx = store.counts(mailstream::model::work::TRANSACTIONAL, &day).await.ok()?;
             let c = store.counts(CAMPAIGN, &PERIOD).await.ok()?;
             (c.settled() >= c.enqueued && tx.settled() >= 20).then_some(c)
         }
@@ -169,8 +170,10 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     .await
     .expect("settled");
     assert_eq!(settled.failed, 1, "{settled:?}");
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 10).await.unwrap();
-    mailstream::dead_letters::retry(&world.store, &[dead[0].delivery.clone()], false).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
+        .await
+        .unwrap();
+    mailstream::ops::dead_letters::retry(&world.store, &[dead[0].delivery.clone()], false).await.unwrap();
     daemon.stop().await;
     monitor.kill().unwrap();
     let _ = monitor.wait();
@@ -182,8 +185,8 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     for file in std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/lua")).unwrap() {
         let path = file.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
-        // The scripts of db::scripts run behind the prelude; the limiter's runs alone.
-        for source in [text.clone(), format!("{}{text}", mailstream::db::scripts::PRELUDE)] {
+        // The scripts of store::scripts run behind the prelude; the limiter's runs alone.
+        for source in [text.clone(), format!("{}{text}", mailstream::store::scripts::PRELUDE)] {
             let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(source).query_async(&mut conn).await.unwrap();
             names.insert(sha, path.file_stem().unwrap().to_string_lossy().to_string());
         }
@@ -225,13 +228,13 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
 async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let logs = captured_logs();
     // Web Push too: a browser's endpoint is personal data like an address.
-    let push = mailstream::emulator::push::PushService::new();
+    let push = mailstream::tools::emulator::push::PushService::new();
     let (_, _stop_push, _) = push.spawn_local().await.unwrap();
-    let (vapid_private, vapid) = mailstream::webpush::VapidKey::generate();
+    let (vapid_private, vapid) = mailstream::model::webpush::VapidKey::generate();
     let mut world = World::with(Default::default(), |c| {
         c.resend.timeout_seconds = 1;
         c.delivery.lease_seconds = 6;
-        c.campaigns[0].channels = vec![mailstream::work::Channel::Email, mailstream::work::Channel::Push];
+        c.campaigns[0].channels = vec![mailstream::model::work::Channel::Email, mailstream::model::work::Channel::Push];
         c.channels.push = Some(mailstream::config::PushChannelConfig {
             allowed_hosts: Some(vec![push.allowed_host()]),
             ttl_seconds: 60,
@@ -251,7 +254,7 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     world.config.webhook.secrets = vec![mailstream::config::Secret::new(secret)];
     world.config.unsubscribe.secrets = vec![mailstream::config::Secret::new("an-unsubscribe-secret-xyz")];
     let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let webhook = mailstream::emulator::WebhookTarget {
+    let webhook = mailstream::tools::emulator::WebhookTarget {
         url: format!("http://{}/webhooks/resend", public.local_addr().unwrap()),
         secret: secret.into(),
     };
@@ -272,11 +275,12 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
         .map(|s| {
             (
                 s.id.clone(),
-                mailstream::subscribers::push::Subscription::from_value(push.subscribe(&vapid.public)).unwrap(),
+                mailstream::audience::subscribers::push::Subscription::from_value(push.subscribe(&vapid.public))
+                    .unwrap(),
             )
         })
         .collect();
-    mailstream::subscribers::push::add_many(&world.store, &browsers).await.unwrap();
+    mailstream::audience::subscribers::push::add_many(&world.store, &browsers).await.unwrap();
     world.kick().await;
     subs[9].subscribed = false;
     subs[10].entitled = false;
@@ -289,7 +293,7 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
             serde_json::json!({"idempotency_key": format!("inv5-{i}"), "to": to, "subject": "Receipt", "text": "t"})
         })
         .collect();
-    mailstream::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
+    mailstream::audience::ingest::enqueue(&world.store, &world.config, receipts).await.unwrap();
     let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
     let listeners = mailstream::Listeners { metrics: None, public: Some(public) };
     let daemon = Daemon::start_listening(world.config.clone(), Default::default(), listeners);
@@ -298,22 +302,21 @@ async fn invariant_5_no_address_in_logs_streams_keys_or_metric_labels() {
     let pushed = eventually(SETTLE, || {
         let store = store.clone();
         async move {
-            let c = store.channel_counts(CAMPAIGN, &PERIOD, mailstream::work::Channel::Push).await.ok()?;
+            let c = store.channel_counts(CAMPAIGN, &PERIOD, mailstream::model::work::Channel::Push).await.ok()?;
             (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)
         }
     })
     .await
     .expect("push settled");
     assert!(pushed.sent >= 70 && push.stats().gone >= 15, "{pushed:?} {:?}", push.stats());
-    let tx =
-        eventually(SETTLE, || {
-            let (store, day) = (store.clone(), day.clone());
-            async move {
-                Some(store.counts(mailstream::work::TRANSACTIONAL, &day).await.ok()?).filter(|c| c.settled() >= 10)
-            }
-        })
-        .await
-        .expect("receipts settled");
+    let tx = eventually(SETTLE, || {
+        let (store, day) = (store.clone(), day.clone());
+        async move {
+            Some(store.counts(mailstream::model::work::TRANSACTIONAL, &day).await.ok()?).filter(|c| c.settled() >= 10)
+        }
+    })
+    .await
+    .expect("receipts settled");
     assert_eq!((tx.sent, tx.failed), (9, 1), "{tx:?}");
     assert_eq!((counts.failed, counts.skipped), (2, 2), "{counts:?}");
     let suppressed = eventually(Duration::from_secs(30), || {

@@ -10,15 +10,15 @@ mod common;
 use std::time::Duration;
 
 use common::{CAMPAIGN, PERIOD, World, eventually};
+use mailstream::audience::subscribers::push::{self as subscriptions, Subscription};
 use mailstream::config::{AppChannelConfig, Config, PushChannelConfig, Secret};
-use mailstream::db::{Counts, Store};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::emulator::app::AppEndpoint;
-use mailstream::emulator::hold::Holds;
-use mailstream::emulator::push::PushService;
-use mailstream::subscribers::push::{self as subscriptions, Subscription};
-use mailstream::webpush::VapidKey;
-use mailstream::work::Channel;
+use mailstream::model::webpush::VapidKey;
+use mailstream::model::work::Channel;
+use mailstream::store::{Counts, Store};
+use mailstream::tools::emulator::EmulatorConfig;
+use mailstream::tools::emulator::app::AppEndpoint;
+use mailstream::tools::emulator::hold::Holds;
+use mailstream::tools::emulator::push::PushService;
 
 const SETTLE: Duration = Duration::from_secs(120);
 const SUBSCRIBERS: usize = 60;

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::RunOptions;
+use mailstream::audience::suppression::{self, Act, Why};
 use mailstream::config::Config;
-use mailstream::db::scripts::{self, Gate, GateRequest, Reschedule, Settlement, Settler, Take, Verdict};
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::outcome::{Failpoint, Reason};
-use mailstream::suppression::{self, Act, Why};
-use mailstream::work::TRANSACTIONAL;
-use mailstream::{deliveries, ingest, subscribers};
+use mailstream::model::outcome::{Failpoint, Reason};
+use mailstream::model::work::TRANSACTIONAL;
+use mailstream::store::scripts::{self, Gate, GateRequest, Reschedule, Settlement, Settler, Take, Verdict};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
+use mailstream::{audience::ingest, audience::subscribers, ops::deliveries};
 use serde_json::json;
 use tokio::sync::Notify;
 
@@ -363,7 +363,7 @@ async fn the_last_gates_rule_is_the_kicks_and_the_claims() {
     let script = format!(
         "{}\nlocal function arg(i) if ARGV[i] == '' then return nil end return ARGV[i] end\n\
          return unwanted(arg(1), arg(2), arg(3), arg(4), arg(5))",
-        mailstream::db::scripts::PRELUDE
+        mailstream::store::scripts::PRELUDE
     );
     for bits in 0u8..32 {
         let on = |i: u8| bits & (1 << i) != 0;

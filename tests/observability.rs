@@ -13,13 +13,13 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::audience::tokens::Tokens;
 use mailstream::config::{EXAMPLE, Secret};
-use mailstream::db::scripts;
-use mailstream::emulator::{EmulatorConfig, Faults, Storm, WebhookTarget};
-use mailstream::stuck::{self, Kind, Limits};
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::tokens::Tokens;
-use mailstream::work::{Channel, DeliveryRef};
+use mailstream::model::work::{Channel, DeliveryRef};
+use mailstream::send::stuck::{self, Kind, Limits};
+use mailstream::store::scripts;
+use mailstream::tools::emulator::{EmulatorConfig, Faults, Storm, WebhookTarget};
 use mailstream::{Listeners, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -222,7 +222,7 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     subscribers::upsert(&world.store, &subs).await.unwrap();
     // Last week's period, by hand: the schedule's missed fire is this week's, never kicked.
     let kicked = week(-1);
-    let kick = || mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &kicked);
+    let kick = || mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &kicked);
     kick().await.unwrap();
     kick().await.unwrap(); // duplicates
     let listeners = Listeners { metrics: Some(metrics_listener), public: Some(public) };
@@ -342,7 +342,7 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
     assert!(matches!(claimed[0], scripts::Claim::Claimed { .. }));
     // And a receipt in the transactional lane that nobody reads.
     let receipt = serde_json::json!({"idempotency_key": "stuck-receipt", "to": "delivered@resend.dev", "subject": "s", "text": "t"});
-    mailstream::ingest::enqueue(&world.store, &world.config, vec![receipt]).await.unwrap();
+    mailstream::audience::ingest::enqueue(&world.store, &world.config, vec![receipt]).await.unwrap();
     let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
 
     // With the configured limits (stuck after an hour, 48 h deadline) nothing is stuck yet.
@@ -350,7 +350,7 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
     assert!(tally.is_empty(), "{tally:?}");
     // With tight limits each kind is found, and only it.
     let tight = Limits { stuck_after_ms: 1, lease_ms: 1, deadline_ms: 1, maybe_sent_deadline_ms: 1 };
-    let look = |store: mailstream::db::Store| async move {
+    let look = |store: mailstream::store::Store| async move {
         let mut tally = stuck::Tally::new();
         stuck::look(&store, "mailstream", 0, &tight, &mut tally).await.unwrap();
         tally
@@ -385,7 +385,7 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
 }
 
 /// Reads `n` entries of partition 0 as a consumer that then vanishes.
-async fn read_as_gone(conn: &mut mailstream::db::Conn, world: &World, n: usize) {
+async fn read_as_gone(conn: &mut mailstream::store::Conn, world: &World, n: usize) {
     let _: redis::Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(&world.config.redis.group)
@@ -435,7 +435,7 @@ fn slo(config: &Path, redis: &str, args: &[&str]) -> (i32, Option<serde_json::Va
 
 /// A world where period `PERIOD` sent everything and `2026-W49` failed one of 20.
 async fn a_week_sent_and_a_week_with_a_failure()
--> (World, mailstream::emulator::Emulator, mailstream::shutdown::Trigger) {
+-> (World, mailstream::tools::emulator::Emulator, mailstream::shutdown::Trigger) {
     let mut world = World::new().await;
     let (emulator, stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
     let mut subs = world.subscribers(20).await;
@@ -444,7 +444,7 @@ async fn a_week_sent_and_a_week_with_a_failure()
     world.settled(SETTLE).await;
     subs[2].email = "someone@example.com".into(); // Resend refuses example.com with 422
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
+    mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     let store = world.store.clone();
     let done = eventually(SETTLE, || {
         let store = store.clone();
@@ -483,7 +483,7 @@ async fn slo_exits_0_within_3_when_breached_or_stuck_and_4_when_it_cannot_evalua
 
     // Stuck alone: a period enqueued with no daemon running, unread past stuck_after.
     let stuck_config = config_file(&world, &dir, &[("stuck_after_seconds = 3600", "stuck_after_seconds = 1")]);
-    mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
+    mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
     let found = eventually(Duration::from_secs(30), || {
         let (config, redis) = (stuck_config.clone(), redis.clone());
         async move {
@@ -528,7 +528,7 @@ async fn a_real_prometheus_computes_the_failure_rate_that_slo_reports() {
          scrape_configs:\n  - job_name: mailstream\n    static_configs:\n      - targets: [\"{target}\"]\n"
     );
     std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-    let port = mailstream::redis_server::free_port().unwrap();
+    let port = mailstream::store::redis_server::free_port().unwrap();
     let mut server = Command::new(prometheus)
         .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
         .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))

@@ -4,7 +4,7 @@
 mod common;
 
 use common::cli::*;
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
 
 /// The stored fields of subscriber `id` (whatever its partition).
 async fn record(url: &str, id: &str) -> std::collections::HashMap<String, String> {

@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use common::*;
-use mailstream::batch::idempotency_key;
-use mailstream::db::scripts::{self, Claim};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::kick;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::DeliveryRef;
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::model::work::DeliveryRef;
+use mailstream::send::batch::idempotency_key;
+use mailstream::store::scripts::{self, Claim};
+use mailstream::tools::emulator::EmulatorConfig;
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -102,12 +102,12 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
         .await
         .unwrap();
     let _: () = redis::cmd("HSET").arg(keys.meta()).arg("layout").arg(2).query_async(&mut conn).await.unwrap();
-    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 2 is refused");
+    let refused = mailstream::store::Store::open(&world.config).await.err().expect("layout 2 is refused");
     assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
     let built = std::sync::atomic::AtomicU64::new(0);
     let upgraded = world
         .store
-        .upgrade_layout(&world.config, async |store: &mailstream::db::Store| {
+        .upgrade_layout(&world.config, async |store: &mailstream::store::Store| {
             built.store(subscribers::build_audience(store).await?, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         })
@@ -115,7 +115,7 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
         .unwrap();
     assert_eq!(upgraded, Some(2));
     assert_eq!(built.into_inner(), 38, "all but the one not entitled and the one unsubscribed");
-    mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    mailstream::store::Store::open(&world.config).await.expect("upgraded");
     let cursors: Vec<String> =
         redis::cmd("HMGET").arg(&fanout).arg(&["c0", "c1"]).query_async(&mut conn).await.unwrap();
     assert_eq!(cursors, ["0", "0"], "the fan-out halfway starts again from the beginning");
@@ -123,7 +123,7 @@ async fn a_layout_2_deployment_is_refused_until_upgraded_and_then_fans_out_to_ev
     let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     assert_eq!((report.new, report.not_eligible), (38, 3), "{report:?}");
     // And nothing is left to upgrade.
-    let again = world.store.upgrade_layout(&world.config, async |_: &mailstream::db::Store| Ok(())).await.unwrap();
+    let again = world.store.upgrade_layout(&world.config, async |_: &mailstream::store::Store| Ok(())).await.unwrap();
     assert_eq!(again, None);
 }
 
@@ -164,16 +164,16 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
     // Upgraded with another partition count, it would miss partitions: refused.
     let mut other = world.config.clone();
     other.redis.partitions = 1;
-    let elsewhere = mailstream::db::Store::connect(&other).await.unwrap();
+    let elsewhere = mailstream::store::Store::connect(&other).await.unwrap();
     let refused =
-        elsewhere.upgrade_layout(&other, async |_: &mailstream::db::Store| Ok(())).await.expect_err("refused");
+        elsewhere.upgrade_layout(&other, async |_: &mailstream::store::Store| Ok(())).await.expect_err("refused");
     assert!(refused.to_string().contains("was created with 4"), "{refused}");
-    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 3 is refused");
+    let refused = mailstream::store::Store::open(&world.config).await.err().expect("layout 3 is refused");
     assert!(refused.to_string().contains("suppressed addresses"), "{refused}");
     assert!(refused.to_string().contains("mailstream upgrade"), "{refused}");
     let upgraded = world
         .store
-        .upgrade_layout(&world.config, async |_: &mailstream::db::Store| {
+        .upgrade_layout(&world.config, async |_: &mailstream::store::Store| {
             panic!("layout 3 has its audience index already")
         })
         .await
@@ -187,14 +187,14 @@ async fn a_layout_3_deployment_is_refused_until_upgraded_and_its_suppressions_re
     let addressed: String =
         redis::cmd("HGET").arg(keys.batch(0, &batch)).arg("addresses").query_async(&mut conn).await.unwrap();
     assert_eq!((addressed, members.len()), (sealed, 2), "the waiting batch's addresses, read from its body");
-    mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    mailstream::store::Store::open(&world.config).await.expect("upgraded");
     // The kick fans out to everyone: the batch's two were enqueued by the old version.
     let report = kick::kick_registry(&world.store, &world.config, CAMPAIGN, &PERIOD).await.unwrap();
     assert!(report.duplicates == 2 && report.new >= 3, "{report:?}");
     // A newer layout than this version knows is refused, not upgraded.
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(9).query_async(&mut conn).await.unwrap();
-    assert!(mailstream::db::Store::open(&world.config).await.is_err());
-    assert!(world.store.upgrade_layout(&world.config, async |_: &mailstream::db::Store| Ok(())).await.is_err());
+    assert!(mailstream::store::Store::open(&world.config).await.is_err());
+    assert!(world.store.upgrade_layout(&world.config, async |_: &mailstream::store::Store| Ok(())).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,9 +209,9 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
         redis::cmd("HSET").arg(keys.batch(0, &batch)).arg("riders").arg("1:B2").query_async(&mut conn).await.unwrap();
     let meta = keys.meta();
     let _: () = redis::cmd("HSET").arg(&meta).arg("layout").arg(4).query_async(&mut conn).await.unwrap();
-    let refused = mailstream::db::Store::open(&world.config).await.err().expect("layout 4 is refused");
+    let refused = mailstream::store::Store::open(&world.config).await.err().expect("layout 4 is refused");
     assert!(refused.to_string().contains("let a layout-4 mailstream settle"), "{refused}");
-    let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
+    let noop = async |_: &mailstream::store::Store| panic!("layout 4 has its audience index already");
     let waiting =
         world.store.upgrade_layout(&world.config, noop).await.expect_err("not while a shared request is unsettled");
     assert!(waiting.to_string().starts_with("1 batches of shared tail requests are unsettled"), "{waiting}");
@@ -220,9 +220,9 @@ async fn a_layout_4_deployment_is_upgraded_only_once_its_shared_tail_requests_ar
     // The layout-4 daemon settles it; then the upgrade goes through.
     let _: () = redis::cmd("DEL").arg(keys.batch(0, &batch)).query_async(&mut conn).await.unwrap();
     let _: () = redis::cmd("ZREM").arg(keys.batches(0)).arg(&batch).query_async(&mut conn).await.unwrap();
-    let noop = async |_: &mailstream::db::Store| panic!("layout 4 has its audience index already");
+    let noop = async |_: &mailstream::store::Store| panic!("layout 4 has its audience index already");
     assert_eq!(world.store.upgrade_layout(&world.config, noop).await.unwrap(), Some(4));
-    mailstream::db::Store::open(&world.config).await.expect("upgraded");
+    mailstream::store::Store::open(&world.config).await.expect("upgraded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use base64::Engine;
 use common::{CAMPAIGN, PERIOD, World, delivery_of, eventually};
+use mailstream::audience::subscribers::push::{self as subscriptions, Subscription};
 use mailstream::config::{PushChannelConfig, Secret, Urgency};
-use mailstream::db::Counts;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::emulator::push::PushService;
-use mailstream::subscribers::push::{self as subscriptions, Subscription};
-use mailstream::webpush::{self as crypto, VapidKey};
-use mailstream::work::Channel;
+use mailstream::model::webpush::{self as crypto, VapidKey};
+use mailstream::model::work::Channel;
+use mailstream::store::Counts;
+use mailstream::tools::emulator::EmulatorConfig;
+use mailstream::tools::emulator::push::PushService;
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -194,7 +194,7 @@ async fn each_browser_is_shown_a_notification_once_and_gone_ones_are_forgotten()
     let refs: Vec<_> = [2, 3].iter().map(|&i| delivery_of(&subs[i]).on(Channel::Push)).collect();
     for d in &refs {
         let p = keys.partition_of(&d.subscriber);
-        let entry = mailstream::db::history::lookup(&mut conn, keys, p, std::slice::from_ref(d)).await.unwrap();
+        let entry = mailstream::store::history::lookup(&mut conn, keys, p, std::slice::from_ref(d)).await.unwrap();
         let entry = entry[0].clone().expect("settled compactly");
         assert_eq!((entry.state.as_str(), entry.detail.as_deref()), ("skipped", Some("no_subscription")), "{d:?}");
     }

@@ -12,12 +12,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::subscribers::push::Subscription;
 use mailstream::config::{PushChannelConfig, Secret};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::emulator::push::PushService;
-use mailstream::subscribers::push::Subscription;
-use mailstream::webpush::VapidKey;
-use mailstream::work::{Channel, DeliveryRef};
+use mailstream::model::webpush::VapidKey;
+use mailstream::model::work::{Channel, DeliveryRef};
+use mailstream::tools::emulator::EmulatorConfig;
+use mailstream::tools::emulator::push::PushService;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SETTLE: Duration = Duration::from_secs(90);
@@ -43,7 +43,7 @@ const REFUSED: [(&str, &str); 14] = [
 
 /// A browser's subscription to `endpoint`, with real keys.
 fn subscription(endpoint: &str) -> serde_json::Value {
-    let key = mailstream::webpush::public_b64(&mailstream::webpush::new_secret().public_key());
+    let key = mailstream::model::webpush::public_b64(&mailstream::model::webpush::new_secret().public_key());
     serde_json::json!({ "endpoint": endpoint, "keys": { "p256dh": key, "auth": "AAECAwQFBgcICQoLDA0ODw" } })
 }
 
@@ -131,7 +131,7 @@ async fn every_unsafe_endpoint_is_refused_by_the_cli_and_the_api_and_nothing_is_
     let compressed = {
         use base64::Engine;
         use p256::elliptic_curve::sec1::ToEncodedPoint;
-        let key = mailstream::webpush::new_secret().public_key();
+        let key = mailstream::model::webpush::new_secret().public_key();
         base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.to_encoded_point(true).as_bytes())
     };
     let mut s = subscription("https://fcm.googleapis.com/fcm/send/x");
@@ -177,7 +177,7 @@ async fn stored(world: &World, id: &str, endpoint: &str) {
         .unwrap();
 }
 
-async fn push_settled(world: &World) -> mailstream::db::Counts {
+async fn push_settled(world: &World) -> mailstream::store::Counts {
     eventually(SETTLE, || async {
         let c = world.store.channel_counts(CAMPAIGN, &PERIOD, Channel::Push).await.ok()?;
         (c.enqueued > 0 && c.settled() >= c.enqueued).then_some(c)

@@ -22,8 +22,8 @@ use std::time::Duration;
 use chrono::Datelike;
 use common::cli::{ANY_METRICS_PORT, UNSUBSCRIBE_SECRET, config_file};
 use common::{Logged, start_emulator};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::redis_server::{RedisOptions, RedisServer};
+use mailstream::store::redis_server::{RedisOptions, RedisServer};
+use mailstream::tools::emulator::EmulatorConfig;
 
 /// One command line of a document.
 #[derive(Debug)]

@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
-use mailstream::db::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
-use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
-use mailstream::redis_server::RedisOptions;
+use mailstream::model::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
+use mailstream::model::work::{DeliveryRef, Ready};
 use mailstream::resend::ErrorName;
-use mailstream::work::{DeliveryRef, Ready};
+use mailstream::store::redis_server::RedisOptions;
+use mailstream::store::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
+use mailstream::tools::emulator::{EmulatorConfig, Faults};
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -25,7 +25,7 @@ fn quick(c: &mut Config) {
 
 /// Runs a daemon that crashes at `point` (its tasks are aborted, as by kill -9),
 /// then a fresh one; every delivery must be sent exactly once.
-async fn crash_and_recover(point: Failpoint) -> mailstream::emulator::Stats {
+async fn crash_and_recover(point: Failpoint) -> mailstream::tools::emulator::Stats {
     let mut world = World::with(RedisOptions::default(), quick).await;
     let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
     world.subscribers(250).await;
@@ -197,11 +197,14 @@ async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
     assert_eq!((counts.outcome_unknown, counts.sent), (4, 0));
     assert_eq!(emulator.stats().requests, 0, "never resent");
     let unknown =
-        mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::OutcomeUnknown, 10).await.unwrap();
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::OutcomeUnknown, 10)
+            .await
+            .unwrap();
     assert_eq!(unknown.len(), 4);
     assert!(unknown.iter().all(|u| u.error == "idempotency_window_passed" && u.state_now == "outcome_unknown"));
     // The operator checked in Resend: not delivered. Requeueing needs saying so.
-    let refused = mailstream::dead_letters::retry(&world.store, &[unknown[0].delivery.clone()], false).await.unwrap();
+    let refused =
+        mailstream::ops::dead_letters::retry(&world.store, &[unknown[0].delivery.clone()], false).await.unwrap();
     assert_eq!(refused[0].1, Requeue::Refused(DeliveryState::Done(Outcome::OutcomeUnknown)));
 }
 
@@ -260,13 +263,15 @@ async fn a_fatal_answer_is_one_attempt_and_a_dead_letter() {
     let seen = emulator.seen();
     assert_eq!(seen.len(), 2, "one request per batch, no retry: {seen:?}");
     assert!(seen.iter().all(|s| s.status == 403));
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 500).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 500)
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 150);
     assert!(dead.iter().all(|d| d.error == "invalid_api_key"));
 
     // After fixing the key, the operator requeues them and they go out.
     let ids: Vec<String> = dead.iter().map(|d| d.delivery.clone()).collect();
-    let results = mailstream::dead_letters::retry(&world.store, &ids, false).await.unwrap();
+    let results = mailstream::ops::dead_letters::retry(&world.store, &ids, false).await.unwrap();
     assert!(results.iter().all(|(_, r)| *r == Requeue::Requeued));
     world.config.resend.api_key = Some(mailstream::config::Secret::new("re_the_right_one"));
     let daemon = world.daemon();
@@ -294,7 +299,9 @@ async fn a_rejected_sender_fails_at_once() {
     daemon.stop().await;
     assert_eq!(counts.failed, 20);
     assert_eq!(emulator.seen().len(), 1, "no retry, no backoff sleep");
-    let dead = mailstream::dead_letters::list(&world.store, mailstream::dead_letters::Kind::Failed, 50).await.unwrap();
+    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 50)
+        .await
+        .unwrap();
     assert!(dead.iter().all(|d| d.error == "validation_error"));
 }
 
@@ -332,7 +339,7 @@ async fn an_exhausted_quota_pauses_sending_and_drops_nothing() {
 
     // The quota renews (room for the 150 left); the operator resumes.
     emulator.renew_quota();
-    assert!(mailstream::pause::Pause::resume(&world.store).await.unwrap());
+    assert!(mailstream::send::pause::Pause::resume(&world.store).await.unwrap());
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
     assert_eq!((counts.sent, counts.failed), (250, 0));
@@ -378,7 +385,7 @@ async fn an_outage_holds_every_batch_and_the_first_success_sends_them_all() {
         c.resend.probe_interval_seconds = 1;
     })
     .await;
-    let emulator = mailstream::emulator::Emulator::new(EmulatorConfig::default());
+    let emulator = mailstream::tools::emulator::Emulator::new(EmulatorConfig::default());
     let (url, stop, task) = emulator.spawn_local().await.unwrap();
     let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
     // Resend unreachable from the start.
@@ -427,7 +434,7 @@ async fn an_outage_holds_every_batch_and_the_first_success_sends_them_all() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_batch_failing_again_and_again_never_puts_the_provider_down() {
-    use mailstream::db::scripts::{HealthCall, HealthRule, health};
+    use mailstream::store::scripts::{HealthCall, HealthRule, health};
     let world = World::new().await;
     let (store, rule) = (&world.store, HealthRule { failures: 3, window_ms: 10_000, probe_interval_ms: 1_000 });
     let mut conn = store.conn().await.unwrap();

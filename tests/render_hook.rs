@@ -14,12 +14,12 @@ use std::time::Duration;
 use common::*;
 use hmac::{Hmac, Mac};
 use hyper::StatusCode;
+use mailstream::audience::render::VariantConfig;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, RenderHookConfig, Secret, VariantsConfig};
-use mailstream::emulator::{EmulatorConfig, Faults};
-use mailstream::http::{self, HttpRequest, HttpResponse};
-use mailstream::render::VariantConfig;
+use mailstream::http::server::{self, HttpRequest, HttpResponse};
 use mailstream::shutdown::{self, Trigger};
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::tools::emulator::{EmulatorConfig, Faults};
 use serde_json::{Value, json};
 use sha2::Sha256;
 
@@ -68,7 +68,7 @@ fn verified(req: &HttpRequest) -> bool {
     mac.update(format!("{timestamp}.").as_bytes());
     mac.update(req.body());
     let expected: String = mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect();
-    fresh && signature.strip_prefix("v1=").is_some_and(|s| http::same_secret(s, &expected))
+    fresh && signature.strip_prefix("v1=").is_some_and(|s| server::same_secret(s, &expected))
 }
 
 impl App {
@@ -82,7 +82,7 @@ impl App {
             let state = shared.clone();
             async move { App::answer(&state, req).await }
         };
-        tokio::spawn(http::serve(listener, handler, down, http::Limits::default()));
+        tokio::spawn(server::serve(listener, handler, down, server::Limits::default()));
         App { state, url, _stop: Arc::new(stop) }
     }
 
@@ -99,11 +99,11 @@ impl App {
             (mode, s.revoked.clone(), s.choose_b_for, s.refused_for)
         };
         if !ok {
-            return http::text(StatusCode::UNAUTHORIZED, "bad signature\n");
+            return server::text(StatusCode::UNAUTHORIZED, "bad signature\n");
         }
         match mode {
-            Mode::Down => return http::text(StatusCode::INTERNAL_SERVER_ERROR, "down\n"),
-            Mode::Garbage => return http::text(StatusCode::OK, "<html>surprise</html>"),
+            Mode::Down => return server::text(StatusCode::INTERNAL_SERVER_ERROR, "down\n"),
+            Mode::Garbage => return server::text(StatusCode::OK, "<html>surprise</html>"),
             Mode::Slow => tokio::time::sleep(Duration::from_millis(1500)).await,
             Mode::Answer | Mode::Partial => {}
         }
@@ -124,7 +124,7 @@ impl App {
                 json!({"delivery": id, "send": {"to": to, "data": {"name": "from the app"}, "variant": variant}})
             })
             .collect();
-        http::json(StatusCode::OK, &json!({ "deliveries": answers }))
+        server::json(StatusCode::OK, &json!({ "deliveries": answers }))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, AppState> {
@@ -180,9 +180,11 @@ async fn an_address_the_hook_supplies_is_checked_against_suppressions() {
     // subscriber in the registry has it, so only the address itself can tell.
     let bounced: Vec<String> = subs.iter().step_by(5).map(|s| format!("delivered+app-{}@resend.dev", s.id)).collect();
     for (i, address) in bounced.iter().enumerate() {
-        let act = mailstream::suppression::Act::Suppress(mailstream::suppression::Why::Bounced);
+        let act = mailstream::audience::suppression::Act::Suppress(mailstream::audience::suppression::Why::Bounced);
         let event = format!("evt-{i}");
-        mailstream::suppression::apply(&world.store, &world.config, address, act, Some(&event)).await.unwrap();
+        mailstream::audience::suppression::apply(&world.store, &world.config, address, act, Some(&event))
+            .await
+            .unwrap();
     }
     world.kick().await;
     let daemon = world.daemon();

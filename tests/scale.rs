@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mailstream::emulator::EmulatorConfig;
+use mailstream::tools::emulator::EmulatorConfig;
 use redis::Script;
 
 const SETTLE: Duration = Duration::from_secs(120);

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
 use common::*;
+use mailstream::audience::kick::{self, FanoutOptions};
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::Secret;
-use mailstream::db::scripts::{self, FanoutOf};
-use mailstream::emulator::EmulatorConfig;
-use mailstream::kick::{self, FanoutOptions};
-use mailstream::outcome::Failpoint;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::work::Lane;
+use mailstream::model::outcome::Failpoint;
+use mailstream::model::work::Lane;
+use mailstream::store::scripts::{self, FanoutOf};
+use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Failpoints, Hold, RunOptions};
 
 const SETTLE: Duration = Duration::from_secs(120);
@@ -199,7 +199,7 @@ async fn local_hour_deliveries_are_released_at_nine_their_time_and_never_early()
     // Each release is 09:00 on the subscriber's own clock (the campaign's for a bad zone).
     let mut by_zone = std::collections::BTreeMap::new();
     for (id, ms) in &due {
-        let d = mailstream::work::DeliveryRef::parse(id).unwrap();
+        let d = mailstream::model::work::DeliveryRef::parse(id).unwrap();
         let sub = subs.iter().find(|s| s.id == d.subscriber).unwrap();
         let zone = sub.time_zone.as_deref().unwrap();
         let tz: chrono_tz::Tz = zone.parse().unwrap_or(chrono_tz::Asia::Tokyo);
@@ -244,7 +244,7 @@ async fn a_dry_run_writes_nothing_and_counts_what_a_kick_would_do() {
     subscribers::upsert(&world.store, &subs).await.unwrap();
     // Half of it already enqueued.
     kick::kick_list(&world.store, &world.config, CAMPAIGN, &PERIOD, &subs[..20]).await.unwrap();
-    let snapshot = |store: mailstream::db::Store| async move {
+    let snapshot = |store: mailstream::store::Store| async move {
         let mut conn = store.conn().await.unwrap();
         let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
         let mut keys = store.scan("*").await.unwrap();
@@ -280,7 +280,7 @@ async fn a_preview_is_the_body_that_is_sealed() {
     let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let subs = world.subscribers(3).await;
     let d = delivery_of(&subs[1]);
-    let preview = mailstream::consumer::preview(&world.store, &world.config, &d).await.unwrap().unwrap();
+    let preview = mailstream::send::read::preview(&world.store, &world.config, &d).await.unwrap().unwrap();
     world.kick().await;
     let (store, sealed) = (world.store.clone(), Arc::new(Mutex::new(String::new())));
     let seen = sealed.clone();
@@ -307,6 +307,6 @@ async fn a_preview_is_the_body_that_is_sealed() {
     assert!(preview["headers"]["List-Unsubscribe"].is_string(), "{preview}");
 }
 
-async fn xlen(conn: &mut mailstream::db::Conn, stream: &str) -> u64 {
+async fn xlen(conn: &mut mailstream::store::Conn, stream: &str) -> u64 {
     redis::cmd("XLEN").arg(stream).query_async(conn).await.unwrap()
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::EXAMPLE;
-use mailstream::emulator::EmulatorConfig;
+use mailstream::tools::emulator::EmulatorConfig;
 
 /// A notify socket owned by the test: every datagram it receives, in order.
 pub struct NotifySocket {

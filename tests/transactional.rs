@@ -8,11 +8,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mailstream::audience::ingest;
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::ingest;
-use mailstream::work::TRANSACTIONAL;
+use mailstream::model::work::TRANSACTIONAL;
+use mailstream::store::Store;
+use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Listeners, RunOptions};
 use serde_json::{Value, json};
 
@@ -53,7 +53,7 @@ async fn today(store: &Store) -> String {
 }
 
 /// Waits until `n` transactional deliveries of today are settled; returns the counts.
-async fn tx_settled(store: &Store, n: u64) -> mailstream::db::Counts {
+async fn tx_settled(store: &Store, n: u64) -> mailstream::store::Counts {
     let day = today(store).await;
     eventually(Duration::from_secs(60), || {
         let (store, day) = (store.clone(), day.clone());
@@ -159,11 +159,11 @@ async fn transactional_sends_reach_addresses_and_subscribers_and_keep_addresses_
     let (emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     world.subscribers(3).await;
     // One address suppressed earlier (a bounce): skipped, never sent.
-    mailstream::suppression::apply(
+    mailstream::audience::suppression::apply(
         &world.store,
         &world.config,
         "bounced+gone@resend.dev",
-        mailstream::suppression::Act::Suppress(mailstream::suppression::Why::Manual),
+        mailstream::audience::suppression::Act::Suppress(mailstream::audience::suppression::Why::Manual),
         None,
     )
     .await
@@ -186,7 +186,7 @@ async fn transactional_sends_reach_addresses_and_subscribers_and_keep_addresses_
     // The streams carry ids only.
     let mut conn = world.store.conn().await.unwrap();
     for p in 0..world.store.keys.partitions() {
-        for lane in mailstream::work::Lane::ALL {
+        for lane in mailstream::model::work::Lane::ALL {
             let entries: Value = {
                 let raw: redis::Value = redis::cmd("XRANGE")
                     .arg(world.store.keys.lane_stream(p, lane))
@@ -254,7 +254,7 @@ async fn receipts_of_a_daemon_that_dies_mid_run_are_sent_once_by_the_next() {
     })
     .await;
     // Some answers are lost after the emails were sent: a resend must be a replay.
-    let faults = mailstream::emulator::Faults { hang: 0.2, hang_ms: 2500, ..Default::default() };
+    let faults = mailstream::tools::emulator::Faults { hang: 0.2, hang_ms: 2500, ..Default::default() };
     let (emulator, _stop) = world.emulator(EmulatorConfig { faults, ..Default::default() }).await;
     let items: Vec<Value> =
         (0..300).map(|i| receipt(&format!("crash-{i}"), &format!("delivered+crash{i}@resend.dev"))).collect();

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::RunOptions;
-use mailstream::emulator::EmulatorConfig;
-use mailstream::outcome::Failpoint;
+use mailstream::model::outcome::Failpoint;
+use mailstream::tools::emulator::EmulatorConfig;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_reclaimer_loop_stops_the_watchdog_pings() {

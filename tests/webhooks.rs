@@ -10,15 +10,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
+use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::audience::suppression;
+use mailstream::audience::tokens::Tokens;
 use mailstream::config::{Config, Secret};
-use mailstream::db::scripts;
-use mailstream::emulator::{EmulatorConfig, WebhookTarget};
-use mailstream::public::webhook::Webhooks;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::suppression;
-use mailstream::svix::SigningKey;
-use mailstream::tokens::Tokens;
-use mailstream::work::DeliveryRef;
+use mailstream::http::public::webhook::Webhooks;
+use mailstream::model::svix::SigningKey;
+use mailstream::model::work::DeliveryRef;
+use mailstream::store::scripts;
+use mailstream::tools::emulator::{EmulatorConfig, WebhookTarget};
 use mailstream::{Listeners, RunOptions};
 use serde_json::json;
 
@@ -61,7 +61,7 @@ async fn post_event(url: &str, secret: &str, id: &str, body: &str) -> u16 {
         .as_u16()
 }
 
-fn request(headers: &[(&str, &str)], body: &'static [u8]) -> mailstream::http::HttpRequest {
+fn request(headers: &[(&str, &str)], body: &'static [u8]) -> mailstream::http::server::HttpRequest {
     let mut b = hyper::Request::builder().method("POST").uri("/webhooks/resend");
     for (name, value) in headers {
         b = b.header(*name, *value);
@@ -212,7 +212,7 @@ async fn the_same_event_ten_times_at_once_changes_state_once() {
         assert_eq!((record["events"].as_str(), record.contains_key("ev_bounced")), ("1", true));
     }
     // The admin overview's last 24 hours count it once too.
-    let tallied = mailstream::db::scripts::webhook_events_last_24h(&world.store).await.unwrap();
+    let tallied = mailstream::store::scripts::webhook_events_last_24h(&world.store).await.unwrap();
     assert_eq!(tallied, [("bounced".to_string(), 1)].into(), "{tallied:?}");
     // The cascade reached every subscriber with that address.
     let mut conn = world.store.conn().await.unwrap();
@@ -267,10 +267,11 @@ async fn bounces_and_complaints_from_the_emulator_suppress_and_the_next_week_ski
     // counted, each once, not taken for repeats.
     let posted = emulator.stats().webhooks_delivered;
     assert_eq!(metrics.webhook_requests("verified"), posted, "{}", metrics.render());
-    let tallied = mailstream::db::scripts::webhook_events_last_24h(&world.store).await.unwrap();
+    let tallied = mailstream::store::scripts::webhook_events_last_24h(&world.store).await.unwrap();
     assert_eq!(tallied.values().sum::<u64>(), posted, "{tallied:?}");
     // Next week: the kick leaves the three out...
-    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
+    let next =
+        mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!((next.new, next.not_eligible), (37, 3), "{next:?}");
     // ...and a delivery that was enqueued anyway is skipped when claimed.
     let mut conn = world.store.conn().await.unwrap();
@@ -337,7 +338,7 @@ async fn one_click_unsubscribe_acts_once_and_only_on_post() {
     let body = Arc::new(std::sync::Mutex::new(String::new()));
     let seen_body = body.clone();
     let peek = mailstream::Failpoints::new(move |at| -> mailstream::Hold {
-        if at != mailstream::outcome::Failpoint::Sealed {
+        if at != mailstream::model::outcome::Failpoint::Sealed {
             return Box::pin(async {});
         }
         let (store, body) = (store.clone(), seen_body.clone());
@@ -402,7 +403,8 @@ async fn one_click_unsubscribe_acts_once_and_only_on_post() {
     daemon.stop().await;
     assert!(metrics.render().contains("mailstream_unsubscribes_total{source=\"one_click\"} 1"));
     // The next kick leaves the subscriber out.
-    let next = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
+    let next =
+        mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!((next.new, next.not_eligible), (4, 1));
 }
 
@@ -446,12 +448,14 @@ async fn an_operator_suppresses_and_lifts_an_address() {
     assert_eq!((kicked.new, kicked.not_eligible), (9, 1));
     // A re-import of the subscriber keeps the suppression.
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
+    let kicked =
+        mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(1)).await.unwrap();
     assert_eq!(kicked.not_eligible, 1);
     suppression::apply(&world.store, &world.config, &address, suppression::Act::Lift, None).await.unwrap();
     assert!(suppression::list(&world.store, None).await.unwrap().is_empty());
     // Lifted, and subscribed again by the application: mailed again.
     subscribers::upsert(&world.store, &subs[2..3]).await.unwrap();
-    let kicked = mailstream::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
+    let kicked =
+        mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &week(2)).await.unwrap();
     assert_eq!(kicked.new, 10);
 }

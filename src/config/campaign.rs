@@ -8,7 +8,7 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 
 use super::{DeliveryConfig, Secret, TemplateConfig, is_tag_value, parse_cron, parse_local_time};
-use crate::period::PeriodKind;
+use crate::model::period::PeriodKind;
 
 /// The secret every render hook's requests are signed with (HMAC-SHA256): from
 /// `MAILSTREAM_RENDER_HOOK_SECRET`, `secret_file` or the credential `render_hook_secret`.
@@ -49,12 +49,12 @@ pub struct VariantsConfig {
     #[serde(default)]
     pub enabled: bool,
     #[serde(default)]
-    pub arms: Vec<crate::render::VariantConfig>,
+    pub arms: Vec<crate::audience::render::VariantConfig>,
 }
 
 impl VariantsConfig {
     /// The variants in use (none while not enabled).
-    pub fn active(&self) -> &[crate::render::VariantConfig] {
+    pub fn active(&self) -> &[crate::audience::render::VariantConfig] {
         if self.enabled { &self.arms } else { &[] }
     }
 }
@@ -97,11 +97,11 @@ pub struct CampaignConfig {
     /// Where each subscriber's target gets this campaign: a delivery per channel
     /// (`email`, `app`), each claimed, sent and settled on its own. Email alone by default.
     #[serde(default = "default_channels")]
-    pub channels: Vec<crate::work::Channel>,
+    pub channels: Vec<crate::model::work::Channel>,
 }
 
-fn default_channels() -> Vec<crate::work::Channel> {
-    vec![crate::work::Channel::Email]
+fn default_channels() -> Vec<crate::model::work::Channel> {
+    vec![crate::model::work::Channel::Email]
 }
 
 /// A campaign with a render hook needs the secret its requests are signed with.
@@ -151,7 +151,7 @@ pub(super) fn validate(
         check(is_tag_value(&c.name), format!("{at}.name: use ASCII letters, digits, '_' or '-' (got {:?})", c.name));
         check(names.insert(c.name.as_str()), format!("{at}.name: {:?} is defined twice", c.name));
         check(
-            c.name != crate::work::TRANSACTIONAL,
+            c.name != crate::model::work::TRANSACTIONAL,
             format!("{at}.name: {:?} is reserved for transactional sends", c.name),
         );
         if let Some(hook) = &c.render_hook {

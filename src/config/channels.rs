@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::{Config, Secret};
-use crate::work::Channel;
+use crate::model::work::Channel;
 
 /// The environment variable holding the application channel's signing secret.
 pub(super) const ENV_APP_WEBHOOK_SECRET: &str = "MAILSTREAM_APP_WEBHOOK_SECRET";
@@ -65,11 +65,11 @@ pub struct PushChannelConfig {
 
 impl PushChannelConfig {
     /// The push services its subscriptions may name (checked by `validate`).
-    pub fn allowed(&self) -> crate::push_endpoint::AllowedHosts {
+    pub fn allowed(&self) -> crate::model::push_endpoint::AllowedHosts {
         match &self.allowed_hosts {
-            Some(list) => crate::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
-                .unwrap_or_else(|_| crate::push_endpoint::AllowedHosts::parse([]).expect("an empty list")),
-            None => crate::push_endpoint::AllowedHosts::default(),
+            Some(list) => crate::model::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
+                .unwrap_or_else(|_| crate::model::push_endpoint::AllowedHosts::parse([]).expect("an empty list")),
+            None => crate::model::push_endpoint::AllowedHosts::default(),
         }
     }
 
@@ -186,7 +186,7 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
         let at = format!("templates.{name}.channels");
         // Operator mail is for the team: no subscriber's application event.
         check(
-            t.audience != crate::work::Audience::Operators || t.channels == [Channel::Email],
+            t.audience != crate::model::work::Audience::Operators || t.channels == [Channel::Email],
             format!("{at}: an operator template (audience = \"operators\") goes by email only"),
         );
         // A transactional item names no subscriber whose browsers it could reach.
@@ -235,7 +235,7 @@ pub(super) fn validate(config: &Config, errors: &mut Vec<String>) {
         (1..=256).contains(&app.concurrency),
         format!("channels.app.concurrency: must be 1..=256 (got {})", app.concurrency),
     );
-    let key = app.secret.as_ref().and_then(|s| crate::svix::SigningKey::parse(s.expose()));
+    let key = app.secret.as_ref().and_then(|s| crate::model::svix::SigningKey::parse(s.expose()));
     check(
         key.is_some(),
         format!(
@@ -271,7 +271,7 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
         ),
     );
     if let Some(list) = &push.allowed_hosts
-        && let Err(e) = crate::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
+        && let Err(e) = crate::model::push_endpoint::AllowedHosts::parse(list.iter().map(String::as_str))
     {
         check(false, format!("channels.push.allowed_hosts: {e}"));
     }
@@ -295,7 +295,7 @@ fn validate_push(push: Option<&PushChannelConfig>, wanted: bool, lease_seconds: 
     );
     // Never quoted: it is the key, or something put where the key belongs.
     check(
-        key.is_none_or(|k| crate::webpush::VapidKey::parse(k.expose()).is_some()),
+        key.is_none_or(|k| crate::model::webpush::VapidKey::parse(k.expose()).is_some()),
         "channels.push: the VAPID private key given is not one (a P-256 scalar: 32 bytes, base64url; mailstream \
          vapid-keys makes one)"
             .to_string(),
@@ -379,7 +379,7 @@ mod tests {
             assert!(found.iter().any(|e| e.starts_with(key)), "{key}: {found:?}");
         }
         assert!(found.iter().all(|e| !e.contains(garbage)), "the key is never shown: {found:?}");
-        let (private, _) = crate::webpush::VapidKey::generate();
+        let (private, _) = crate::model::webpush::VapidKey::generate();
         config.channels.push = Some(PushChannelConfig::new("mailto:ops@example.com", Secret::new(private)));
         assert!(errors(&config).is_empty(), "{:?}", errors(&config));
         let features = serde_json::to_value(config.features()).unwrap();

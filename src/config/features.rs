@@ -5,7 +5,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 
 use serde::Serialize;
 
@@ -81,8 +80,8 @@ impl Config {
         };
         let hooked = using(&|c| c.render_hook.is_some());
         let scheduled = using(&|c| c.schedule.is_some());
-        let app = using(&|c| c.channels.contains(&crate::work::Channel::App));
-        let push = using(&|c| c.channels.contains(&crate::work::Channel::Push));
+        let app = using(&|c| c.channels.contains(&crate::model::work::Channel::App));
+        let push = using(&|c| c.channels.contains(&crate::model::work::Channel::Push));
         let feature = |on: bool, secret: Option<SecretSource>, mode: Option<String>| Feature { on, secret, mode };
         let unsubscribe = match self.unsubscribe_mode() {
             Unsubscribe::OneClick => feature(true, secret("unsubscribe_secret"), Some("one_click".into())),
@@ -172,43 +171,4 @@ impl fmt::Display for Features {
         }
         Ok(())
     }
-}
-
-/// `mailstream check-config`: `config` (read from `path`) is valid and fit to send
-/// campaigns; says what it holds and which features it turns on. With `--json` the
-/// object is printed also when `run` would refuse the config (`ok` false, `errors`),
-/// and the error follows on stderr.
-pub fn check(path: &Path, config: &Config, json: bool) -> Result<std::process::ExitCode, ConfigError> {
-    let (warnings, errors) = match config.check_sending() {
-        Ok(warnings) => (warnings, Vec::new()),
-        Err(ConfigError::Invalid(errors)) if json => (Vec::new(), errors),
-        Err(e) => return Err(e),
-    };
-    for w in &warnings {
-        eprintln!("warning: {w}");
-    }
-    let out = crate::cli::Report { json };
-    let features = config.features();
-    out.line(format_args!(
-        "{}: {} ({} campaigns, {} partitions, {} requests/s, Resend API key {})",
-        path.display(),
-        if errors.is_empty() { "ok" } else { "refused" },
-        config.campaigns.len(),
-        config.redis.partitions,
-        config.resend.requests_per_second,
-        if config.resend.api_key.is_some() { "set" } else { "NOT set (RESEND_API_KEY)" }
-    ));
-    out.line(format_args!("features: {features}"));
-    let report = serde_json::json!({
-        "ok": errors.is_empty(),
-        "errors": errors,
-        "path": path,
-        "campaigns": config.campaigns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-        "partitions": config.redis.partitions,
-        "requests_per_second": config.resend.requests_per_second,
-        "features": features,
-        "warnings": warnings,
-    });
-    out.object(&report).map_err(|e| ConfigError::Parse(e.to_string()))?;
-    if errors.is_empty() { Ok(std::process::ExitCode::SUCCESS) } else { Err(ConfigError::Invalid(errors)) }
 }

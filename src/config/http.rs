@@ -178,7 +178,7 @@ impl WebhookConfig {
         let w = self;
         for (i, secret) in w.secrets.iter().enumerate() {
             check(
-                crate::svix::SigningKey::parse(secret.expose()).is_some(),
+                crate::model::svix::SigningKey::parse(secret.expose()).is_some(),
                 format!("webhook secret #{}: must be whsec_ followed by base64", i + 1),
             );
         }

@@ -24,14 +24,14 @@ use serde::Deserialize;
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
 pub use self::channels::{AppChannelConfig, ChannelsConfig, PushChannelConfig, Urgency};
 pub use self::delivery::DeliveryConfig;
-pub use self::features::{Feature, Features, SecretSource, check};
+pub use self::features::{Feature, Features, SecretSource};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::operators::OperatorsConfig;
 pub use self::redis::{Durability, RedisConfig};
 pub use self::resend::{LimiterMode, ResendConfig};
 pub use self::slo::{SloConfig, SloReportConfig};
-pub use crate::render::TemplateConfig;
+pub use crate::audience::render::TemplateConfig;
 
 /// The documented example config, shipped inside the binary (the demo runs on it).
 pub const EXAMPLE: &str = include_str!("../../config.toml");
@@ -106,7 +106,7 @@ impl Config {
     /// The push services a Web Push subscription's endpoint may name: `[channels.push]`'s
     /// `allowed_hosts`, or the public push services when it is not set (or there is no
     /// `[channels.push]`: a subscription registered before the channel is turned on).
-    pub fn push_allowed_hosts(&self) -> crate::push_endpoint::AllowedHosts {
+    pub fn push_allowed_hosts(&self) -> crate::model::push_endpoint::AllowedHosts {
         self.channels.push.as_ref().map(|p| p.allowed()).unwrap_or_default()
     }
 
@@ -266,13 +266,13 @@ impl Config {
         campaign::validate(&self.campaigns, &self.delivery, &self.templates, &mut errors);
         operators::validate(self, &mut errors);
         for (name, t) in &self.templates {
-            if let Err(e) = crate::render::Renderer::check(name, t) {
+            if let Err(e) = crate::audience::render::Renderer::check(name, t) {
                 errors.push(format!("templates.{name}: {e}"));
             }
         }
         // The templates were compiled one by one above; the variants' parts alone here.
         let arms = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
-        if let Err(e) = crate::render::Renderer::with_variants(&BTreeMap::new(), arms) {
+        if let Err(e) = crate::audience::render::Renderer::with_variants(&BTreeMap::new(), arms) {
             errors.push(format!("variants: {e}"));
         }
         campaign::validate_hook_secret(self, ENV_RENDER_HOOK_SECRET, &mut errors);
@@ -282,9 +282,9 @@ impl Config {
     }
 
     /// The templates and every campaign's variants, compiled.
-    pub(crate) fn renderer(&self) -> Result<crate::render::Renderer, minijinja::Error> {
+    pub(crate) fn renderer(&self) -> Result<crate::audience::render::Renderer, minijinja::Error> {
         let campaigns = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
-        crate::render::Renderer::with_variants(&self.templates, campaigns)
+        crate::audience::render::Renderer::with_variants(&self.templates, campaigns)
     }
 
     /// The campaign called `name`.
@@ -426,10 +426,10 @@ mod tests {
     #[test]
     fn the_shipped_template_renders() {
         let config = Config::example();
-        let renderer = crate::render::Renderer::new(&config.templates).unwrap();
-        let d = crate::work::DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
+        let renderer = crate::audience::render::Renderer::new(&config.templates).unwrap();
+        let d = crate::model::work::DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
         let data = serde_json::json!({ "name": "Ann" });
-        let input = crate::render::RenderInput {
+        let input = crate::audience::render::RenderInput {
             delivery: &d,
             variant: None,
             target: "team-1",

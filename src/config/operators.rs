@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use super::{CampaignConfig, TemplateConfig};
-use crate::work::Audience;
+use crate::model::work::Audience;
 
 /// The team's addresses (`[operators] to`): mail from a template with
 /// `audience = "operators"` goes to these and no others.

@@ -68,7 +68,7 @@ fn validate_report(config: &super::Config, errors: &mut Vec<String>) {
     }
     match config.templates.get(&r.template) {
         None => errors.push(format!("slo.report.template: no [templates.{}] to render the report with", r.template)),
-        Some(t) if t.audience != crate::work::Audience::Operators => errors.push(format!(
+        Some(t) if t.audience != crate::model::work::Audience::Operators => errors.push(format!(
             "slo.report.template: {:?} must have audience = \"operators\": the report is operator mail",
             r.template
         )),

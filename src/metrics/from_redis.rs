@@ -13,8 +13,8 @@ use redis::aio::ConnectionLike;
 
 use super::Metrics;
 use crate::config::Config;
-use crate::db::{Counts, Store, streams};
-use crate::work::Channel;
+use crate::model::work::Channel;
+use crate::store::{Counts, Store, streams};
 
 /// The gauges filled at scrape time.
 pub(crate) struct Gauges {
@@ -107,7 +107,7 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
         for p in 0..store.keys.partitions() {
             partitions.push(partition(&mut conn, store, &config.redis.group, p).await?);
         }
-        let down = crate::db::scripts::provider_down_since(&mut conn, &store.keys).await?;
+        let down = crate::store::scripts::provider_down_since(&mut conn, &store.keys).await?;
         anyhow::Ok((periods, partitions, down.is_some()))
     };
     let g = &metrics.redis;
@@ -187,7 +187,7 @@ pub(crate) async fn partition(
         Some(g) => (g.lag, g.pending),
         None => (0, 0),
     };
-    let tx = keys.lane_stream(p, crate::work::Lane::Transactional);
+    let tx = keys.lane_stream(p, crate::model::work::Lane::Transactional);
     let (tx_unread, tx_unacked) = match streams::group_info(conn, &tx, group).await? {
         Some(g) => (g.lag, g.pending),
         None => (0, 0),

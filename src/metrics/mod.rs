@@ -17,9 +17,9 @@ use prometheus::{
 pub use self::from_redis::refresh;
 pub(crate) use self::from_redis::{Partition, partition};
 use crate::config::Config;
-use crate::outcome::{Outcome, Reason};
+use crate::model::outcome::{Outcome, Reason};
+use crate::model::work::Channel;
 use crate::resend::{ErrorName, ProviderError};
-use crate::work::Channel;
 
 /// An error's text for a log line, without the values redis-rs quotes when a reply
 /// does not parse ("… (value was …)"): such a value may be a subscriber's data.
@@ -104,7 +104,7 @@ impl Metrics {
     }
 
     /// A Web Push request not made: its subscription's endpoint is refused (`reason`).
-    pub fn push_endpoint_refused(&self, reason: crate::push_endpoint::Refusal) {
+    pub fn push_endpoint_refused(&self, reason: crate::model::push_endpoint::Refusal) {
         self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc();
     }
 
@@ -137,7 +137,7 @@ impl Metrics {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
                 self.push_requests.with_label_values(&[class]).inc_by(0);
             }
-            for reason in crate::push_endpoint::Refusal::ALL {
+            for reason in crate::model::push_endpoint::Refusal::ALL {
                 self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc_by(0);
             }
         }
@@ -258,7 +258,7 @@ impl Metrics {
 
     /// Addresses suppressed so far, by reason.
     pub fn suppressions_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
-        crate::suppression::Why::ALL
+        crate::audience::suppression::Why::ALL
             .iter()
             .map(|why| (why.as_str().to_string(), self.suppressions.with_label_values(&[why.as_str()]).get()))
             .filter(|(_, n)| *n > 0)
@@ -309,10 +309,10 @@ impl Metrics {
 
     /// What the reclaimer's last look found stuck (replaces the previous look);
     /// every kind of each of `campaigns` is exported, 0 when none is stuck.
-    pub(crate) fn set_stuck<'a>(&self, tally: &'a crate::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
-        let mut by: std::collections::BTreeMap<(&str, crate::stuck::Kind), u64> = Default::default();
+    pub(crate) fn set_stuck<'a>(&self, tally: &'a crate::send::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
+        let mut by: std::collections::BTreeMap<(&str, crate::send::stuck::Kind), u64> = Default::default();
         for campaign in campaigns {
-            for kind in crate::stuck::Kind::ALL {
+            for kind in crate::send::stuck::Kind::ALL {
                 by.insert((campaign, kind), 0);
             }
         }

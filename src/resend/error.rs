@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::names::names;
+use crate::model::names::names;
 
 names! {
     /// What the caller does with a failed request.

@@ -9,14 +9,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use mailstream::audience::kick;
+use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::config::{Config, Secret};
-use mailstream::db::{Counts, Store};
-use mailstream::emulator::{Emulator, EmulatorConfig};
-use mailstream::kick;
 use mailstream::metrics::Metrics;
-use mailstream::redis_server::{RedisCluster, RedisOptions, RedisServer};
 use mailstream::shutdown::{self, Trigger};
-use mailstream::subscribers::{self, Subscriber};
+use mailstream::store::redis_server::{RedisCluster, RedisOptions, RedisServer};
+use mailstream::store::{Counts, Store};
+use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use mailstream::{Listeners, RunOptions};
 use tokio::task::JoinHandle;
 
@@ -35,15 +35,15 @@ pub fn week(offset: i64) -> String {
 }
 
 /// The kick window of the example campaign's `period`, with `config`'s retention.
-pub fn window(config: &Config, period: &str) -> mailstream::db::scripts::KickWindow {
+pub fn window(config: &Config, period: &str) -> mailstream::store::scripts::KickWindow {
     let c = config.campaign(CAMPAIGN).expect("the example campaign");
     kick::window_of(c, period, config.retention().as_secs()).expect("a week")
 }
 
 /// enqueue.lua's answer for items it enqueued (not refused for a closed window).
-pub fn added(enqueued: mailstream::db::scripts::Enqueued) -> Vec<bool> {
+pub fn added(enqueued: mailstream::store::scripts::Enqueued) -> Vec<bool> {
     match enqueued {
-        mailstream::db::scripts::Enqueued::Added(added) => added,
+        mailstream::store::scripts::Enqueued::Added(added) => added,
         closed => panic!("enqueue refused: {closed:?}"),
     }
 }
@@ -273,16 +273,16 @@ where
 /// What a delivery keeps (`id` is `campaign:period:subscriber:target`), as a record's
 /// fields: its record, or its compact entry in the settled history.
 pub async fn delivery(store: &Store, id: &str) -> std::collections::HashMap<String, String> {
-    let d = mailstream::work::DeliveryRef::parse(id).expect("a delivery id");
-    mailstream::deliveries::kept(store, &d).await.unwrap().into_iter().collect()
+    let d = mailstream::model::work::DeliveryRef::parse(id).expect("a delivery id");
+    mailstream::ops::deliveries::kept(store, &d).await.unwrap().into_iter().collect()
 }
 
 /// Every delivery enqueued, with what it keeps: the records, then the settled history's
 /// entries (as a record's fields).
 pub async fn deliveries(
     store: &Store,
-) -> Vec<(mailstream::work::DeliveryRef, std::collections::HashMap<String, String>)> {
-    use mailstream::work::{Channel, DeliveryRef};
+) -> Vec<(mailstream::model::work::DeliveryRef, std::collections::HashMap<String, String>)> {
+    use mailstream::model::work::{Channel, DeliveryRef};
     let mut conn = store.conn().await.unwrap();
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
@@ -309,7 +309,7 @@ pub async fn deliveries(
             for (field, text) in entries {
                 let (subscriber, target) = field.split_once(':').unwrap();
                 let d = DeliveryRef::new(parts[0], parts[1], subscriber, target).on(channel);
-                let entry = mailstream::db::history::Entry::parse(&text).expect("a compact entry");
+                let entry = mailstream::store::history::Entry::parse(&text).expect("a compact entry");
                 out.push((d, entry.fields().into_iter().collect()));
             }
         }
@@ -318,8 +318,8 @@ pub async fn deliveries(
 }
 
 /// The delivery of `CAMPAIGN`/`PERIOD` for subscriber `sub`'s first target.
-pub fn delivery_of(sub: &Subscriber) -> mailstream::work::DeliveryRef {
-    mailstream::work::DeliveryRef::new(CAMPAIGN, &PERIOD, &sub.id, &sub.targets_or_default()[0])
+pub fn delivery_of(sub: &Subscriber) -> mailstream::model::work::DeliveryRef {
+    mailstream::model::work::DeliveryRef::new(CAMPAIGN, &PERIOD, &sub.id, &sub.targets_or_default()[0])
 }
 
 /// A loopback port that stays closed while the returned socket lives: bound, so no
@@ -408,7 +408,7 @@ pub fn logged_addr(line: &str) -> String {
 /// `n` subscribers of partition 0, written to the registry.
 pub async fn partition_0_subscribers(world: &World, n: usize) -> Vec<Subscriber> {
     let subs: Vec<_> = (0..).map(subscriber).filter(|s| world.store.keys.partition_of(&s.id) == 0).take(n).collect();
-    mailstream::subscribers::upsert(&world.store, &subs).await.unwrap();
+    mailstream::audience::subscribers::upsert(&world.store, &subs).await.unwrap();
     subs
 }
 
@@ -420,9 +420,9 @@ pub async fn sealed_batch(
     n: usize,
     owner: &str,
     sending: bool,
-) -> (String, Vec<mailstream::work::DeliveryRef>) {
+) -> (String, Vec<mailstream::model::work::DeliveryRef>) {
     let subs = partition_0_subscribers(world, n).await;
-    let items: Vec<(mailstream::work::DeliveryRef, String)> =
+    let items: Vec<(mailstream::model::work::DeliveryRef, String)> =
         subs.iter().map(|s| (delivery_of(s), s.email.clone())).collect();
     sealed_batch_of(world, &items, window(&world.config, &PERIOD), owner, sending).await
 }
@@ -431,25 +431,25 @@ pub async fn sealed_batch(
 /// the address its email goes to), enqueued within `window`.
 pub async fn sealed_batch_of(
     world: &World,
-    items: &[(mailstream::work::DeliveryRef, String)],
-    window: mailstream::db::scripts::KickWindow,
+    items: &[(mailstream::model::work::DeliveryRef, String)],
+    window: mailstream::store::scripts::KickWindow,
     owner: &str,
     sending: bool,
-) -> (String, Vec<mailstream::work::DeliveryRef>) {
+) -> (String, Vec<mailstream::model::work::DeliveryRef>) {
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
-    let refs: Vec<mailstream::work::DeliveryRef> = items.iter().map(|(d, _)| d.clone()).collect();
-    added(mailstream::db::scripts::enqueue(&mut conn, keys, 0, &refs, 3600, window).await.unwrap());
-    let ids: Vec<String> = refs.iter().map(mailstream::work::DeliveryRef::id).collect();
+    let refs: Vec<mailstream::model::work::DeliveryRef> = items.iter().map(|(d, _)| d.clone()).collect();
+    added(mailstream::store::scripts::enqueue(&mut conn, keys, 0, &refs, 3600, window).await.unwrap());
+    let ids: Vec<String> = refs.iter().map(mailstream::model::work::DeliveryRef::id).collect();
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let claims = mailstream::db::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
-    assert!(claims.iter().all(|c| matches!(c, mailstream::db::scripts::Claim::Claimed { .. })));
-    let members: Vec<mailstream::work::Ready> = items
+    let claims = mailstream::store::scripts::claim(&mut conn, keys, 0, &ids, owner, 1).await.unwrap();
+    assert!(claims.iter().all(|c| matches!(c, mailstream::store::scripts::Claim::Claimed { .. })));
+    let members: Vec<mailstream::model::work::Ready> = items
         .iter()
         .map(|(d, email)| {
             let json =
                 format!(r#"{{"from":"a@acme.example","to":["{email}"],"subject":"Digest {}","text":"x"}}"#, d.period);
-            mailstream::work::Ready {
+            mailstream::model::work::Ready {
                 entry: "0-1".into(),
                 delivery: d.clone(),
                 json,
@@ -458,7 +458,7 @@ pub async fn sealed_batch_of(
             }
         })
         .collect();
-    let req = mailstream::db::scripts::SealRequest {
+    let req = mailstream::store::scripts::SealRequest {
         partition: 0,
         batch: "B1",
         idempotency_key: "mailstream-B1",
@@ -466,11 +466,11 @@ pub async fn sealed_batch_of(
         group: "mailstream",
         lease_ms: 1,
     };
-    let sealed = mailstream::db::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
+    let sealed = mailstream::store::scripts::seal(&mut conn, keys, &req, &members).await.unwrap();
     assert_eq!(sealed.len(), items.len());
     if sending {
         let limits = gate_limits(1);
-        let request = mailstream::db::scripts::GateRequest {
+        let request = mailstream::store::scripts::GateRequest {
             partition: 0,
             batch: "B1",
             owner,
@@ -478,8 +478,8 @@ pub async fn sealed_batch_of(
             limits,
             maybe_sent: false,
         };
-        let gate = mailstream::db::scripts::gate(&mut conn, keys, &request, &refs).await.unwrap();
-        assert_eq!(gate, mailstream::db::scripts::Gate::Go { sends: 1 });
+        let gate = mailstream::store::scripts::gate(&mut conn, keys, &request, &refs).await.unwrap();
+        assert_eq!(gate, mailstream::store::scripts::Gate::Go { sends: 1 });
     }
     ("B1".into(), refs)
 }
@@ -495,7 +495,7 @@ pub fn daily_three_hours_ago() -> String {
 /// Failpoints that freeze at `point` the first time it is reached (`reached` is
 /// notified) until `release` is notified, or for good.
 pub fn freeze_at(
-    point: mailstream::outcome::Failpoint,
+    point: mailstream::model::outcome::Failpoint,
     reached: Arc<tokio::sync::Notify>,
     release: Option<Arc<tokio::sync::Notify>>,
 ) -> mailstream::Failpoints {
@@ -517,7 +517,7 @@ pub fn freeze_at(
 
 /// Runs a daemon on `config` until it first reaches `point`, waiting at most `within`,
 /// then aborts its tasks there, as kill -9 would.
-pub async fn crash_at(config: &Config, point: mailstream::outcome::Failpoint, within: Duration) {
+pub async fn crash_at(config: &Config, point: mailstream::model::outcome::Failpoint, within: Duration) {
     let reached = Arc::new(tokio::sync::Notify::new());
     let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
     let crashing = Daemon::start(config.clone(), options);
@@ -528,8 +528,8 @@ pub async fn crash_at(config: &Config, point: mailstream::outcome::Failpoint, wi
 
 /// The last gate's limits in tests: a resend window of 23 h, deadlines of 48 h (never
 /// sent) and 6 h (maybe sent), an hour's retention, and a lease of `lease_ms`.
-pub fn gate_limits(lease_ms: u64) -> mailstream::db::scripts::GateLimits {
-    mailstream::db::scripts::GateLimits {
+pub fn gate_limits(lease_ms: u64) -> mailstream::store::scripts::GateLimits {
+    mailstream::store::scripts::GateLimits {
         lease_ms,
         window_ms: 23 * 3_600_000,
         deadline_ms: 48 * 3_600_000,

@@ -18,18 +18,18 @@
 
 use std::collections::BTreeMap;
 
+use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::audience::suppression::{self, Act, Why};
 use mailstream::config::{Config, Secret};
-use mailstream::db::Store;
-use mailstream::db::scripts::{
+use mailstream::model::outcome::{Outcome, Reason};
+use mailstream::model::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
+use mailstream::resend::Action as Class;
+use mailstream::store::Store;
+use mailstream::store::redis_server::RedisServer;
+use mailstream::store::scripts::{
     self, Claim, Decision, Fallback, FallbackRequest, Gate, GateLimits, GateRequest, Reschedule, SealRequest,
     Settlement, Settler, Take, Verdict,
 };
-use mailstream::outcome::{Outcome, Reason};
-use mailstream::redis_server::RedisServer;
-use mailstream::resend::Action as Class;
-use mailstream::subscribers::{self, Subscriber};
-use mailstream::suppression::{self, Act, Why};
-use mailstream::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
@@ -113,8 +113,8 @@ impl Walker {
         let store = Store::connect(&config).await?;
         // The current week (Redis's clock): its kick window, the retention from its start, is open.
         let campaign = config.campaign(CAMPAIGN).expect("the example campaign").clone();
-        let period = mailstream::kick::period_for(&store, &campaign, None, Default::default()).await?;
-        let window = mailstream::kick::window_of(&campaign, &period, config.retention().as_secs())?;
+        let period = mailstream::audience::kick::period_for(&store, &campaign, None, Default::default()).await?;
+        let window = mailstream::audience::kick::window_of(&campaign, &period, config.retention().as_secs())?;
         let keys = &store.keys;
         // Subscribers and idempotency keys chosen to land in the model's partitions.
         let mut names =
@@ -149,7 +149,12 @@ impl Walker {
                 }
                 Lane::Transactional => {
                     let key = find(spec.partition, "rx-");
-                    names.deliveries.push(DeliveryRef::new(mailstream::work::TRANSACTIONAL, "2026-12-01", "-", &key));
+                    names.deliveries.push(DeliveryRef::new(
+                        mailstream::model::work::TRANSACTIONAL,
+                        "2026-12-01",
+                        "-",
+                        &key,
+                    ));
                     names.subscribers.push(None);
                 }
             }
@@ -229,7 +234,7 @@ impl Walker {
     }
 
     /// Runs `action` against Redis as the daemon would, from the model's state before it.
-    async fn execute(&self, conn: &mut mailstream::db::Conn, s: &State, action: Action) -> anyhow::Result<()> {
+    async fn execute(&self, conn: &mut mailstream::store::Conn, s: &State, action: Action) -> anyhow::Result<()> {
         let keys = &self.store.keys;
         match action {
             Action::Kick(d) => {
@@ -320,7 +325,7 @@ impl Walker {
                     };
                     // app.rs: an event no longer wanted whose body is written may have been
                     // taken; one still wanted gets its body fixed before any request.
-                    let field = if lane == Lane::Push { mailstream::push::BODY_FIELD } else { "app_body" };
+                    let field = if lane == Lane::Push { mailstream::channels::push::BODY_FIELD } else { "app_body" };
                     let written: bool = redis::cmd("HEXISTS")
                         .arg(keys.delivery(u16::from(p), &dref.id()))
                         .arg(field)
@@ -329,7 +334,7 @@ impl Walker {
                     match skip {
                         Some(reason) => {
                             let outcome = if matches!(lane, Lane::App | Lane::Push) {
-                                mailstream::channel::unwanted_outcome(written)
+                                mailstream::channels::unwanted_outcome(written)
                             } else {
                                 Outcome::Skipped
                             };
@@ -337,21 +342,21 @@ impl Walker {
                         }
                         None if lane == Lane::App => {
                             // Each holder's body differs, so one written over another shows.
-                            let body = mailstream::app::event_body(dref, &format!("walk-{h}"), &[]);
-                            mailstream::channel::fix_bodies(
+                            let body = mailstream::channels::app::event_body(dref, &format!("walk-{h}"), &[]);
+                            mailstream::channels::fix_bodies(
                                 conn,
                                 &self.store,
-                                (u16::from(p), WorkLane::App, mailstream::app::BODY_FIELD),
+                                (u16::from(p), WorkLane::App, mailstream::channels::app::BODY_FIELD),
                                 &[(dref, body)],
                             )
                             .await?;
                         }
                         None if lane == Lane::Push => {
                             let body = format!(r#"{{"title":"t","body":"walk-{h}","tag":"x"}}"#);
-                            mailstream::channel::fix_bodies(
+                            mailstream::channels::fix_bodies(
                                 conn,
                                 &self.store,
-                                (u16::from(p), WorkLane::Push, mailstream::push::BODY_FIELD),
+                                (u16::from(p), WorkLane::Push, mailstream::channels::push::BODY_FIELD),
                                 &[(dref, body)],
                             )
                             .await?;
@@ -460,7 +465,9 @@ impl Walker {
                         // fallback already, and nothing the holder knows may have been sent.
                         let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
                         let action = if answer == Answer::Refused { Class::SenderRejected } else { Class::Fatal };
-                        if operator && mailstream::batch::may_fall_back(action, false, hand.maybe_sent, hand.fallback) {
+                        if operator
+                            && mailstream::send::batch::may_fall_back(action, false, hand.maybe_sent, hand.fallback)
+                        {
                             let emails: Vec<String> = hand
                                 .body
                                 .iter()
@@ -518,7 +525,7 @@ impl Walker {
                 let (held, _) = scripts::renew(conn, keys, p, &owner(h), LEASE_MS, &[dref], &[]).await?;
                 anyhow::ensure!(held == 1, "the model let a holder send without its lease");
                 let record = keys.delivery(p, &dref.id());
-                scripts::note(conn, &mailstream::push::inflight_field(&owner(h)), &[(record, "1")]).await?;
+                scripts::note(conn, &mailstream::channels::push::inflight_field(&owner(h)), &[(record, "1")]).await?;
             }
             Action::PushPost(_, d, b, answer) => {
                 // push/mod.rs `record`: this browser's answer, written as it arrives.
@@ -527,7 +534,12 @@ impl Walker {
                 let record = keys.delivery(p, &dref.id());
                 match answer {
                     AppAnswer::Taken => {
-                        scripts::note(conn, &mailstream::push::sent_field(&format!("b{b}")), &[(record, "1")]).await?;
+                        scripts::note(
+                            conn,
+                            &mailstream::channels::push::sent_field(&format!("b{b}")),
+                            &[(record, "1")],
+                        )
+                        .await?;
                     }
                     AppAnswer::Gone => {
                         let key = keys.push_subscriptions(p, &dref.subscriber);
@@ -551,7 +563,7 @@ impl Walker {
                 let dref = &self.names.deliveries[usize::from(d)];
                 let p = u16::from(self.model.deliveries[usize::from(d)].partition);
                 let record = keys.delivery(p, &dref.id());
-                let mine = mailstream::push::inflight_field(&owner(h));
+                let mine = mailstream::channels::push::inflight_field(&owner(h));
                 let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(conn).await?;
                 let fields: Vec<String> = redis::cmd("HKEYS").arg(&record).query_async(conn).await?;
                 let marked = fields.iter().any(|f| f.starts_with("push_sent:"));
@@ -621,10 +633,10 @@ impl Walker {
             }
             Action::Pause => {
                 let until = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
-                mailstream::pause::Pause::default().begin(&self.store, until, "daily_quota_exceeded").await?;
+                mailstream::send::pause::Pause::default().begin(&self.store, until, "daily_quota_exceeded").await?;
             }
             Action::Unpause => {
-                mailstream::pause::Pause::resume(&self.store).await?;
+                mailstream::send::pause::Pause::resume(&self.store).await?;
             }
             Action::WindowPasses(id, version) => {
                 // Only the batch still holding that key is past its window (a reseal made a
@@ -655,7 +667,7 @@ impl Walker {
 
     async fn settle(
         &self,
-        conn: &mut mailstream::db::Conn,
+        conn: &mut mailstream::store::Conn,
         p: u16,
         batch: &str,
         members: &[DeliveryRef],
@@ -670,7 +682,7 @@ impl Walker {
 
     async fn reschedule(
         &self,
-        conn: &mut mailstream::db::Conn,
+        conn: &mut mailstream::store::Conn,
         p: u16,
         batch: &str,
         owner: &str,
@@ -683,7 +695,7 @@ impl Walker {
     }
 
     /// Delivery id → its stream entry id, in both lanes of partition `p`.
-    async fn entries(&self, conn: &mut mailstream::db::Conn, p: u16) -> anyhow::Result<BTreeMap<String, String>> {
+    async fn entries(&self, conn: &mut mailstream::store::Conn, p: u16) -> anyhow::Result<BTreeMap<String, String>> {
         let mut out = BTreeMap::new();
         for lane in WorkLane::ALL {
             let rows: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
@@ -702,7 +714,7 @@ impl Walker {
     }
 
     /// Redis's state of partition `p`, as the model sees a partition (two round trips).
-    async fn project(&self, conn: &mut mailstream::db::Conn, p: u16) -> anyhow::Result<Data> {
+    async fn project(&self, conn: &mut mailstream::store::Conn, p: u16) -> anyhow::Result<Data> {
         use redis::{Value, from_redis_value_ref as read};
         let keys = &self.store.keys;
         let n = self.model.deliveries.len();
@@ -758,12 +770,12 @@ impl Walker {
             let last = groups
                 .iter()
                 .find_map(|g| g.get("last-delivered-id").and_then(|v| read::<String>(v).ok()))
-                .and_then(|id| mailstream::db::streams::parse_id(&id))
+                .and_then(|id| mailstream::store::streams::parse_id(&id))
                 .unwrap_or((0, 0));
             // An entry id is unique within its stream only: each lane's ids apart.
             unacked.extend(pending.into_iter().map(|(id, ..)| (lane, id)));
             for (id, fields) in rows {
-                if mailstream::db::streams::parse_id(&id).is_some_and(|at| at > last) {
+                if mailstream::store::streams::parse_id(&id).is_some_and(|at| at > last) {
                     unacked.insert((lane, id.clone()));
                 }
                 if let Some(d) = fields.get("delivery") {
@@ -811,7 +823,7 @@ impl Walker {
                     data.push_inflight[d] |= 1 << h;
                 }
             }
-            if let Some(body) = fields.get("app_body").or(fields.get(mailstream::push::BODY_FIELD)) {
+            if let Some(body) = fields.get("app_body").or(fields.get(mailstream::channels::push::BODY_FIELD)) {
                 let mut first = self.first_body.lock().expect("first bodies");
                 let first = first[d].get_or_insert_with(|| body.clone());
                 data.app_body[d] = if first == body { 1 } else { 2 };
@@ -897,7 +909,7 @@ impl Walker {
         // A delivery without a record may be settled compactly: its period's settled history.
         let recordless: Vec<usize> = mine.iter().copied().filter(|&d| data.recs[d] == Rec::Absent).collect();
         let refs: Vec<DeliveryRef> = recordless.iter().map(|&d| self.names.deliveries[d].clone()).collect();
-        let kept = mailstream::db::history::lookup(conn, keys, p, &refs).await?;
+        let kept = mailstream::store::history::lookup(conn, keys, p, &refs).await?;
         for (d, entry) in recordless.into_iter().zip(kept) {
             // The entry's request count (left out when 1) as the scripts write it: a
             // skipped delivery's is 0; one sent through the provider made at least one

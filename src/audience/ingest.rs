@@ -1,0 +1,317 @@
+//! Transactional sends (a receipt, a password reset): what the ingest API
+//! (`POST /v1/deliveries` on the public listener) and `mailstream enqueue` take.
+//! Each item names its recipient (a subscriber id, or an address given inline),
+//! its content (a template, or a ready subject and body), its data, and the
+//! caller's idempotency key, which is its dedup key: the same key enqueues once
+//! within the retention, whatever the day. Items are checked one by one (a bad
+//! item is reported with its field, the others go on) and enqueued in the
+//! transactional lane (`lua/ingest.lua`), on the same exactly-once path as
+//! campaigns. An address given inline is kept in the delivery's record only.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::audience::subscribers::is_plain_address;
+use crate::config::{Config, is_name};
+use crate::model::work::{Audience, Channel, DeliveryRef, Lane, TRANSACTIONAL};
+use crate::store::Store;
+use crate::store::scripts::{self, IngestItem, Ingested};
+
+/// The most items one request (or one `enqueue` call) may carry.
+pub(crate) const MAX_ITEMS: usize = 1000;
+
+/// The subscriber part of a transactional delivery id whose address was given inline.
+const INLINE: &str = "-";
+
+/// One transactional item as checked: exactly one recipient, exactly one kind of
+/// content. Stored as JSON in the delivery record (`request`) and read back by the
+/// consumer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Request {
+    /// Not stored (it is the delivery id's last part).
+    #[serde(skip_serializing, default)]
+    pub idempotency_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscriber: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Why an item was refused: which field, and why (never the field's value).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+struct FieldError {
+    pub field: String,
+    pub error: String,
+}
+
+fn refuse(field: &str, error: &str) -> FieldError {
+    FieldError { field: field.to_string(), error: error.to_string() }
+}
+
+impl Request {
+    /// Reads and checks one item (a JSON object) against the config's templates.
+    fn from_json(value: serde_json::Value, config: &Config) -> Result<Request, FieldError> {
+        let Some(object) = value.as_object() else {
+            return Err(refuse("", "each delivery must be a JSON object"));
+        };
+        // Field by field, so an error names the field and never quotes a value.
+        for (name, v) in object {
+            match name.as_str() {
+                "data" if !v.is_object() => return Err(refuse(name, "must be a JSON object")),
+                "data" => {}
+                "idempotency_key" | "to" | "subscriber" | "template" | "subject" | "html" | "text" => {
+                    if !v.is_string() {
+                        return Err(refuse(name, "must be a string"));
+                    }
+                }
+                _ => return Err(refuse(name, "unknown field")),
+            }
+        }
+        let r: Request = serde_json::from_value(value).map_err(|_| refuse("", "not a delivery"))?;
+        r.check(config)?;
+        Ok(r)
+    }
+
+    fn check(&self, config: &Config) -> Result<(), FieldError> {
+        if !is_name(&self.idempotency_key) {
+            return Err(refuse("idempotency_key", "required: 1-128 of letters, digits, '_', '-', '.'"));
+        }
+        match (&self.to, &self.subscriber) {
+            (Some(to), None) if !is_plain_address(to) => return Err(refuse("to", "not a plain address")),
+            (None, Some(s)) if !is_name(s) => {
+                return Err(refuse("subscriber", "1-128 of letters, digits, '_', '-', '.'"));
+            }
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(refuse("to", "give exactly one of to (an address) or subscriber (an id)"));
+            }
+            _ => {}
+        }
+        // Operator mail goes to the team's own addresses and no others.
+        let operators = self.template.as_ref().and_then(|t| config.templates.get(t)).map(|t| t.audience);
+        if operators == Some(Audience::Operators) {
+            match &self.to {
+                Some(to) if config.operators.includes(to) => {}
+                _ => {
+                    return Err(refuse("to", "an operator template mails only the addresses of [operators] to"));
+                }
+            }
+        }
+        let ready = self.subject.is_some() || self.html.is_some() || self.text.is_some();
+        match (&self.template, ready) {
+            (Some(t), false) if !config.templates.contains_key(t) => {
+                Err(refuse("template", "no such template in the config"))
+            }
+            (Some(_), false) => Ok(()),
+            (None, true) if self.subject.as_deref().is_none_or(|s| s.trim().is_empty()) => {
+                Err(refuse("subject", "required with ready content"))
+            }
+            (None, true) if self.html.is_none() && self.text.is_none() => {
+                Err(refuse("html", "ready content needs html or text"))
+            }
+            (None, true) => Ok(()),
+            (Some(_), true) => Err(refuse("template", "give a template or ready subject/html/text, not both")),
+            (None, false) => Err(refuse("template", "give a template or ready subject/html/text")),
+        }
+    }
+
+    /// The delivery this item makes on `day` (UTC, `YYYY-MM-DD`).
+    pub fn delivery(&self, day: &str) -> DeliveryRef {
+        DeliveryRef::new(TRANSACTIONAL, day, self.subscriber.as_deref().unwrap_or(INLINE), &self.idempotency_key)
+    }
+
+    /// The request as the delivery record keeps it, and its hash (a replay must match).
+    /// What its application event keeps of it: the template and the names of its data
+    /// fields (never a value, never an address), as a request's JSON.
+    pub fn for_event(&self) -> String {
+        let names = self.data.as_ref().map(|d| d.keys().map(|k| (k.clone(), serde_json::Value::Null)).collect());
+        let event = Request { template: self.template.clone(), data: names, ..Request::default() };
+        serde_json::to_string(&event).expect("a request serializes")
+    }
+
+    pub fn stored(&self) -> (String, String) {
+        let json = serde_json::to_string(self).expect("a request serializes");
+        let mut hash = Sha256::new();
+        hash.update(self.idempotency_key.as_bytes());
+        hash.update(b"\n");
+        hash.update(json.as_bytes());
+        let hex: String = hash.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
+        (json, hex)
+    }
+}
+
+/// What became of one item.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum ItemResult {
+    /// Enqueued now.
+    Accepted { index: usize, delivery: String },
+    /// Enqueued before under this key with the same request: nothing new.
+    Duplicate { index: usize, delivery: String },
+    /// Refused: the key was used before for a different request.
+    Conflict { index: usize, delivery: String, error: String },
+    /// Refused: a field is missing or wrong.
+    Invalid { index: usize, field: String, error: String },
+}
+
+impl ItemResult {
+    /// Moves its index by `by` (items enqueued in chunks).
+    pub(crate) fn shift(&mut self, by: usize) {
+        match self {
+            ItemResult::Accepted { index, .. }
+            | ItemResult::Duplicate { index, .. }
+            | ItemResult::Conflict { index, .. }
+            | ItemResult::Invalid { index, .. } => *index += by,
+        }
+    }
+
+    pub fn is_refused(&self) -> bool {
+        matches!(self, ItemResult::Conflict { .. } | ItemResult::Invalid { .. })
+    }
+}
+
+/// A valid item as ingest.lua takes it: its index, delivery, stored request, the
+/// request's hash, and whether its template lists the application channel.
+/// An item to enqueue: its index, delivery, request, hash, and its event's request if any.
+type Stored = (usize, DeliveryRef, String, String, Option<String>);
+
+/// Checks `items` and enqueues the valid ones; one result per item, in order.
+pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Value>) -> anyhow::Result<Vec<ItemResult>> {
+    let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
+    let mut valid: Vec<(usize, Request)> = Vec::new();
+    for (index, value) in items.into_iter().enumerate() {
+        match Request::from_json(value, config) {
+            Ok(r) => valid.push((index, r)),
+            Err(e) => results[index] = Some(ItemResult::Invalid { index, field: e.field, error: e.error }),
+        }
+    }
+    let day = store.time().await?.format("%Y-%m-%d").to_string();
+    let keys = &store.keys;
+    // By the partition of the key, so the key's guard and its delivery share a slot.
+    let mut by_partition: BTreeMap<u16, Vec<Stored>> = BTreeMap::new();
+    for (index, r) in &valid {
+        let d = r.delivery(&day);
+        let (request, hash) = r.stored();
+        // A template may list the application channel too: its event comes with it.
+        let app = r
+            .template
+            .as_ref()
+            .and_then(|t| config.templates.get(t))
+            .is_some_and(|t| t.channels.contains(&Channel::App));
+        let event = app.then(|| r.for_event());
+        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, event));
+    }
+    let mut conn = store.waited_conn().await?;
+    let retention = config.retention().as_secs();
+    for (p, list) in &by_partition {
+        for chunk in list.chunks(500) {
+            let calls: Vec<IngestItem<'_>> = chunk
+                .iter()
+                .map(|(_, d, request, hash, event)| IngestItem { delivery: d, hash, request, event: event.as_deref() })
+                .collect();
+            let done = scripts::ingest(&mut conn, keys, *p, &calls, retention).await?;
+            for ((index, ..), ingested) in chunk.iter().zip(done) {
+                let index = *index;
+                results[index] = Some(match ingested {
+                    Ingested::New(delivery) => ItemResult::Accepted { index, delivery },
+                    Ingested::Duplicate(delivery) => ItemResult::Duplicate { index, delivery },
+                    Ingested::Conflict(delivery) => ItemResult::Conflict {
+                        index,
+                        delivery,
+                        error: "idempotency_key was used before for a different request".into(),
+                    },
+                });
+            }
+        }
+        // Reported enqueued only once it would survive a failover (a retry is idempotent).
+        store.durable(&mut conn, &keys.lane_stream(*p, Lane::Transactional)).await?;
+    }
+    Ok(results.into_iter().map(|r| r.expect("every item has a result")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(item: serde_json::Value) -> Result<Request, FieldError> {
+        Request::from_json(item, &Config::example())
+    }
+
+    #[test]
+    fn a_good_item_and_each_kind_of_bad_one() {
+        let ok = check(json!({"idempotency_key": "r-1", "to": "a@b.example", "subject": "Hi", "text": "x"}));
+        assert!(ok.is_ok(), "{ok:?}");
+        let template = check(json!({"idempotency_key": "r-2", "subscriber": "u1", "template": "weekly_digest"}));
+        assert!(template.is_ok(), "{template:?}");
+        let field = |item| check(item).unwrap_err().field;
+        assert_eq!(field(json!({"to": "a@b.example", "subject": "s", "text": "t"})), "idempotency_key");
+        assert_eq!(
+            field(json!({"idempotency_key": "a:b", "to": "a@b.example", "subject": "s", "text": "t"})),
+            "idempotency_key"
+        );
+        assert_eq!(field(json!({"idempotency_key": "k", "to": "not an address", "subject": "s", "text": "t"})), "to");
+        assert_eq!(field(json!({"idempotency_key": "k", "subject": "s", "text": "t"})), "to");
+        assert_eq!(field(json!({"idempotency_key": "k", "to": "a@b.example", "subscriber": "u", "text": "t"})), "to");
+        assert_eq!(field(json!({"idempotency_key": "k", "to": "a@b.example", "template": "nope"})), "template");
+        assert_eq!(field(json!({"idempotency_key": "k", "to": "a@b.example", "text": "t"})), "subject");
+        assert_eq!(field(json!({"idempotency_key": "k", "to": "a@b.example", "subject": "s"})), "html");
+        assert_eq!(
+            field(json!({"idempotency_key": "k", "to": "a@b.example", "subject": "s", "text": "t", "cc": "x"})),
+            "cc"
+        );
+        assert_eq!(field(json!({"idempotency_key": "k", "to": 7, "subject": "s", "text": "t"})), "to");
+        assert_eq!(
+            field(json!({"idempotency_key": "k", "to": "a@b.example", "subject": "s", "text": "t", "data": "x"})),
+            "data"
+        );
+        assert_eq!(check(json!([1])).unwrap_err().error, "each delivery must be a JSON object");
+    }
+
+    #[test]
+    fn operator_mail_goes_only_to_the_operators() {
+        let ok = check(json!({"idempotency_key": "lead-1", "to": "OnCall@acme.example", "template": "new_lead"}));
+        assert!(ok.is_ok(), "{ok:?}");
+        for item in [
+            json!({"idempotency_key": "lead-2", "to": "ann@acme.example", "template": "new_lead"}),
+            json!({"idempotency_key": "lead-3", "subscriber": "u1", "template": "new_lead"}),
+        ] {
+            let e = check(item).unwrap_err();
+            assert_eq!(
+                (e.field.as_str(), e.error.as_str()),
+                ("to", "an operator template mails only the addresses of [operators] to")
+            );
+        }
+    }
+
+    #[test]
+    fn an_error_never_echoes_the_address() {
+        let e = check(json!({"idempotency_key": "k", "to": "secret person@x.example", "subject": "s", "text": "t"}));
+        assert!(!format!("{e:?}").contains("secret"), "{e:?}");
+    }
+
+    #[test]
+    fn the_stored_request_omits_the_key_and_its_hash_changes_with_the_request() {
+        let a = check(json!({"idempotency_key": "k", "to": "a@b.example", "subject": "s", "text": "t"})).unwrap();
+        let b = check(json!({"idempotency_key": "k", "to": "c@b.example", "subject": "s", "text": "t"})).unwrap();
+        let (json, hash) = a.stored();
+        assert!(!json.contains("idempotency_key"), "{json}");
+        assert_ne!(hash, b.stored().1);
+        assert_eq!(hash, a.clone().stored().1);
+        assert_eq!(a.delivery("2026-11-30").id(), "transactional:2026-11-30:-:k");
+        let back: Request = serde_json::from_str(&json).unwrap();
+        assert_eq!(back.to.as_deref(), Some("a@b.example"));
+    }
+}

@@ -1,0 +1,93 @@
+//! `mailstream enqueue`: transactional items from flags or NDJSON, each at most once per idempotency key.
+
+use crate::audience::ingest::{ItemResult, MAX_ITEMS, enqueue};
+use crate::config::Config;
+use crate::store::Store;
+
+/// `mailstream enqueue`: one transactional item from flags, or NDJSON items.
+#[derive(clap::Args)]
+pub struct Args {
+    /// The caller's idempotency key: the same key enqueues once within the retention.
+    #[arg(long = "key", required_unless_present = "ndjson")]
+    key: Option<String>,
+    /// The recipient's address (kept in the delivery's record only)...
+    #[arg(long)]
+    to: Option<String>,
+    /// ...or a subscriber id of the registry.
+    #[arg(long)]
+    subscriber: Option<String>,
+    /// A template of the config...
+    #[arg(long)]
+    template: Option<String>,
+    /// ...or ready content: a subject and html and/or text.
+    #[arg(long)]
+    subject: Option<String>,
+    /// The HTML part of ready content.
+    #[arg(long)]
+    html: Option<String>,
+    /// The plain-text part of ready content.
+    #[arg(long)]
+    text: Option<String>,
+    /// Template data, a JSON object.
+    #[arg(long)]
+    data: Option<String>,
+    /// Read NDJSON items (the ingest API's item shape) from this file, or `-` for stdin.
+    #[arg(long, conflicts_with_all = ["key", "to", "subscriber", "template", "subject", "html", "text", "data"])]
+    ndjson: Option<String>,
+    /// One JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Enqueues the items `args` name, in chunks of `MAX_ITEMS`; exit 1 if any was refused.
+pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
+    use anyhow::Context;
+    let Args { key, to, subscriber, template, subject, html, text, data, ndjson, json } = args;
+    let items: Vec<serde_json::Value> = match ndjson {
+        Some(source) => crate::cli::read_source(&source)?
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(n, l)| serde_json::from_str(l).with_context(|| format!("line {}: not JSON", n + 1)))
+            .collect::<anyhow::Result<_>>()?,
+        None => {
+            let data: Option<serde_json::Value> =
+                data.map(|d| serde_json::from_str(&d).context("--data: not JSON")).transpose()?;
+            let mut item = serde_json::json!({ "idempotency_key": key, "to": to, "subscriber": subscriber,
+                "template": template, "subject": subject, "html": html, "text": text, "data": data });
+            item.as_object_mut().expect("an object").retain(|_, v| !v.is_null());
+            vec![item]
+        }
+    };
+    anyhow::ensure!(items.len() <= MAX_ITEMS * 100, "at most {} items per call", MAX_ITEMS * 100);
+    let store = Store::open(config).await?;
+    let mut results = Vec::with_capacity(items.len());
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let chunk: Vec<_> = items.by_ref().take(MAX_ITEMS).collect();
+        let offset = results.len();
+        for mut r in enqueue(&store, config, chunk).await? {
+            r.shift(offset);
+            results.push(r);
+        }
+    }
+    let refused = results.iter().filter(|r| r.is_refused()).count();
+    for r in &results {
+        match (json, r.is_refused()) {
+            (false, _) => println!("{}", serde_json::to_string(r)?),
+            (true, true) => eprintln!("{}", serde_json::to_string(r)?),
+            (true, false) => {}
+        }
+    }
+    let accepted = results.iter().filter(|r| matches!(r, ItemResult::Accepted { .. })).count();
+    let duplicates = results.iter().filter(|r| matches!(r, ItemResult::Duplicate { .. })).count();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "accepted": accepted, "duplicates": duplicates, "refused": refused, "results": results })
+        );
+    } else {
+        println!("{accepted} accepted, {duplicates} duplicates, {refused} refused");
+    }
+    Ok(if refused == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
+}

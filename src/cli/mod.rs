@@ -1,0 +1,367 @@
+//! The `mailstream` command line: the arguments (clap), one file per command (its
+//! `Args` and the function that runs it and prints for people or as JSON), what the
+//! commands share (a file or stdin, the report on stdout or stderr), and the one
+//! mapping from an error to an exit code. The work is done by the library's rooms.
+
+mod check_config;
+mod dead_letters;
+mod deliveries;
+mod demo;
+mod emulator;
+mod enqueue;
+mod kick;
+mod preview;
+mod resume;
+mod run;
+mod schedule;
+mod slo;
+mod subscribe;
+mod suppressions;
+mod upgrade;
+mod vapid_keys;
+
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, LogConfig, LogFormat};
+
+/// A value given on the command line that is refused (a usage error: the CLI exits 64).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadValue(pub String);
+
+/// Reads a file, or stdin for `-`.
+pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
+    if source == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("reading stdin")?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(Path::new(source)).with_context(|| format!("reading {source}"))
+    }
+}
+
+/// Where a command's report goes. With `--json`: the object (or one per line, where a
+/// command documents that) on stdout, and the lines for people on stderr, so stdout
+/// pipes into `jq`. Without: the lines on stdout and no JSON.
+#[derive(Clone, Copy)]
+pub(crate) struct Report {
+    pub json: bool,
+}
+
+impl Report {
+    /// A line for people.
+    pub fn line(&self, text: impl std::fmt::Display) {
+        if self.json {
+            eprintln!("{text}");
+        } else {
+            println!("{text}");
+        }
+    }
+
+    /// The machine's copy: printed with `--json` only, as one line.
+    pub fn object(&self, value: &impl serde::Serialize) -> anyhow::Result<()> {
+        if self.json {
+            println!("{}", serde_json::to_string(value)?);
+        }
+        Ok(())
+    }
+}
+
+/// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
+const AFTER_HELP: &str = "Exit codes: 0 done; 1 failed (or refused in part: see the message); \
+64 usage (an unknown command or flag, a bad value); 69 Redis unreachable or not answering; \
+78 configuration (unreadable or invalid config, a secret file that cannot be read). \
+`mailstream slo` exits 3 when an objective is breached and 4 when it cannot be evaluated.";
+
+#[derive(Parser)]
+#[command(
+    name = "mailstream",
+    version,
+    about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams.",
+    after_help = AFTER_HELP
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The config file, for every command that reads one.
+#[derive(clap::Args)]
+struct At {
+    /// Config file (see the shipped config.toml).
+    #[arg(long, short, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
+}
+
+/// The config file of a command with subcommands, accepted after either.
+#[derive(clap::Args)]
+struct AtAny {
+    /// Config file (see the shipped config.toml).
+    #[arg(long, short, global = true, env = "MAILSTREAM_CONFIG", default_value = "/etc/mailstream/config.toml")]
+    config: PathBuf,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon: read, batch, send, settle, recover; stop on SIGTERM or SIGINT.
+    Run(At),
+    /// Validate a config file, say which features it turns on, and exit.
+    CheckConfig {
+        #[command(flatten)]
+        at: At,
+        /// One JSON object on stdout: `ok`, the counts, and `features`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Add subscribers to the registry, or change the fields given of one.
+    Subscribe {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: subscribe::Args,
+    },
+    /// Enqueue a transactional send (a receipt, a reset) in the lane that overtakes
+    /// campaigns; at most once per idempotency key. One from flags, or NDJSON items.
+    Enqueue {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: enqueue::Args,
+    },
+    /// Enqueue a campaign period for every eligible subscriber (at most once each).
+    Kick {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: kick::Args,
+    },
+    /// The next fires of every scheduled campaign, in its zone and in UTC, with the period each kicks.
+    Schedule {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: schedule::Args,
+    },
+    /// Render the exact email a delivery would be sealed as now, without enqueuing anything.
+    Preview {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: preview::Args,
+    },
+    /// Look at and requeue deliveries that failed (or whose outcome is unknown).
+    DeadLetters {
+        #[command(flatten)]
+        at: AtAny,
+        #[command(subcommand)]
+        action: dead_letters::Command,
+    },
+    /// The delivery log: who got what, and why not (addresses masked).
+    Deliveries {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: deliveries::Args,
+    },
+    /// End a quota pause now, on every instance (it also ends when the quota renews).
+    Resume {
+        #[command(flatten)]
+        at: At,
+        /// One JSON object on stdout: `{"resumed": bool}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Moves a deployment of an earlier key layout (2 to 6) to this version's: from 2 it
+    /// builds the kick's audience index from the subscriber records; settled records of an
+    /// earlier layout stay as they are and expire with the retention. Stop every instance
+    /// first.
+    Upgrade(At),
+    /// Look at, add and lift address suppressions (bounces, complaints, by hand).
+    Suppressions {
+        #[command(flatten)]
+        at: AtAny,
+        #[command(subcommand)]
+        action: suppressions::Command,
+    },
+    /// Report the delivery SLO per campaign period (failure rate against slo.failure_rate,
+    /// outcome unknown, stuck). Exit 0: within; 3: objective breached (a warning; stuck
+    /// alone counts); 4: could not evaluate (Redis unreachable, no such campaign, no campaign
+    /// period under this prefix: a mistyped prefix or Redis). --mail also enqueues it by
+    /// email to [operators] to.
+    Slo {
+        #[command(flatten)]
+        at: At,
+        #[command(flatten)]
+        args: slo::Args,
+    },
+    /// Make a VAPID key pair for the Web Push channel: the private key into a new file
+    /// (mode 0600; point channels.push.vapid_private_key_file or the credential
+    /// vapid_private_key at it), the public key on stdout (the application's
+    /// applicationServerKey, for `pushManager.subscribe`).
+    VapidKeys {
+        /// Where the private key goes (refused if it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Run the Resend emulator.
+    Emulator(emulator::Args),
+    /// A full weekly run on the embedded default: private Redis, emulator, N subscribers.
+    Demo(demo::Args),
+}
+
+/// Exit codes after sysexits.h.
+mod exit {
+    pub const USAGE: u8 = 64;
+    pub const UNAVAILABLE: u8 = 69;
+    pub const CONFIG: u8 = 78;
+}
+
+impl Command {
+    /// The config file the command reads; `None` for those that read none.
+    fn config_path(&self) -> Option<&PathBuf> {
+        use Command::*;
+        match self {
+            Run(at) | Upgrade(at) => Some(&at.config),
+            CheckConfig { at, .. } | Resume { at, .. } => Some(&at.config),
+            Subscribe { at, .. }
+            | Enqueue { at, .. }
+            | Kick { at, .. }
+            | Schedule { at, .. }
+            | Preview { at, .. }
+            | Deliveries { at, .. }
+            | Slo { at, .. } => Some(&at.config),
+            DeadLetters { at, .. } | Suppressions { at, .. } => Some(&at.config),
+            Emulator(_) | Demo(_) | VapidKeys { .. } => None,
+        }
+    }
+}
+
+/// The `mailstream` command: parses the arguments, sets up logging and runs the command.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
+        }
+    };
+    // The daemon logs as its config says; the other commands print for people and
+    // log only warnings.
+    // `run` reads its config once, here, and keeps it.
+    let (log, preloaded) = match &cli.command {
+        Command::Run(at) => match Config::load(&at.config) {
+            Ok(config) => (config.log.clone(), Some(config)),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::from(exit::CONFIG);
+            }
+        },
+        Command::Emulator { .. } => (LogConfig::default(), None),
+        _ => (LogConfig { level: "warn".into(), format: LogFormat::Text }, None),
+    };
+    if let Err(e) = crate::ops::logging::init(&log, std::io::stderr, std::io::stderr().is_terminal()) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(cli.command, preloaded)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            if e.downcast_ref::<crate::config::ConfigError>().is_some() {
+                ExitCode::from(exit::CONFIG)
+            } else if e.downcast_ref::<crate::audience::kick::PeriodClosed>().is_some()
+                || e.downcast_ref::<BadValue>().is_some()
+            {
+                ExitCode::from(exit::USAGE)
+            } else if crate::store::unavailable(&e) {
+                ExitCode::from(exit::UNAVAILABLE)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
+
+/// Loads the config (but for the emulator and the demo) and runs the command in its room.
+async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<ExitCode> {
+    let config = match (command.config_path(), preloaded) {
+        (None, _) => None,
+        (Some(_), Some(config)) => Some(config),
+        (Some(path), None) => Some(Config::load(path)?),
+    };
+    let config = || config.expect("loaded for every command that reads it");
+    match command {
+        Command::Run(_) => run::command(config()).await,
+        Command::CheckConfig { at, json } => Ok(check_config::command(&at.config, &config(), json)?),
+        Command::Subscribe { args, .. } => subscribe::command(&config(), args).await,
+        Command::Enqueue { args, .. } => enqueue::command(&config(), args).await,
+        Command::Kick { args, .. } => kick::command(&config(), args).await,
+        Command::Schedule { args, .. } => schedule::command(&config(), args),
+        Command::Preview { args, .. } => preview::command(&config(), args).await,
+        Command::DeadLetters { action, .. } => dead_letters::command(&config(), action).await,
+        Command::Deliveries { args, .. } => deliveries::command(&config(), args).await,
+        Command::Resume { json, .. } => resume::command(&config(), json).await,
+        Command::Upgrade(_) => upgrade::command(&config()).await,
+        Command::Suppressions { action, .. } => suppressions::command(&config(), action).await,
+        Command::Slo { args, .. } if args.mail => slo::mail(&config(), args.json).await,
+        Command::Slo { args, .. } => slo::command(&config(), args).await,
+        Command::VapidKeys { out } => vapid_keys::command(&out),
+        Command::Emulator(args) => emulator::command(args).await,
+        Command::Demo(args) => demo::command(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    /// Every argument of every command says what it is for in `--help`.
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let builtin = ["help", "version"].contains(&arg.get_id().as_str());
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} --{}", arg.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&Cli::command(), "mailstream", &mut missing);
+        assert!(missing.is_empty(), "arguments without help text:\n{}", missing.join("\n"));
+    }
+
+    /// The emulator, the demo and vapid-keys read no config file, so they do not offer
+    /// `--config`.
+    #[test]
+    fn only_commands_that_read_a_config_offer_it() {
+        let cli = Cli::command();
+        for sub in cli.get_subcommands() {
+            let offers = sub.get_arguments().any(|a| a.get_id() == "config");
+            let reads = !["emulator", "demo", "vapid-keys"].contains(&sub.get_name());
+            assert_eq!(offers, reads, "{}", sub.get_name());
+        }
+    }
+
+    #[test]
+    fn the_cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+}

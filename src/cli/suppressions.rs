@@ -1,0 +1,82 @@
+//! `mailstream suppressions`: list, add and lift address suppressions.
+
+use crate::audience::suppression::{Act, Why, apply, list};
+use crate::config::Config;
+use crate::store::Store;
+use crate::store::scripts::Suppressed;
+
+/// `mailstream suppressions`.
+#[derive(clap::Subcommand)]
+pub enum Command {
+    /// Every suppression, oldest first (addresses are kept as salted hashes), or one address's.
+    List {
+        /// Only this address (it is hashed, not stored).
+        #[arg(long)]
+        email: Option<String>,
+        /// One JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Suppress an address by hand: its subscribers are marked suppressed and unsubscribed.
+    Add {
+        /// The address (hashed before it is stored).
+        #[arg(long)]
+        email: String,
+        /// One JSON object on stdout: `{"suppressed": true, "already": bool}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Lift an address's suppression (its subscribers stay unsubscribed until re-subscribed).
+    Remove {
+        /// The address (hashed, as stored).
+        #[arg(long)]
+        email: String,
+        /// One JSON object on stdout: `{"lifted": true}`.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Lists, adds or lifts suppressions.
+pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
+    match command {
+        Command::List { email, json } => {
+            let store = Store::open_read(config).await?;
+            let entries = list(&store, email.as_deref()).await?;
+            for e in &entries {
+                if json {
+                    println!("{}", serde_json::to_string(e)?);
+                } else {
+                    let at = chrono::DateTime::from_timestamp_millis(e.at_ms as i64).unwrap_or_default();
+                    let event = if e.event.is_empty() { String::new() } else { format!("  event={}", e.event) };
+                    println!(
+                        "{}  {}  reason={}  source={}{event}",
+                        at.format("%Y-%m-%dT%H:%M:%SZ"),
+                        e.address_hash,
+                        e.reason,
+                        e.source
+                    );
+                }
+            }
+            if !json {
+                eprintln!("{} suppressed", entries.len());
+            }
+        }
+        Command::Add { email, json } => {
+            let store = Store::open(config).await?;
+            let state = apply(&store, config, &email, Act::Suppress(Why::Manual), None).await?;
+            let out = crate::cli::Report { json };
+            let already = state == Suppressed::Already;
+            out.line(if already { "already suppressed" } else { "suppressed" });
+            out.object(&serde_json::json!({ "suppressed": true, "already": already }))?;
+        }
+        Command::Remove { email, json } => {
+            let store = Store::open(config).await?;
+            apply(&store, config, &email, Act::Lift, None).await?;
+            let out = crate::cli::Report { json };
+            out.line("suppression lifted");
+            out.object(&serde_json::json!({ "lifted": true }))?;
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}

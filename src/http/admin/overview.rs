@@ -1,0 +1,57 @@
+//! The admin landing page's figures: what an operator asks first in an incident.
+//! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
+//! sending is paused, whether the provider is down, each partition's backlog and dead letters (the same reads as
+//! the `/metrics` gauges), and the suppressions and webhook events of the last 24 hours.
+
+use serde::Serialize;
+
+use crate::config::Config;
+use crate::metrics::{self, Partition};
+use crate::store::Store;
+use crate::{audience::suppression, ops::slo};
+
+/// The overview (also `/admin/api/overview`).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Overview {
+    /// Redis's clock when it was read (RFC 3339).
+    pub at: String,
+    pub slo: slo::Report,
+    /// A quota pause holds sending (on every instance).
+    pub paused: bool,
+    /// Since when the provider counts as down (RFC 3339), if it does.
+    pub provider_down_since: Option<String>,
+    pub partitions: Vec<Partition>,
+    pub dead_letters: u64,
+    pub outcome_unknown_letters: u64,
+    /// Suppressions made in the last 24 hours, by reason.
+    pub suppressed_last_24h: std::collections::BTreeMap<String, u64>,
+    /// Provider events recorded on deliveries in the last 24 hours, by type.
+    pub webhook_events_last_24h: std::collections::BTreeMap<String, u64>,
+}
+
+/// Reads the overview from Redis.
+pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overview> {
+    let now = store.time().await?;
+    let slo = slo::evaluate(store, config, None, None).await?;
+    let mut conn = store.conn().await?;
+    let mut partitions = Vec::new();
+    for p in 0..store.keys.partitions() {
+        partitions.push(metrics::partition(&mut conn, store, &config.redis.group, p).await?);
+    }
+    let down = crate::store::scripts::provider_down_since(&mut conn, &store.keys).await?;
+    let provider_down_since = down
+        .and_then(|ms| chrono::DateTime::from_timestamp_millis(ms as i64))
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let suppressed_last_24h = suppression::of_the_last_day(store).await?;
+    Ok(Overview {
+        at: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        slo,
+        paused: partitions.iter().any(|p| p.paused),
+        provider_down_since,
+        dead_letters: partitions.iter().map(|p| p.dead).sum(),
+        outcome_unknown_letters: partitions.iter().map(|p| p.unknown).sum(),
+        partitions,
+        suppressed_last_24h,
+        webhook_events_last_24h: crate::store::scripts::webhook_events_last_24h(store).await?,
+    })
+}

@@ -1,0 +1,11 @@
+//! The vocabulary every floor shares: values and the pure rules over them, with no I/O
+//! and nothing else of the crate imported, so any room may use them.
+
+pub mod id;
+pub mod names;
+pub mod outcome;
+pub mod period;
+pub mod push_endpoint;
+pub mod svix;
+pub mod webpush;
+pub mod work;

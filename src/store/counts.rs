@@ -1,0 +1,107 @@
+//! What a campaign period's counts hashes say, summed over the partitions: per channel
+//! (email's hash is `counts:<campaign>:<period>`, another channel's adds `:<channel>`), and
+//! the periods the partitions list.
+
+use std::collections::BTreeMap;
+
+use super::Store;
+use crate::model::work::Channel;
+
+/// A campaign period's counters, summed over partitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub enqueued: u64,
+    /// Offers of a delivery already enqueued (a second kick, a retried kick).
+    pub duplicates: u64,
+    pub sent: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    pub outcome_unknown: u64,
+    /// Operator mail sealed again from its fallback sender (its sender refused), whatever
+    /// came of it.
+    pub fallbacks: u64,
+}
+
+impl Counts {
+    /// Deliveries with a final outcome.
+    pub fn settled(&self) -> u64 {
+        self.sent + self.failed + self.skipped + self.outcome_unknown
+    }
+
+    /// Deliveries enqueued and not settled yet.
+    pub fn pending(&self) -> u64 {
+        self.enqueued.saturating_sub(self.settled())
+    }
+
+    /// Failed over decided outcomes, `failed / (sent + failed)`: skipped (not wanted),
+    /// pending (not decided) and outcome_unknown (reported beside it) are outside the
+    /// denominator. `None` while nothing is decided.
+    pub fn failure_rate(&self) -> Option<f64> {
+        let decided = self.sent + self.failed;
+        (decided > 0).then(|| self.failed as f64 / decided as f64)
+    }
+}
+
+impl Store {
+    /// Every `(campaign, period)` enqueued within the retention, in order.
+    pub async fn periods(&self) -> anyhow::Result<Vec<(String, String)>> {
+        let cmds: Vec<redis::Cmd> = (0..self.keys.partitions())
+            .map(|p| redis::cmd("ZRANGE").arg(self.keys.periods(p)).arg(0).arg(-1).clone())
+            .collect();
+        let pages: Vec<Vec<String>> = self.conn().await?.each(&cmds).await?;
+        let mut all = std::collections::BTreeSet::new();
+        for members in pages {
+            all.extend(members.into_iter().filter_map(|m| {
+                let (campaign, period) = m.split_once(':')?;
+                Some((campaign.to_string(), period.to_string()))
+            }));
+        }
+        Ok(all.into_iter().collect())
+    }
+
+    /// The email counters of `campaign` for `period`, summed over the partitions.
+    pub async fn counts(&self, campaign: &str, period: &str) -> anyhow::Result<Counts> {
+        self.channel_counts(campaign, period, Channel::Email).await
+    }
+
+    /// The counters of `campaign` for `period` on `channel`, summed over the partitions.
+    pub async fn channel_counts(&self, campaign: &str, period: &str, channel: Channel) -> anyhow::Result<Counts> {
+        Ok(self.counts_and_exposures(campaign, period, channel).await?.0)
+    }
+
+    /// A campaign period's A/B exposures (emails of each variant the provider
+    /// accepted), summed over partitions.
+    pub async fn exposures(&self, campaign: &str, period: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+        Ok(self.counts_and_exposures(campaign, period, Channel::Email).await?.1)
+    }
+
+    /// Both, from one read of each partition's counts hash.
+    pub(crate) async fn counts_and_exposures(
+        &self,
+        campaign: &str,
+        period: &str,
+        channel: Channel,
+    ) -> anyhow::Result<(Counts, BTreeMap<String, u64>)> {
+        let cmds: Vec<redis::Cmd> = (0..self.keys.partitions())
+            .map(|p| redis::cmd("HGETALL").arg(self.keys.channel_counts(p, campaign, period, channel)).clone())
+            .collect();
+        let parts: Vec<std::collections::HashMap<String, u64>> = self.conn().await?.each(&cmds).await?;
+        let (mut c, mut exposed) = (Counts::default(), BTreeMap::new());
+        for part in parts {
+            let get = |f: &str| part.get(f).copied().unwrap_or(0);
+            c.enqueued += get("enqueued");
+            c.duplicates += get("duplicates");
+            c.sent += get("sent");
+            c.failed += get("failed");
+            c.skipped += get("skipped");
+            c.outcome_unknown += get("outcome_unknown");
+            c.fallbacks += get("fallbacks");
+            for (field, n) in &part {
+                if let Some(variant) = field.strip_prefix("exposed:") {
+                    *exposed.entry(variant.to_string()).or_default() += n;
+                }
+            }
+        }
+        Ok((c, exposed))
+    }
+}
