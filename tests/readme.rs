@@ -1,9 +1,10 @@
 //! The documentation's command lines run as written: every line of a code block in
-//! `README.md` and `deploy/README.md` that starts with `mailstream` or `curl`, in
-//! order, through `sh`, against the shipped `config.toml`, with the variables the
-//! README exports set, a private Redis (append-only, as production runs it) and the
-//! Resend emulator. `mailstream run` is started in the background where the README
-//! starts it and stopped at the end.
+//! `README.md`, then in the files of `docs/` (in the order `DOCS` lists them), then in
+//! `deploy/README.md`, that starts with `mailstream` or `curl`, in that order, through
+//! `sh`, against the shipped `config.toml`, with the variables the README exports set,
+//! a private Redis (append-only, as production runs it) and the Resend emulator.
+//! `mailstream run` is started in the background where the README starts it and
+//! stopped at the end.
 //!
 //! What a reader fills in, and only that, is filled in here: the config's path
 //! (`/etc/mailstream/config.toml`) and the credentials' folder, the public listener's address
@@ -24,6 +25,24 @@ use common::cli::{ANY_METRICS_PORT, UNSUBSCRIBE_SECRET, config_file};
 use common::{Logged, start_emulator};
 use mailstream::store::redis_server::{RedisOptions, RedisServer};
 use mailstream::tools::emulator::EmulatorConfig;
+
+/// The files of `docs/` whose command lines run, in this order, after the README's
+/// (which starts the daemon, writes the subscribers and kicks the campaign these lines
+/// use) and before `deploy/README.md`'s. Each is listed by name, so a new file joins
+/// at the place its lines need rather than wherever the directory lists it: the
+/// configuration (schedules, the dry run, a preview of u42), the HTTP API (ingest
+/// through the running daemon's public listener, then suppressions), the channels
+/// (u42's application events and browsers), operations (dead letters, the delivery
+/// log, the SLO, over what the lines before wrote); the rest have no command lines.
+const DOCS: [&str; 7] = [
+    "docs/configuration.md",
+    "docs/http-api.md",
+    "docs/channels.md",
+    "docs/operations.md",
+    "docs/redis.md",
+    "docs/protocol.md",
+    "docs/architecture.md",
+];
 
 /// One command line of a document.
 #[derive(Debug)]
@@ -100,7 +119,15 @@ fn said(out: &Output) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_documented_command_line_runs_as_written() {
-    let lines: Vec<Documented> = ["README.md", "deploy/README.md"].into_iter().flat_map(documented).collect();
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs");
+    let unlisted: Vec<String> = std::fs::read_dir(&docs)
+        .unwrap()
+        .map(|e| format!("docs/{}", e.unwrap().file_name().to_string_lossy()))
+        .filter(|f| f.ends_with(".md") && !DOCS.contains(&f.as_str()))
+        .collect();
+    assert!(unlisted.is_empty(), "docs files missing from DOCS, the order their command lines run in: {unlisted:?}");
+    let files = std::iter::once("README.md").chain(DOCS).chain(["deploy/README.md"]);
+    let lines: Vec<Documented> = files.flat_map(documented).collect();
     assert!(lines.len() > 25, "the README's command lines were found: {lines:#?}");
 
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await.unwrap();
