@@ -59,7 +59,7 @@ pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, 
     let scripts = store::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
         .await
         .context("loading the Lua scripts into Redis")?;
-    let renderer = config.renderer().context("compiling templates")?;
+    let renderer = crate::audience::render::Renderer::of(&config).context("compiling templates")?;
     let sender = crate::send::request::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(queue::Batcher::from_config(&config));
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::audience::subscribers::{self, Subscriber};
-use mailstream::audience::suppression::{self, Why};
+use mailstream::audience::suppression;
 use mailstream::config::Secret;
+use mailstream::model::outcome::Why;
 use mailstream::ops::deliveries::{self, Filter};
 use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Listeners, RunOptions};

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::RunOptions;
-use mailstream::audience::suppression::{self, Act, Why};
+use mailstream::audience::suppression::{self, Act};
 use mailstream::config::Config;
+use mailstream::model::outcome::Why;
 use mailstream::model::outcome::{Failpoint, Reason};
 use mailstream::model::work::TRANSACTIONAL;
 use mailstream::store::scripts::{self, Gate, GateRequest, Reschedule, Settlement, Settler, Take, Verdict};
@@ -211,7 +212,7 @@ async fn a_batch_counts_requests_not_looks_and_the_log_shows_them_while_sealed()
         delay_ms: 0,
         failed_request: true,
         maybe_sent: true,
-        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+        error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     assert_eq!(
@@ -237,7 +238,7 @@ async fn a_second_look_that_ends_the_batch_takes_back_the_request_never_made() {
         delay_ms: 0,
         failed_request: true,
         maybe_sent: true,
-        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+        error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     assert_eq!(
@@ -325,7 +326,7 @@ async fn a_taker_that_knows_a_request_may_have_left_is_withheld_though_a_failove
         delay_ms: 0,
         failed_request: true,
         maybe_sent: true,
-        error: Reason::Provider(mailstream::resend::ErrorName::Timeout),
+        error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     let Take::Take { maybe_sent: true, .. } =

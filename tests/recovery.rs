@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use common::*;
 use mailstream::config::Config;
+use mailstream::model::error_name::ErrorName;
 use mailstream::model::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
 use mailstream::model::work::{DeliveryRef, Ready};
-use mailstream::resend::ErrorName;
 use mailstream::store::redis_server::RedisOptions;
 use mailstream::store::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::tools::emulator::{EmulatorConfig, Faults};

@@ -14,8 +14,8 @@ use std::time::Duration;
 use common::*;
 use hmac::{Hmac, Mac};
 use hyper::StatusCode;
-use mailstream::audience::render::VariantConfig;
 use mailstream::audience::subscribers::{self, Subscriber};
+use mailstream::config::VariantConfig;
 use mailstream::config::{Config, RenderHookConfig, Secret, VariantsConfig};
 use mailstream::http::server::{self, HttpRequest, HttpResponse};
 use mailstream::shutdown::{self, Trigger};
@@ -180,7 +180,7 @@ async fn an_address_the_hook_supplies_is_checked_against_suppressions() {
     // subscriber in the registry has it, so only the address itself can tell.
     let bounced: Vec<String> = subs.iter().step_by(5).map(|s| format!("delivered+app-{}@resend.dev", s.id)).collect();
     for (i, address) in bounced.iter().enumerate() {
-        let act = mailstream::audience::suppression::Act::Suppress(mailstream::audience::suppression::Why::Bounced);
+        let act = mailstream::audience::suppression::Act::Suppress(mailstream::model::outcome::Why::Bounced);
         let event = format!("evt-{i}");
         mailstream::audience::suppression::apply(&world.store, &world.config, address, act, Some(&event))
             .await

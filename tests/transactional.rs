@@ -163,7 +163,7 @@ async fn transactional_sends_reach_addresses_and_subscribers_and_keep_addresses_
         &world.store,
         &world.config,
         "bounced+gone@resend.dev",
-        mailstream::audience::suppression::Act::Suppress(mailstream::audience::suppression::Why::Manual),
+        mailstream::audience::suppression::Act::Suppress(mailstream::model::outcome::Why::Manual),
         None,
     )
     .await

@@ -439,7 +439,7 @@ async fn an_operator_suppresses_and_lifts_an_address() {
     let world = World::with(Default::default(), listening).await;
     let subs = world.subscribers(10).await;
     let address = subs[2].email.clone();
-    let act = suppression::Act::Suppress(suppression::Why::Manual);
+    let act = suppression::Act::Suppress(mailstream::model::outcome::Why::Manual);
     assert_eq!(
         suppression::apply(&world.store, &world.config, &address, act, None).await.unwrap(),
         scripts::Suppressed::New

@@ -8,44 +8,12 @@
 use std::collections::BTreeMap;
 
 use minijinja::{Environment, context};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::model::work::{Audience, Channel, DeliveryRef};
-
-/// A template: minijinja sources for the subject and the two bodies
-/// (`[templates.NAME]` in the config), whom its mail is for, and, for operator mail
-/// only, the sender it falls back to once when Resend refuses the first.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TemplateConfig {
-    pub subject: String,
-    pub html: String,
-    pub text: String,
-    #[serde(default)]
-    pub audience: Audience,
-    #[serde(default)]
-    pub fallback_from: Option<String>,
-    /// A transactional item of this template is a delivery per channel (`email`, `app`),
-    /// made by the one ingest step; email alone by default.
-    #[serde(default = "email_only")]
-    pub channels: Vec<Channel>,
-    /// What a campaign of this template sends on the Web Push channel.
-    #[serde(default)]
-    pub push: Option<PushTemplate>,
-}
-
-/// A Web Push notification's parts (`[templates.NAME.push]`): minijinja sources, not
-/// escaped (the payload is JSON, which escapes what it must).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PushTemplate {
-    pub title: String,
-    pub body: String,
-    /// Where a click on the notification leads (optional).
-    #[serde(default)]
-    pub url: Option<String>,
-}
+use crate::config::Config;
+use crate::config::templates::VariantConfig;
+use crate::model::work::DeliveryRef;
 
 /// A rendered notification: what the payload carries besides its `tag`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -54,41 +22,6 @@ pub struct Notification {
     pub body: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
-}
-
-fn email_only() -> Vec<Channel> {
-    vec![Channel::Email]
-}
-
-impl TemplateConfig {
-    /// A customer template of these parts, by email (templates read from files are).
-    pub fn new(subject: String, html: String, text: String) -> TemplateConfig {
-        TemplateConfig {
-            subject,
-            html,
-            text,
-            audience: Audience::Customers,
-            fallback_from: None,
-            channels: email_only(),
-            push: None,
-        }
-    }
-}
-
-/// An A/B variant of a campaign: a name and the parts it overrides (minijinja
-/// sources; a part it leaves out comes from the campaign's template).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct VariantConfig {
-    pub name: String,
-    /// Relative share of the subscribers (any positive integers).
-    pub weight: u32,
-    #[serde(default)]
-    pub subject: Option<String>,
-    #[serde(default)]
-    pub html: Option<String>,
-    #[serde(default)]
-    pub text: Option<String>,
 }
 
 /// The variant `subscriber` gets in `campaign`: stable (a hash of both), in
@@ -174,33 +107,15 @@ pub(crate) struct Renderer {
 }
 
 impl Renderer {
-    /// [`Renderer::with_variants`] without variants.
-    #[cfg(test)]
-    pub fn new(templates: &BTreeMap<String, TemplateConfig>) -> Result<Renderer, minijinja::Error> {
-        Renderer::with_variants(templates, std::iter::empty())
+    /// Every template and campaign variant of `config`, compiled.
+    pub(crate) fn of(config: &Config) -> Result<Renderer, minijinja::Error> {
+        Ok(Renderer { env: config.compiled()? })
     }
 
-    /// Compiles every template (`[templates.NAME]` of the config, and the files of
-    /// `templates_dir`) and every campaign variant's parts, given as `(campaign, variants)`.
-    pub(crate) fn with_variants<'a>(
-        templates: &BTreeMap<String, TemplateConfig>,
-        campaigns: impl Iterator<Item = (&'a str, &'a [VariantConfig])>,
-    ) -> Result<Renderer, minijinja::Error> {
-        let mut env = Environment::new();
-        for (name, t) in templates {
-            add(&mut env, name, t)?;
-        }
-        for (campaign, variants) in campaigns {
-            for v in variants {
-                let parts = [("subject", &v.subject), ("html", &v.html), ("text", &v.text)];
-                for (suffix, source) in parts {
-                    if let Some(source) = source {
-                        env.add_template_owned(format!("{campaign}@{}.{suffix}", v.name), source.clone())?;
-                    }
-                }
-            }
-        }
-        Ok(Renderer { env })
+    /// `templates` alone, compiled.
+    #[cfg(test)]
+    pub fn new(templates: &BTreeMap<String, crate::config::TemplateConfig>) -> Result<Renderer, minijinja::Error> {
+        Ok(Renderer { env: crate::config::templates::compile(templates, std::iter::empty())? })
     }
 
     /// A transactional email from ready content.
@@ -215,11 +130,6 @@ impl Renderer {
             tags: Email::tags(delivery, None),
         };
         serde_json::to_string(&email).expect("an email serializes")
-    }
-
-    /// Checks that a template compiles (used by config validation).
-    pub fn check(name: &str, t: &TemplateConfig) -> Result<(), String> {
-        add(&mut Environment::new(), name, t).map_err(|e| e.to_string())
     }
 
     /// Renders `template` for one delivery into a serialized Resend email object.
@@ -292,27 +202,10 @@ impl Renderer {
     }
 }
 
-fn add(env: &mut Environment<'static>, name: &str, t: &TemplateConfig) -> Result<(), minijinja::Error> {
-    // The suffix picks auto-escaping: `.html` escapes, the others do not.
-    let parts = BTreeMap::from([("subject", &t.subject), ("html", &t.html), ("text", &t.text)]);
-    for (suffix, source) in parts {
-        env.add_template_owned(format!("{name}.{suffix}"), source.clone())?;
-    }
-    if let Some(push) = &t.push {
-        let parts =
-            [("push_title", Some(&push.title)), ("push_body", Some(&push.body)), ("push_url", push.url.as_ref())];
-        for (suffix, source) in parts {
-            if let Some(source) = source {
-                env.add_template_owned(format!("{name}.{suffix}"), source.clone())?;
-            }
-        }
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::templates::{self, TemplateConfig};
 
     fn delivery() -> DeliveryRef {
         DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1")
@@ -388,7 +281,7 @@ mod tests {
     #[test]
     fn a_variant_overrides_only_its_parts_and_is_tagged() {
         let campaigns = [("weekly_digest", &[arm("b", 1, Some("B {{ period }}"))][..])];
-        let renderer = Renderer::with_variants(&templates(), campaigns.into_iter()).unwrap();
+        let renderer = Renderer { env: templates::compile(&templates(), campaigns.into_iter()).unwrap() };
         let d = DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
         let data = serde_json::json!({ "name": "Ann" });
         let input = |variant| RenderInput {
@@ -434,6 +327,26 @@ mod tests {
     #[test]
     fn broken_template_is_reported() {
         let t = TemplateConfig::new("{{ oops".into(), String::new(), String::new());
-        assert!(Renderer::check("x", &t).is_err());
+        assert!(templates::check("x", &t).is_err());
+    }
+
+    #[test]
+    fn the_shipped_template_renders() {
+        let config = crate::config::Config::example();
+        let renderer = Renderer::new(&config.templates).unwrap();
+        let d = DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
+        let data = serde_json::json!({ "name": "Ann" });
+        let input = RenderInput {
+            delivery: &d,
+            variant: None,
+            target: "team-1",
+            subscriber_id: "u42",
+            data: &data,
+            headers: &[],
+        };
+        let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");
+        assert!(v["html"].as_str().unwrap().contains("Hello Ann,"), "{v}");
     }
 }

@@ -13,26 +13,9 @@ use redis::AsyncCommands;
 use serde::Serialize;
 
 use crate::config::Config;
-use crate::model::names::names;
+use crate::model::outcome::Why;
 use crate::store::Store;
 use crate::store::scripts::{self, SuppressMode, Suppressed, Suppression};
-
-names! {
-    /// Why an address is suppressed (bounded: metric labels).
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-    pub enum Why {
-        /// A permanent bounce (the mailbox does not exist).
-        Bounced = "bounced",
-        /// Marked as spam by the recipient.
-        Complained = "complained",
-        /// Resend reported it on its own suppression list.
-        ProviderSuppressed = "provider_suppressed",
-        /// Transient or undetermined bounces, often enough within the window.
-        TransientBounces = "transient_bounces",
-        /// An operator added it.
-        Manual = "manual",
-    }
-}
 
 /// What to do to an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,8 @@
 //! `mailstream suppressions`: list, add and lift address suppressions.
 
-use crate::audience::suppression::{Act, Why, apply, list};
+use crate::audience::suppression::{Act, apply, list};
 use crate::config::Config;
+use crate::model::outcome::Why;
 use crate::store::Store;
 use crate::store::scripts::Suppressed;
 

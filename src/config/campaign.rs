@@ -49,12 +49,12 @@ pub struct VariantsConfig {
     #[serde(default)]
     pub enabled: bool,
     #[serde(default)]
-    pub arms: Vec<crate::audience::render::VariantConfig>,
+    pub arms: Vec<super::VariantConfig>,
 }
 
 impl VariantsConfig {
     /// The variants in use (none while not enabled).
-    pub fn active(&self) -> &[crate::audience::render::VariantConfig] {
+    pub fn active(&self) -> &[super::VariantConfig] {
         if self.enabled { &self.arms } else { &[] }
     }
 }

@@ -13,6 +13,7 @@ mod operators;
 mod redis;
 mod resend;
 mod slo;
+pub mod templates;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,7 +32,7 @@ pub use self::operators::OperatorsConfig;
 pub use self::redis::{Durability, RedisConfig};
 pub use self::resend::{LimiterMode, ResendConfig};
 pub use self::slo::{SloConfig, SloReportConfig};
-pub use crate::audience::render::TemplateConfig;
+pub use self::templates::{TemplateConfig, VariantConfig};
 
 /// The documented example config, shipped inside the binary (the demo runs on it).
 pub const EXAMPLE: &str = include_str!("../../config.toml");
@@ -266,13 +267,13 @@ impl Config {
         campaign::validate(&self.campaigns, &self.delivery, &self.templates, &mut errors);
         operators::validate(self, &mut errors);
         for (name, t) in &self.templates {
-            if let Err(e) = crate::audience::render::Renderer::check(name, t) {
+            if let Err(e) = templates::check(name, t) {
                 errors.push(format!("templates.{name}: {e}"));
             }
         }
         // The templates were compiled one by one above; the variants' parts alone here.
         let arms = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
-        if let Err(e) = crate::audience::render::Renderer::with_variants(&BTreeMap::new(), arms) {
+        if let Err(e) = templates::compile(&BTreeMap::new(), arms) {
             errors.push(format!("variants: {e}"));
         }
         campaign::validate_hook_secret(self, ENV_RENDER_HOOK_SECRET, &mut errors);
@@ -282,9 +283,9 @@ impl Config {
     }
 
     /// The templates and every campaign's variants, compiled.
-    pub(crate) fn renderer(&self) -> Result<crate::audience::render::Renderer, minijinja::Error> {
+    pub(crate) fn compiled(&self) -> Result<minijinja::Environment<'static>, minijinja::Error> {
         let campaigns = self.campaigns.iter().map(|c| (c.name.as_str(), c.variants.arms.as_slice()));
-        crate::audience::render::Renderer::with_variants(&self.templates, campaigns)
+        templates::compile(&self.templates, campaigns)
     }
 
     /// The campaign called `name`.
@@ -424,26 +425,6 @@ mod tests {
     }
 
     #[test]
-    fn the_shipped_template_renders() {
-        let config = Config::example();
-        let renderer = crate::audience::render::Renderer::new(&config.templates).unwrap();
-        let d = crate::model::work::DeliveryRef::new("weekly_digest", "2026-W48", "u42", "team-1");
-        let data = serde_json::json!({ "name": "Ann" });
-        let input = crate::audience::render::RenderInput {
-            delivery: &d,
-            variant: None,
-            target: "team-1",
-            subscriber_id: "u42",
-            data: &data,
-            headers: &[],
-        };
-        let json = renderer.render("weekly_digest", "a@acme.example", "u42@resend.dev", &input).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-        assert_eq!(v["subject"], "Your weekly digest for team-1, 2026-W48");
-        assert!(v["html"].as_str().unwrap().contains("Hello Ann,"), "{v}");
-    }
-
-    #[test]
     fn hours_and_days_become_durations() {
         let config = Config::example();
         assert_eq!(config.delivery.resend_window(), Duration::from_secs(23 * 3600));
@@ -517,7 +498,7 @@ mod tests {
             assert!(config.templates.contains_key(name), "{name}");
         }
         config.validate().unwrap();
-        config.renderer().unwrap();
+        config.compiled().unwrap();
     }
 
     #[test]

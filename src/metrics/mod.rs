@@ -17,9 +17,10 @@ use prometheus::{
 pub use self::from_redis::refresh;
 pub(crate) use self::from_redis::{Partition, partition};
 use crate::config::Config;
+use crate::model::error_name::ErrorName;
 use crate::model::outcome::{Outcome, Reason};
 use crate::model::work::Channel;
-use crate::resend::{ErrorName, ProviderError};
+use crate::resend::ProviderError;
 
 /// An error's text for a log line, without the values redis-rs quotes when a reply
 /// does not parse ("… (value was …)"): such a value may be a subscriber's data.
@@ -258,7 +259,7 @@ impl Metrics {
 
     /// Addresses suppressed so far, by reason.
     pub fn suppressions_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
-        crate::audience::suppression::Why::ALL
+        crate::model::outcome::Why::ALL
             .iter()
             .map(|why| (why.as_str().to_string(), self.suppressions.with_label_values(&[why.as_str()]).get()))
             .filter(|(_, n)| *n > 0)
@@ -307,22 +308,14 @@ impl Metrics {
         }
     }
 
-    /// What the reclaimer's last look found stuck (replaces the previous look);
-    /// every kind of each of `campaigns` is exported, 0 when none is stuck.
-    pub(crate) fn set_stuck<'a>(&self, tally: &'a crate::send::stuck::Tally, campaigns: impl Iterator<Item = &'a str>) {
-        let mut by: std::collections::BTreeMap<(&str, crate::send::stuck::Kind), u64> = Default::default();
-        for campaign in campaigns {
-            for kind in crate::send::stuck::Kind::ALL {
-                by.insert((campaign, kind), 0);
-            }
-        }
-        for ((campaign, _, _, kind), n) in tally {
-            *by.entry((campaign.as_str(), *kind)).or_default() += n;
-        }
+    /// What the reclaimer's last look found stuck, as counts by (campaign, kind); it
+    /// replaces the previous look (a kind of a campaign that is not given reads 0 only if
+    /// the caller gives it: `stuck::by_campaign` gives every kind of every campaign).
+    pub(crate) fn set_stuck<'a>(&self, by: impl IntoIterator<Item = ((&'a str, &'a str), u64)>) {
         let _exposition = self.exposition.lock().expect("exposition lock");
         self.stuck.reset();
         for ((campaign, kind), n) in by {
-            self.stuck.with_label_values(&[campaign, kind.as_str()]).set(n as i64);
+            self.stuck.with_label_values(&[campaign, kind]).set(n as i64);
         }
     }
 

@@ -27,6 +27,12 @@ pub(crate) fn new_uuid() -> String {
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
+/// `consumer-pid-xxxx`: a lease owner unique to this process.
+pub(crate) fn owner_name(consumer: &str) -> String {
+    let tag: u16 = rand::random();
+    format!("{consumer}-{}-{tag:04x}", std::process::id())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

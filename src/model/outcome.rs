@@ -5,8 +5,8 @@
 
 use std::fmt;
 
+use crate::model::error_name::ErrorName;
 use crate::model::names::names;
-use crate::resend::error::ErrorName;
 
 /// Where a delivery is in its life (`state` in its record).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -253,6 +253,23 @@ names! {
         FellBack = "fell_back",
         /// One pass of the reclaimer's loop (the loop the watchdog follows).
         ReclaimTick = "reclaim_tick",
+    }
+}
+
+names! {
+    /// Why an address is suppressed (bounded: metric labels).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+    pub enum Why {
+        /// A permanent bounce (the mailbox does not exist).
+        Bounced = "bounced",
+        /// Marked as spam by the recipient.
+        Complained = "complained",
+        /// Resend reported it on its own suppression list.
+        ProviderSuppressed = "provider_suppressed",
+        /// Transient or undetermined bounces, often enough within the window.
+        TransientBounces = "transient_bounces",
+        /// An operator added it.
+        Manual = "manual",
     }
 }
 

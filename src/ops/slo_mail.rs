@@ -129,7 +129,7 @@ mod tests {
             breached: vec!["failure_rate", "stuck"],
         });
         let data = data(&report, &[("bounced".to_string(), 4)].into(), "20261202T0800Z");
-        let renderer = config.renderer().unwrap();
+        let renderer = crate::audience::render::Renderer::of(&config).unwrap();
         let d = crate::model::work::DeliveryRef::new(
             crate::model::work::TRANSACTIONAL,
             "2026-12-02",

@@ -18,8 +18,9 @@ use tokio::sync::oneshot;
 
 use hyper_util::client::legacy::connect::HttpInfo;
 
-use super::error::{ErrorName, ProviderError};
+use super::error::ProviderError;
 use crate::config::Secret;
+use crate::model::error_name::ErrorName;
 
 /// The User-Agent every request carries (Resend answers 403 without one).
 const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));

@@ -5,4 +5,4 @@ pub mod client;
 pub mod error;
 
 pub use client::{BatchAccepted, Client, ItemResult, RateHeaders};
-pub use error::{Action, ErrorName, ProviderError};
+pub use error::{Action, ProviderError};

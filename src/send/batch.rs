@@ -12,10 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::config::Config;
+use crate::model::error_name::ErrorName;
 use crate::model::id::new_id;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::{Audience, Channel, DeliveryRef, Lane, Ready, Sealed};
-use crate::resend::{Action, ErrorName, ProviderError};
+use crate::resend::{Action, ProviderError};
 use crate::send::ctx::Ctx;
 use crate::store::Conn;
 use crate::store::scripts::{

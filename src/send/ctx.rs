@@ -45,7 +45,7 @@ impl Ctx {
         failpoints: Failpoints,
         shutdown: &Shutdown,
     ) -> Ctx {
-        let owner = owner_name(&consumer);
+        let owner = crate::model::id::owner_name(&consumer);
         let notify = Notifier::from_env();
         let health = ProviderHealth::from_config(&config);
         Ctx {
@@ -108,10 +108,4 @@ fn consumer_name(instance: Option<&str>) -> String {
         .take(64)
         .collect();
     format!("{host}-{}", if instance.is_empty() { "1" } else { &instance })
-}
-
-/// `consumer-pid-xxxx`: a lease owner unique to this process.
-pub(crate) fn owner_name(consumer: &str) -> String {
-    let tag: u16 = rand::random();
-    format!("{consumer}-{}-{tag:04x}", std::process::id())
 }

@@ -16,7 +16,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 
-use crate::resend::{ErrorName, ProviderError};
+use crate::model::error_name::ErrorName;
+use crate::resend::ProviderError;
 use crate::store::Store;
 use crate::store::scripts::{self, HealthCall, HealthRule};
 

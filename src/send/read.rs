@@ -72,7 +72,7 @@ pub async fn preview(store: &Store, config: &Config, delivery: &DeliveryRef) -> 
         .arg(field::opted_out(&delivery.campaign))
         .query_async(&mut conn)
         .await?;
-    let renderer = config.renderer()?;
+    let renderer = crate::audience::render::Renderer::of(config)?;
     let tokens = Tokens::new(&config.unsubscribe.secrets);
     let variant = variant_of(config, delivery, None);
     Ok(match subscribers::resolve(row) {

@@ -102,7 +102,9 @@ impl Reclaimer {
     async fn look_for_stuck(&self) {
         let ctx = &self.ctx;
         match stuck::look_everywhere(&ctx.store, &ctx.config).await {
-            Ok(tally) => ctx.metrics.set_stuck(&tally, ctx.config.campaigns.iter().map(|c| c.name.as_str())),
+            Ok(tally) => {
+                ctx.metrics.set_stuck(stuck::by_campaign(&tally, ctx.config.campaigns.iter().map(|c| c.name.as_str())))
+            }
             Err(e) => ctx.metrics.redis_error("stuck", &e),
         }
     }

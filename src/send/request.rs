@@ -13,9 +13,10 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 use crate::config::Config;
+use crate::model::error_name::ErrorName;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::Sealed;
-use crate::resend::{Action, Client, ErrorName, ItemResult, ProviderError, RateHeaders};
+use crate::resend::{Action, Client, ItemResult, ProviderError, RateHeaders};
 use crate::send::batch::{self, FellBack, QUOTA_RECHECK};
 use crate::send::ctx::Ctx;
 use crate::send::pause::{HealthChange, quota_renews};

@@ -57,6 +57,24 @@ impl Limits {
 /// Stuck deliveries counted by (campaign, period, kind).
 pub type Tally = BTreeMap<(String, String, Channel, Kind), u64>;
 
+/// The `tally`'s counts by (campaign, kind), every kind of each of `campaigns` included
+/// (0 when none is stuck), as the metrics export them.
+pub fn by_campaign<'a>(
+    tally: &'a Tally,
+    campaigns: impl Iterator<Item = &'a str>,
+) -> BTreeMap<(&'a str, &'static str), u64> {
+    let mut by = BTreeMap::new();
+    for campaign in campaigns {
+        for kind in Kind::ALL {
+            by.insert((campaign, kind.as_str()), 0);
+        }
+    }
+    for ((campaign, _, _, kind), n) in tally {
+        *by.entry((campaign.as_str(), kind.as_str())).or_default() += n;
+    }
+    by
+}
+
 /// Adds what a look at partition `p` finds to `tally`.
 pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &mut Tally) -> anyhow::Result<()> {
     let mut conn = store.conn().await?;

@@ -19,8 +19,9 @@
 use std::collections::BTreeMap;
 
 use mailstream::audience::subscribers::{self, Subscriber};
-use mailstream::audience::suppression::{self, Act, Why};
+use mailstream::audience::suppression::{self, Act};
 use mailstream::config::{Config, Secret};
+use mailstream::model::outcome::Why;
 use mailstream::model::outcome::{Outcome, Reason};
 use mailstream::model::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
 use mailstream::resend::Action as Class;
@@ -493,7 +494,7 @@ impl Walker {
                                 return Ok(());
                             }
                         }
-                        let error = Reason::Provider(mailstream::resend::ErrorName::InvalidParameter);
+                        let error = Reason::Provider(mailstream::model::error_name::ErrorName::InvalidParameter);
                         let verdict = if hand.maybe_sent { Verdict::Unknown(error) } else { Verdict::Failed(error) };
                         let verdicts = vec![verdict; members.len()];
                         self.settle(conn, p, &batch, &members, Settler::Holder(&who), verdicts).await?;

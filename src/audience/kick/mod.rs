@@ -201,7 +201,7 @@ pub(crate) async fn kick_registry_with(
     period: &str,
     options: &FanoutOptions,
 ) -> anyhow::Result<KickReport> {
-    let owner = crate::send::ctx::owner_name("kick");
+    let owner = crate::model::id::owner_name("kick");
     kick_with(store, config, FanoutOf { campaign, period, owner: &owner }, true, options).await
 }
 

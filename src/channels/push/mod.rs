@@ -198,7 +198,7 @@ impl PushChannel {
         let per_second = NonZeroU32::new(config.requests_per_second_per_service).context("a positive pace")?;
         let pace = Pace::new(per_second.get());
         Ok(Some(Arc::new(PushChannel {
-            renderer: ctx.config.renderer().context("compiling templates")?,
+            renderer: crate::audience::render::Renderer::of(&ctx.config).context("compiling templates")?,
             slots: Slots::new(ctx, config.concurrency),
             pace,
             tokens: Mutex::default(),

@@ -12,11 +12,12 @@
 use hyper::StatusCode;
 use serde_json::Value;
 
-use crate::audience::suppression::{self, Act, Why};
+use crate::audience::suppression::{self, Act};
 use crate::config::Config;
 use crate::http::server::{self, HttpRequest, HttpResponse};
 use crate::metrics::Metrics;
 use crate::model::names::names;
+use crate::model::outcome::Why;
 use crate::model::svix::{self, Signed, SigningKey};
 use crate::model::work::DeliveryRef;
 use crate::store::Store;
