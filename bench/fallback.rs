@@ -124,7 +124,7 @@ async fn long_keys_taken(emulator_url: &str) -> anyhow::Result<bool> {
     let mut ok = true;
     // Two keys apart in their first characters (a derived key keeps the first 247).
     for (len, c) in [(255, "a"), (256, "b")] {
-        let key = mailstream::send::batch::fallback_key(&c.repeat(len));
+        let key = mailstream::send::fallback::fallback_key(&c.repeat(len));
         ok &= key.chars().count() <= 256;
         let email = serde_json::json!({"from": format!("Ops <ops@{FALLBACK_DOMAIN}>"), "to": "delivered@resend.dev", "subject": format!("key {len}"), "text": "t"});
         let answer = http
@@ -247,7 +247,7 @@ async fn run(opts: &Options) -> anyhow::Result<Report> {
     let killed_fallbacks_sent = killed_at
         .iter()
         .filter(|batch| {
-            let key = mailstream::send::batch::fallback_key(&mailstream::send::batch::idempotency_key(prefix, batch));
+            let key = mailstream::send::fallback::fallback_key(&mailstream::send::seal::idempotency_key(prefix, batch));
             emulator.seen().iter().any(|s| s.status == 200 && s.idempotency_key.as_deref() == Some(key.as_str()))
         })
         .count() as u64;

@@ -11,7 +11,7 @@ use common::*;
 use mailstream::audience::kick;
 use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::model::work::DeliveryRef;
-use mailstream::send::batch::idempotency_key;
+use mailstream::send::seal::idempotency_key;
 use mailstream::store::scripts::{self, Claim};
 use mailstream::tools::emulator::EmulatorConfig;
 

@@ -280,7 +280,7 @@ async fn a_preview_is_the_body_that_is_sealed() {
     let (_emulator, _stop) = world.emulator(EmulatorConfig::default()).await;
     let subs = world.subscribers(3).await;
     let d = delivery_of(&subs[1]);
-    let preview = mailstream::send::read::preview(&world.store, &world.config, &d).await.unwrap().unwrap();
+    let preview = mailstream::send::resolve::preview(&world.store, &world.config, &d).await.unwrap().unwrap();
     world.kick().await;
     let (store, sealed) = (world.store.clone(), Arc::new(Mutex::new(String::new())));
     let seen = sealed.clone();

@@ -265,62 +265,7 @@ async fn process<S: Sender>(
     if !ack.is_empty() {
         let _: () = redis::cmd("XACK").arg(keys.lane_stream(p, lane)).arg(group).arg(&ack).query_async(conn).await?;
     }
-    // A transactional delivery: what its record keeps of the request (no subscription
-    // applies to a receipt, and it has no address of its own); one ingested by an earlier
-    // version reads its email's record.
-    let (transactional, live): (Vec<usize>, Vec<usize>) =
-        live.into_iter().partition(|&i| wellformed[i].delivery.campaign == TRANSACTIONAL);
-    let mut send: Vec<(usize, String)> = Vec::new();
-    let mut body_of = |i: usize, template: &str, data: &serde_json::Value, decisions: &mut Vec<_>| match sender.body(
-        &wellformed[i].delivery,
-        template,
-        data,
-    ) {
-        Ok(body) => send.push((i, body)),
-        Err(reason) => decisions.push((i, Outcome::Failed, reason, false)),
-    };
-    let mut pipe = redis::pipe();
-    for &i in &transactional {
-        let d = &wellformed[i].delivery;
-        pipe.hget(keys.delivery(p, &d.id()), "request");
-        pipe.hget(keys.delivery(p, &d.clone().on(Channel::Email).id()), "request");
-    }
-    let requests: Vec<(Option<String>, Option<String>)> =
-        if transactional.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    let requests = requests.into_iter().map(|(own, email)| own.or(email));
-    for (&i, request) in transactional.iter().zip(requests) {
-        match request.and_then(|r| serde_json::from_str::<crate::audience::ingest::Request>(&r).ok()) {
-            Some(r) => {
-                let data: serde_json::Map<String, serde_json::Value> = r.data.into_iter().flatten().collect();
-                body_of(i, &r.template.unwrap_or_default(), &serde_json::Value::Object(data), &mut decisions);
-            }
-            None => decisions.push((i, Outcome::Failed, Reason::RecordLost, false)),
-        }
-    }
-    // Still wanted? The subscriber's record, with this channel's opt-out; and whether a
-    // request of it may have left already (its message is written).
-    let mut pipe = redis::pipe();
-    for &i in &live {
-        let d = &wellformed[i].delivery;
-        pipe.cmd("HMGET")
-            .arg(keys.subscriber(p, &d.subscriber))
-            .arg(&subscribers::RESOLVE_FIELDS)
-            .arg(subscribers::field::channel_opted_out(&d.campaign, S::CHANNEL));
-        pipe.hexists(keys.delivery(p, &d.id()), S::BODY_FIELD);
-    }
-    let rows: Vec<(subscribers::Row, bool)> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    for (&i, (row, written)) in live.iter().zip(rows) {
-        let d = &wellformed[i].delivery;
-        let Some(campaign) = ctx.config.campaign(&d.campaign) else {
-            decisions.push((i, Outcome::Failed, Reason::UnknownCampaign, false));
-            continue;
-        };
-        match subscribers::resolve(row) {
-            Resolved::Send { data, .. } => body_of(i, &campaign.template, &data, &mut decisions),
-            Resolved::Skip(reason) => decisions.push((i, unwanted_outcome(written), reason, false)),
-            Resolved::Fail(reason) => decisions.push((i, Outcome::Failed, reason, false)),
-        }
-    }
+    let send = messages(&*sender, p, conn, &wellformed, live, &mut decisions).await?;
     if !decisions.is_empty() {
         let list: Vec<Decision<'_>> = decisions
             .iter()
@@ -354,6 +299,78 @@ async fn process<S: Sender>(
         });
     }
     Ok(())
+}
+
+/// The message each live delivery (of `wellformed`, by index) is to carry: from the
+/// request its record keeps (a transactional one) or from its subscriber's record, if
+/// still wanted; what will not be sent goes to `decisions`.
+async fn messages<S: Sender>(
+    sender: &S,
+    p: u16,
+    conn: &mut Conn,
+    wellformed: &[Claimed],
+    live: Vec<usize>,
+    decisions: &mut Vec<(usize, Outcome, Reason, bool)>,
+) -> anyhow::Result<Vec<(usize, String)>> {
+    let ctx = sender.ctx();
+    let keys = &ctx.store.keys;
+    // A transactional delivery: what its record keeps of the request (no subscription
+    // applies to a receipt, and it has no address of its own); one ingested by an earlier
+    // version reads its email's record.
+    let (transactional, live): (Vec<usize>, Vec<usize>) =
+        live.into_iter().partition(|&i| wellformed[i].delivery.campaign == TRANSACTIONAL);
+    let mut send: Vec<(usize, String)> = Vec::new();
+    let mut body_of = |i: usize, template: &str, data: &serde_json::Value, decisions: &mut Vec<_>| match sender.body(
+        &wellformed[i].delivery,
+        template,
+        data,
+    ) {
+        Ok(body) => send.push((i, body)),
+        Err(reason) => decisions.push((i, Outcome::Failed, reason, false)),
+    };
+    let mut pipe = redis::pipe();
+    for &i in &transactional {
+        let d = &wellformed[i].delivery;
+        pipe.hget(keys.delivery(p, &d.id()), "request");
+        pipe.hget(keys.delivery(p, &d.clone().on(Channel::Email).id()), "request");
+    }
+    let requests: Vec<(Option<String>, Option<String>)> =
+        if transactional.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    let requests = requests.into_iter().map(|(own, email)| own.or(email));
+    for (&i, request) in transactional.iter().zip(requests) {
+        match request.and_then(|r| serde_json::from_str::<crate::audience::ingest::Request>(&r).ok()) {
+            Some(r) => {
+                let data: serde_json::Map<String, serde_json::Value> = r.data.into_iter().flatten().collect();
+                body_of(i, &r.template.unwrap_or_default(), &serde_json::Value::Object(data), decisions);
+            }
+            None => decisions.push((i, Outcome::Failed, Reason::RecordLost, false)),
+        }
+    }
+    // Still wanted? The subscriber's record, with this channel's opt-out; and whether a
+    // request of it may have left already (its message is written).
+    let mut pipe = redis::pipe();
+    for &i in &live {
+        let d = &wellformed[i].delivery;
+        pipe.cmd("HMGET")
+            .arg(keys.subscriber(p, &d.subscriber))
+            .arg(&subscribers::RESOLVE_FIELDS)
+            .arg(subscribers::field::channel_opted_out(&d.campaign, S::CHANNEL));
+        pipe.hexists(keys.delivery(p, &d.id()), S::BODY_FIELD);
+    }
+    let rows: Vec<(subscribers::Row, bool)> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+    for (&i, (row, written)) in live.iter().zip(rows) {
+        let d = &wellformed[i].delivery;
+        let Some(campaign) = ctx.config.campaign(&d.campaign) else {
+            decisions.push((i, Outcome::Failed, Reason::UnknownCampaign, false));
+            continue;
+        };
+        match subscribers::resolve(row) {
+            Resolved::Send { data, .. } => body_of(i, &campaign.template, &data, decisions),
+            Resolved::Skip(reason) => decisions.push((i, unwanted_outcome(written), reason, false)),
+            Resolved::Fail(reason) => decisions.push((i, Outcome::Failed, reason, false)),
+        }
+    }
+    Ok(send)
 }
 
 /// Marks that a request of `item` got no answer: the far end may have taken it. Marked

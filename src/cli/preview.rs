@@ -3,7 +3,7 @@
 use crate::audience::subscribers;
 use crate::config::Config;
 use crate::model::work::DeliveryRef;
-use crate::send::read::preview;
+use crate::send::resolve::preview;
 use crate::store::Store;
 
 /// `mailstream preview`.

@@ -3,7 +3,8 @@
 //! `mod.rs`; what is read from Redis at scrape time is in `from_redis.rs`.
 
 use prometheus::{
-    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 use super::{Metrics, from_redis, process};
@@ -38,6 +39,18 @@ pub(super) fn histogram(registry: &Registry, name: &str, help: &str, buckets: Ve
     h
 }
 
+pub(super) fn int_gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric");
+    registry.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+pub(super) fn int_counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("valid metric");
+    registry.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
@@ -47,89 +60,50 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Metrics {
         let r = Registry::new();
-        let paused = IntGauge::new(
-            "mailstream_sending_paused",
-            "1 while sending is paused (provider quota exhausted); read from Redis at scrape time",
-        )
-        .expect("valid metric");
-        r.register(Box::new(paused.clone())).expect("unique metric");
-        let provider_down = IntGauge::new(
-            "mailstream_provider_down",
-            "1 while the provider counts as down for every instance (a run of failures with no success between \
-             them; one request probes it at a time); read from Redis at scrape time",
-        )
-        .expect("valid metric");
-        r.register(Box::new(provider_down.clone())).expect("unique metric");
         r.register(Box::new(process::Collector::new())).expect("unique metric");
-        let records_lost = prometheus::IntCounter::new(
-            "mailstream_records_lost_total",
-            "Deliveries whose record or batch record was missing where one was expected (a lost write)",
-        )
-        .expect("valid metric");
-        r.register(Box::new(records_lost.clone())).expect("unique metric");
-        let push_removed = prometheus::IntCounter::new(
-            "mailstream_push_subscriptions_removed_total",
-            "Web Push subscriptions removed because their push service answered 404 or 410",
-        )
-        .expect("valid metric");
-        r.register(Box::new(push_removed.clone())).expect("unique metric");
-        let durability_relaxed = IntGauge::new(
-            "mailstream_durability_relaxed",
-            "1 when running with redis.durability = relaxed on a Redis that may lose acknowledged writes",
-        )
-        .expect("valid metric");
-        r.register(Box::new(durability_relaxed.clone())).expect("unique metric");
         Metrics {
-            records_lost,
-            durability_relaxed,
-            webhook_requests: counter(
-                &r,
-                "mailstream_webhook_requests_total",
-                "Webhook requests, by result (verified, duplicate, rejected, invalid)",
-                &["result"],
-            ),
-            webhook_events: counter(
-                &r,
-                "mailstream_webhook_events_total",
-                "Verified webhook events, by type (delivered, bounced, ..., other)",
-                &["type"],
-            ),
-            suppressions: counter(&r, "mailstream_suppressions_total", "Addresses suppressed, by reason", &["reason"]),
-            unsubscribes: counter(
-                &r,
-                "mailstream_unsubscribes_total",
-                "Campaigns turned off by a subscriber, by source (one_click)",
-                &["source"],
-            ),
+            sending: Sending::new(&r),
+            channels: Channels::new(&r),
+            inbound: Inbound::new(&r),
+            watch: Watch::new(&r),
+            redis: from_redis::Gauges::new(&r),
+            exposition: std::sync::Mutex::new(()),
+            paused_logged: std::sync::atomic::AtomicBool::new(false),
+            registry: r,
+        }
+    }
+}
+
+/// What the send path counts: outcomes, requests to Resend, pacing, retries, the pause and the provider's health, replicas, fallbacks, lost records, Redis errors.
+pub(super) struct Sending {
+    pub(super) outcomes: IntCounterVec,
+    pub(super) provider_requests: IntCounterVec,
+    pub(super) provider_duration: HistogramVec,
+    pub(super) batch_emails: Histogram,
+    pub(super) limiter_wait: Histogram,
+    pub(super) retries: IntCounterVec,
+    pub(super) paused: IntGauge,
+    pub(super) provider_down: IntGauge,
+    pub(super) unreplicated: IntCounterVec,
+    pub(super) unreplicated_now: IntGaugeVec,
+    pub(super) sender_fallbacks: IntCounterVec,
+    pub(super) records_lost: IntCounter,
+    pub(super) durability_relaxed: IntGauge,
+    pub(super) redis_errors: IntCounterVec,
+}
+
+impl Sending {
+    pub(super) fn new(r: &Registry) -> Sending {
+        Sending {
             outcomes: counter(
-                &r,
+                r,
                 "mailstream_deliveries_total",
                 "Deliveries settled, by channel (email, app, push), outcome (sent, skipped, failed, outcome_unknown) and \
                  reason",
                 &["campaign", "channel", "outcome", "reason"],
             ),
-            app_requests: counter(
-                &r,
-                "mailstream_app_requests_total",
-                "Requests of the application channel, by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
-                &["status_class"],
-            ),
-            push_requests: counter(
-                &r,
-                "mailstream_push_requests_total",
-                "Requests to push services (Web Push), by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
-                &["status_class"],
-            ),
-            push_endpoints_refused: counter(
-                &r,
-                "mailstream_push_endpoints_refused_total",
-                "Web Push requests not made because the subscription's endpoint is not one to aim at, by reason \
-                 (userinfo, host_not_allowed, address_forbidden, not_https)",
-                &["reason"],
-            ),
-            push_removed,
             provider_requests: counter(
-                &r,
+                r,
                 "mailstream_provider_requests_total",
                 "Requests to Resend, by endpoint, status class (2xx, 3xx, 4xx, 5xx, other, none), result (ok or the \
                  error name) and action (none, retryable, quota_exhausted, sender_rejected, fatal)",
@@ -149,34 +123,43 @@ impl Metrics {
                 h
             },
             batch_emails: histogram(
-                &r,
+                r,
                 "mailstream_batch_emails",
                 "Emails per batch request",
                 vec![1.0, 10.0, 25.0, 50.0, 75.0, 99.0, 100.0],
             ),
             limiter_wait: histogram(
-                &r,
+                r,
                 "mailstream_limiter_wait_seconds",
                 "Time a ready batch waited for a request slot",
                 prometheus::exponential_buckets(0.001, 4.0, 8).expect("valid buckets"),
             ),
             retries: counter(
-                &r,
+                r,
                 "mailstream_batch_retries_total",
                 "Batches scheduled for another attempt, by error",
                 &["error"],
             ),
-            paused,
-            provider_down,
+            paused: int_gauge(
+                r,
+                "mailstream_sending_paused",
+                "1 while sending is paused (provider quota exhausted); read from Redis at scrape time",
+            ),
+            provider_down: int_gauge(
+                r,
+                "mailstream_provider_down",
+                "1 while the provider counts as down for every instance (a run of failures with no success between \
+                 them; one request probes it at a time); read from Redis at scrape time",
+            ),
             unreplicated: counter(
-                &r,
+                r,
                 "mailstream_unreplicated_batches_total",
                 "Batches put back unsent because the replicas of their partition's primary did not acknowledge \
                  the last gate's write (redis.wait_replicas), by partition",
                 &["partition"],
             ),
             unreplicated_now: gauges(
-                &r,
+                r,
                 "mailstream_partition_unreplicated",
                 "1 while this instance holds a partition's batches back because its primary's replicas did not \
                  acknowledge the last one (tried again after a backoff of at most 8 s; 0 again once one is acknowledged, \
@@ -184,87 +167,184 @@ impl Metrics {
                 &["partition"],
             ),
             sender_fallbacks: counter(
-                &r,
+                r,
                 "mailstream_sender_fallbacks_total",
                 "Operator emails sent from their template's fallback_from after Resend refused their sender \
                  (a warning: the first sender's domain is broken), by template",
                 &["template"],
             ),
-            redis: from_redis::Gauges::new(&r),
+            records_lost: int_counter(
+                r,
+                "mailstream_records_lost_total",
+                "Deliveries whose record or batch record was missing where one was expected (a lost write)",
+            ),
+            durability_relaxed: int_gauge(
+                r,
+                "mailstream_durability_relaxed",
+                "1 when running with redis.durability = relaxed on a Redis that may lose acknowledged writes",
+            ),
+            redis_errors: counter(r, "mailstream_redis_errors_total", "Redis calls that failed, by operation", &["op"]),
+        }
+    }
+}
+
+/// The application channel's and Web Push's requests.
+pub(super) struct Channels {
+    pub(super) app_requests: IntCounterVec,
+    pub(super) push_requests: IntCounterVec,
+    pub(super) push_endpoints_refused: IntCounterVec,
+    pub(super) push_removed: IntCounter,
+}
+
+impl Channels {
+    pub(super) fn new(r: &Registry) -> Channels {
+        Channels {
+            app_requests: counter(
+                r,
+                "mailstream_app_requests_total",
+                "Requests of the application channel, by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
+                &["status_class"],
+            ),
+            push_requests: counter(
+                r,
+                "mailstream_push_requests_total",
+                "Requests to push services (Web Push), by status class (2xx, 3xx, 4xx, 5xx, none: no answer)",
+                &["status_class"],
+            ),
+            push_endpoints_refused: counter(
+                r,
+                "mailstream_push_endpoints_refused_total",
+                "Web Push requests not made because the subscription's endpoint is not one to aim at, by reason \
+                 (userinfo, host_not_allowed, address_forbidden, not_https)",
+                &["reason"],
+            ),
+            push_removed: int_counter(
+                r,
+                "mailstream_push_subscriptions_removed_total",
+                "Web Push subscriptions removed because their push service answered 404 or 410",
+            ),
+        }
+    }
+}
+
+/// What comes in: webhooks, suppressions, unsubscribes, ingested items, render-hook answers, admin actions.
+pub(super) struct Inbound {
+    pub(super) webhook_requests: IntCounterVec,
+    pub(super) webhook_events: IntCounterVec,
+    pub(super) suppressions: IntCounterVec,
+    pub(super) unsubscribes: IntCounterVec,
+    pub(super) ingested: IntCounterVec,
+    pub(super) render_hook_requests: IntCounterVec,
+    pub(super) render_hook_deferred: IntCounterVec,
+    pub(super) admin_actions: IntCounterVec,
+}
+
+impl Inbound {
+    pub(super) fn new(r: &Registry) -> Inbound {
+        Inbound {
+            webhook_requests: counter(
+                r,
+                "mailstream_webhook_requests_total",
+                "Webhook requests, by result (verified, duplicate, rejected, invalid)",
+                &["result"],
+            ),
+            webhook_events: counter(
+                r,
+                "mailstream_webhook_events_total",
+                "Verified webhook events, by type (delivered, bounced, ..., other)",
+                &["type"],
+            ),
+            suppressions: counter(r, "mailstream_suppressions_total", "Addresses suppressed, by reason", &["reason"]),
+            unsubscribes: counter(
+                r,
+                "mailstream_unsubscribes_total",
+                "Campaigns turned off by a subscriber, by source (one_click)",
+                &["source"],
+            ),
+            ingested: counter(
+                r,
+                "mailstream_ingest_items_total",
+                "Transactional items taken by the ingest API, by result (accepted, duplicate, conflict, invalid)",
+                &["result"],
+            ),
+            render_hook_requests: counter(
+                r,
+                "mailstream_render_hook_requests_total",
+                "Requests to campaigns' render hooks, by result (ok, unreachable, status, garbage)",
+                &["campaign", "result"],
+            ),
+            render_hook_deferred: counter(
+                r,
+                "mailstream_render_hook_deferred_total",
+                "Deliveries put off because their render hook gave no answer for them",
+                &["campaign"],
+            ),
+            admin_actions: counter(
+                r,
+                "mailstream_admin_actions_total",
+                "Deliveries or addresses acted on from the admin pages, by operation (retry, retry_period, lift) and result (done, refused)",
+                &["operation", "result"],
+            ),
+        }
+    }
+}
+
+/// What an operator watches beside the counts: stuck deliveries, the objectives, the ceiling, the build, the schedules.
+pub(super) struct Watch {
+    pub(super) stuck: IntGaugeVec,
+    pub(super) objective: Gauge,
+    pub(super) stuck_after: Gauge,
+    pub(super) ceiling: Gauge,
+    pub(super) build_info: IntGaugeVec,
+    pub(super) schedule_fires: IntCounterVec,
+    pub(super) schedule_last: GaugeVec,
+    pub(super) schedule_next: GaugeVec,
+}
+
+impl Watch {
+    pub(super) fn new(r: &Registry) -> Watch {
+        Watch {
             stuck: gauges(
-                &r,
+                r,
                 "mailstream_stuck_deliveries",
                 "Deliveries stuck, by campaign and kind (unclaimed, lease_expired, past_deadline), from the \
                  reclaimer's last look (at most 1000 of a kind per partition)",
                 &["campaign", "kind"],
             ),
             objective: gauge(
-                &r,
+                r,
                 "mailstream_slo_failure_rate_objective",
                 "The failure-rate objective of every campaign period (slo.failure_rate)",
             ),
             stuck_after: gauge(
-                &r,
+                r,
                 "mailstream_slo_stuck_after_seconds",
                 "How long an unread delivery waits before it counts as stuck (slo.stuck_after_seconds)",
             ),
             ceiling: gauge(
-                &r,
+                r,
                 "mailstream_ceiling_emails_per_second",
                 "The most emails per second the configured rate allows (requests per second x batch size)",
             ),
-            build_info: gauges(&r, "mailstream_build_info", "Always 1; the running version", &["version"]),
-            render_hook_requests: counter(
-                &r,
-                "mailstream_render_hook_requests_total",
-                "Requests to campaigns' render hooks, by result (ok, unreachable, status, garbage)",
-                &["campaign", "result"],
-            ),
-            render_hook_deferred: counter(
-                &r,
-                "mailstream_render_hook_deferred_total",
-                "Deliveries put off because their render hook gave no answer for them",
-                &["campaign"],
-            ),
-            ingested: counter(
-                &r,
-                "mailstream_ingest_items_total",
-                "Transactional items taken by the ingest API, by result (accepted, duplicate, conflict, invalid)",
-                &["result"],
-            ),
-            admin_actions: counter(
-                &r,
-                "mailstream_admin_actions_total",
-                "Deliveries or addresses acted on from the admin pages, by operation (retry, retry_period, lift) and result (done, refused)",
-                &["operation", "result"],
-            ),
+            build_info: gauges(r, "mailstream_build_info", "Always 1; the running version", &["version"]),
             schedule_fires: counter(
-                &r,
+                r,
                 "mailstream_schedule_fires_total",
                 "Scheduled fires, by campaign and result (fired, caught_up, missed, standby)",
                 &["campaign", "result"],
             ),
             schedule_last: float_gauges(
-                &r,
+                r,
                 "mailstream_schedule_last_fire_timestamp_seconds",
                 "The latest scheduled fire time at or before now, per campaign (Unix seconds)",
                 &["campaign"],
             ),
             schedule_next: float_gauges(
-                &r,
+                r,
                 "mailstream_schedule_next_fire_timestamp_seconds",
                 "The next scheduled fire time, per campaign (Unix seconds)",
                 &["campaign"],
             ),
-            exposition: std::sync::Mutex::new(()),
-            paused_logged: std::sync::atomic::AtomicBool::new(false),
-            redis_errors: counter(
-                &r,
-                "mailstream_redis_errors_total",
-                "Redis calls that failed, by operation",
-                &["op"],
-            ),
-            registry: r,
         }
     }
 }

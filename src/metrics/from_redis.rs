@@ -156,8 +156,8 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
     }
     g.dead_letters.with_label_values(&["failed"]).set(partitions.iter().map(|f| f.dead).sum::<u64>() as i64);
     g.dead_letters.with_label_values(&["unknown"]).set(partitions.iter().map(|f| f.unknown).sum::<u64>() as i64);
-    metrics.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
-    metrics.provider_down.set(i64::from(provider_down));
+    metrics.sending.paused.set(i64::from(partitions.iter().any(|f| f.paused)));
+    metrics.sending.provider_down.set(i64::from(provider_down));
     Ok(())
 }
 

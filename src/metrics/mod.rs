@@ -10,9 +10,7 @@ mod process;
 
 use std::time::Duration;
 
-use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
-};
+use prometheus::{Encoder, Registry, TextEncoder};
 
 pub use self::from_redis::refresh;
 pub(crate) use self::from_redis::{Partition, partition};
@@ -35,42 +33,12 @@ fn redacted(error: &anyhow::Error) -> String {
 /// Every metric mailstream exports.
 pub struct Metrics {
     registry: Registry,
-    outcomes: IntCounterVec,
-    app_requests: IntCounterVec,
-    push_requests: IntCounterVec,
-    push_endpoints_refused: IntCounterVec,
-    push_removed: prometheus::IntCounter,
-    provider_requests: IntCounterVec,
-    provider_duration: HistogramVec,
-    batch_emails: Histogram,
-    limiter_wait: Histogram,
-    retries: IntCounterVec,
-    paused: IntGauge,
-    provider_down: IntGauge,
-    unreplicated: IntCounterVec,
-    unreplicated_now: IntGaugeVec,
-    sender_fallbacks: IntCounterVec,
-    redis_errors: IntCounterVec,
-    records_lost: prometheus::IntCounter,
-    durability_relaxed: IntGauge,
-    webhook_requests: IntCounterVec,
-    webhook_events: IntCounterVec,
-    suppressions: IntCounterVec,
-    unsubscribes: IntCounterVec,
+    sending: families::Sending,
+    channels: families::Channels,
+    inbound: families::Inbound,
+    watch: families::Watch,
     /// Read from Redis at scrape time: the same on every instance.
     redis: from_redis::Gauges,
-    stuck: IntGaugeVec,
-    objective: Gauge,
-    stuck_after: Gauge,
-    ceiling: Gauge,
-    build_info: IntGaugeVec,
-    schedule_fires: IntCounterVec,
-    render_hook_requests: IntCounterVec,
-    render_hook_deferred: IntCounterVec,
-    ingested: IntCounterVec,
-    admin_actions: IntCounterVec,
-    schedule_last: GaugeVec,
-    schedule_next: GaugeVec,
     /// Held while gauges are replaced and while the registry is gathered, so a
     /// scrape never sees half of a refresh.
     exposition: std::sync::Mutex<()>,
@@ -91,35 +59,35 @@ impl Metrics {
                 tracing::info!(campaign, channel, outcome = outcome.as_str(), reason = reason.as_str(), n, "settled")
             }
         }
-        self.outcomes.with_label_values(&[campaign, channel, outcome.as_str(), label]).inc_by(n);
+        self.sending.outcomes.with_label_values(&[campaign, channel, outcome.as_str(), label]).inc_by(n);
     }
 
     /// One request of the application channel answered `status` (`None`: no answer).
     pub fn app_request(&self, status: Option<u16>) {
-        self.app_requests.with_label_values(&[status_class(status)]).inc();
+        self.channels.app_requests.with_label_values(&[status_class(status)]).inc();
     }
 
     /// One request to a push service answered `status` (`None`: no answer).
     pub fn push_request(&self, status: Option<u16>) {
-        self.push_requests.with_label_values(&[status_class(status)]).inc();
+        self.channels.push_requests.with_label_values(&[status_class(status)]).inc();
     }
 
     /// A Web Push request not made: its subscription's endpoint is refused (`reason`).
     pub fn push_endpoint_refused(&self, reason: crate::model::push_endpoint::Refusal) {
-        self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc();
+        self.channels.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc();
     }
 
     /// A Web Push subscription removed (its push service said it is gone).
     pub fn push_subscription_removed(&self) {
-        self.push_removed.inc();
+        self.channels.push_removed.inc();
     }
 
     /// Facts from the config: the objectives, the ceiling, the version.
     pub(crate) fn configure(&self, config: &Config) {
-        self.objective.set(config.slo.failure_rate);
-        self.stuck_after.set(config.stuck_after().as_secs_f64());
-        self.ceiling.set(f64::from(config.resend.requests_per_second) * config.resend.batch_size as f64);
-        self.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        self.watch.objective.set(config.slo.failure_rate);
+        self.watch.stuck_after.set(config.stuck_after().as_secs_f64());
+        self.watch.ceiling.set(f64::from(config.resend.requests_per_second) * config.resend.batch_size as f64);
+        self.watch.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         // Every series from 0, so an increase shows from the first action.
         for operation in Metrics::ADMIN_OPERATIONS {
             for result in ["done", "refused"] {
@@ -127,23 +95,23 @@ impl Metrics {
             }
         }
         for (name, _) in config.templates.iter().filter(|(_, t)| t.fallback_from.is_some()) {
-            self.sender_fallbacks.with_label_values(&[name]).inc_by(0);
+            self.sending.sender_fallbacks.with_label_values(&[name]).inc_by(0);
         }
         if config.channels.app.is_some() {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
-                self.app_requests.with_label_values(&[class]).inc_by(0);
+                self.channels.app_requests.with_label_values(&[class]).inc_by(0);
             }
         }
         if config.channels.push.is_some() {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
-                self.push_requests.with_label_values(&[class]).inc_by(0);
+                self.channels.push_requests.with_label_values(&[class]).inc_by(0);
             }
             for reason in crate::model::push_endpoint::Refusal::ALL {
-                self.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc_by(0);
+                self.channels.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc_by(0);
             }
         }
         for p in 0..config.redis.partitions {
-            self.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
+            self.sending.unreplicated.with_label_values(&[&p.to_string()]).inc_by(0);
             self.set_unreplicated(p, false);
         }
     }
@@ -167,18 +135,18 @@ impl Metrics {
                 (e.name.label(), e.action.as_str(), status_class(e.status))
             }
         };
-        self.provider_requests.with_label_values(&[endpoint, class, name, action]).inc();
-        self.provider_duration.with_label_values(&[endpoint, class]).observe(took.as_secs_f64());
-        self.batch_emails.observe(emails as f64);
+        self.sending.provider_requests.with_label_values(&[endpoint, class, name, action]).inc();
+        self.sending.provider_duration.with_label_values(&[endpoint, class]).observe(took.as_secs_f64());
+        self.sending.batch_emails.observe(emails as f64);
     }
 
     pub(crate) fn limiter_waited(&self, waited: Duration) {
-        self.limiter_wait.observe(waited.as_secs_f64());
+        self.sending.limiter_wait.observe(waited.as_secs_f64());
     }
 
     pub(crate) fn retry_scheduled(&self, error: &ErrorName, attempts: u32, delay: Duration) {
         tracing::info!(error = error.as_str(), attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
-        self.retries.with_label_values(&[error.label()]).inc();
+        self.sending.retries.with_label_values(&[error.label()]).inc();
     }
 
     /// Sending is paused (a provider quota is used up) or resumed, on every instance.
@@ -189,12 +157,12 @@ impl Metrics {
         } else if !paused && was {
             tracing::warn!("sending resumed");
         }
-        self.paused.set(i64::from(paused));
+        self.sending.paused.set(i64::from(paused));
     }
 
     /// The provider is down, or up, as this instance last saw it (scrapes read Redis).
     pub(crate) fn set_provider_down(&self, down: bool) {
-        self.provider_down.set(i64::from(down));
+        self.sending.provider_down.set(i64::from(down));
     }
 
     /// Operator mail of `template` was accepted from its fallback sender, after Resend
@@ -211,19 +179,19 @@ impl Metrics {
             "Resend refused the sender of operator mail; it was sent from the template's fallback_from: \
              check the first sender's domain (verification, DKIM, SPF)"
         );
-        self.sender_fallbacks.with_label_values(&[template]).inc();
+        self.sending.sender_fallbacks.with_label_values(&[template]).inc();
     }
 
     /// A batch of partition `p` went back unsent: its replicas did not acknowledge.
     pub(crate) fn unreplicated(&self, p: u16) {
-        self.unreplicated.with_label_values(&[&p.to_string()]).inc();
+        self.sending.unreplicated.with_label_values(&[&p.to_string()]).inc();
         self.set_unreplicated(p, true);
     }
 
     /// Whether this instance holds partition `p` back for its replicas (set from the
     /// batcher's state every heartbeat).
     pub(crate) fn set_unreplicated(&self, p: u16, held: bool) {
-        self.unreplicated_now.with_label_values(&[&p.to_string()]).set(i64::from(held));
+        self.sending.unreplicated_now.with_label_values(&[&p.to_string()]).set(i64::from(held));
     }
 
     /// A webhook request was answered: `result` is verified, duplicate, rejected or
@@ -232,36 +200,36 @@ impl Metrics {
         if result == "rejected" {
             tracing::warn!(why = why.unwrap_or(""), "webhook request rejected");
         }
-        self.webhook_requests.with_label_values(&[result]).inc();
+        self.inbound.webhook_requests.with_label_values(&[result]).inc();
     }
 
     /// A verified webhook event of `kind` (a bounded name).
     pub(crate) fn webhook_event(&self, kind: &'static str) {
-        self.webhook_events.with_label_values(&[kind]).inc();
+        self.inbound.webhook_events.with_label_values(&[kind]).inc();
     }
 
     /// An address was suppressed (logged by reason; the address never appears).
     pub fn suppressed(&self, reason: &'static str) {
         tracing::info!(reason, "address suppressed");
-        self.suppressions.with_label_values(&[reason]).inc();
+        self.inbound.suppressions.with_label_values(&[reason]).inc();
     }
 
     /// A subscriber turned a campaign off.
     pub fn unsubscribed(&self, source: &'static str, campaign: &str) {
         tracing::info!(source, campaign, "campaign turned off by its subscriber");
-        self.unsubscribes.with_label_values(&[source]).inc();
+        self.inbound.unsubscribes.with_label_values(&[source]).inc();
     }
 
     /// Webhook requests counted with `result` so far.
     pub fn webhook_requests(&self, result: &str) -> u64 {
-        self.webhook_requests.with_label_values(&[result]).get()
+        self.inbound.webhook_requests.with_label_values(&[result]).get()
     }
 
     /// Addresses suppressed so far, by reason.
     pub fn suppressions_by_reason(&self) -> std::collections::BTreeMap<String, u64> {
         crate::model::outcome::Why::ALL
             .iter()
-            .map(|why| (why.as_str().to_string(), self.suppressions.with_label_values(&[why.as_str()]).get()))
+            .map(|why| (why.as_str().to_string(), self.inbound.suppressions.with_label_values(&[why.as_str()]).get()))
             .filter(|(_, n)| *n > 0)
             .collect()
     }
@@ -269,17 +237,17 @@ impl Metrics {
     /// A scheduled fire of `campaign` came to `result` (fired, caught_up, missed, standby).
     /// One render-hook request and its result.
     pub fn render_hook(&self, campaign: &str, result: &'static str) {
-        self.render_hook_requests.with_label_values(&[campaign, result]).inc();
+        self.inbound.render_hook_requests.with_label_values(&[campaign, result]).inc();
     }
 
     /// Deliveries of `campaign` deferred for want of a hook answer.
     pub(crate) fn render_hook_deferred(&self, campaign: &str, n: u64) {
-        self.render_hook_deferred.with_label_values(&[campaign]).inc_by(n);
+        self.inbound.render_hook_deferred.with_label_values(&[campaign]).inc_by(n);
     }
 
     /// Items of an ingest request, by result.
     pub fn ingested(&self, result: &'static str, n: u64) {
-        self.ingested.with_label_values(&[result]).inc_by(n);
+        self.inbound.ingested.with_label_values(&[result]).inc_by(n);
     }
 
     /// The operations the admin pages offer (the `operation` label).
@@ -287,11 +255,11 @@ impl Metrics {
 
     /// `n` deliveries or addresses an admin operation touched, by its result.
     pub(crate) fn admin_action(&self, operation: &'static str, result: &'static str, n: u64) {
-        self.admin_actions.with_label_values(&[operation, result]).inc_by(n);
+        self.inbound.admin_actions.with_label_values(&[operation, result]).inc_by(n);
     }
 
     pub(crate) fn schedule_fire(&self, campaign: &str, result: &'static str) {
-        self.schedule_fires.with_label_values(&[campaign, result]).inc();
+        self.watch.schedule_fires.with_label_values(&[campaign, result]).inc();
     }
 
     /// A campaign's latest and next fire times.
@@ -301,7 +269,7 @@ impl Metrics {
         last: Option<chrono::DateTime<chrono::Utc>>,
         next: Option<chrono::DateTime<chrono::Utc>>,
     ) {
-        for (g, t) in [(&self.schedule_last, last), (&self.schedule_next, next)] {
+        for (g, t) in [(&self.watch.schedule_last, last), (&self.watch.schedule_next, next)] {
             if let Some(t) = t {
                 g.with_label_values(&[campaign]).set(t.timestamp() as f64);
             }
@@ -313,26 +281,26 @@ impl Metrics {
     /// the caller gives it: `stuck::by_campaign` gives every kind of every campaign).
     pub(crate) fn set_stuck<'a>(&self, by: impl IntoIterator<Item = ((&'a str, &'a str), u64)>) {
         let _exposition = self.exposition.lock().expect("exposition lock");
-        self.stuck.reset();
+        self.watch.stuck.reset();
         for ((campaign, kind), n) in by {
-            self.stuck.with_label_values(&[campaign, kind]).set(n as i64);
+            self.watch.stuck.with_label_values(&[campaign, kind]).set(n as i64);
         }
     }
 
     /// `n` deliveries were found without the record (or batch record) they should have.
     pub(crate) fn lost_batch(&self, n: u64) {
-        self.records_lost.inc_by(n);
+        self.sending.records_lost.inc_by(n);
     }
 
     /// Running on a Redis that may lose acknowledged writes, by the operator's choice.
     pub(crate) fn set_durability_relaxed(&self, relaxed: bool) {
-        self.durability_relaxed.set(i64::from(relaxed));
+        self.sending.durability_relaxed.set(i64::from(relaxed));
     }
 
     /// A Redis call failed; `op` names the step (a fixed name, never data).
     pub(crate) fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
         tracing::warn!(op, error = %redacted(error), "redis call failed");
-        self.redis_errors.with_label_values(&[op]).inc();
+        self.sending.redis_errors.with_label_values(&[op]).inc();
     }
 
     /// The Prometheus text exposition.

@@ -8,10 +8,10 @@
 //! the forbidden ranges unless that exact host and port is listed. Registration checks this
 //! without a DNS lookup (it works offline); a send checks it again, then resolves the host
 //! and connects only to a resolved address outside the forbidden ranges
-//! ([`CheckedResolver`]: the one lookup, so a name that rebinds between a check and the
+//! (`channels/push/resolver.rs`: the one lookup, so a name that rebinds between a check and the
 //! connection cannot slip past).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use reqwest::Url;
 
@@ -126,6 +126,12 @@ impl Default for AllowedHosts {
 }
 
 impl AllowedHosts {
+    /// Whether `host` is listed with its exact port: the operator's own (an emulator on
+    /// loopback), whose addresses are not checked.
+    pub fn lists_with_port(&self, host: &str) -> bool {
+        self.0.iter().any(|p| !p.wildcard && p.host == host && p.port.is_some())
+    }
+
     /// The entries of a list; an error names the first that is not one.
     pub fn parse<'a>(entries: impl IntoIterator<Item = &'a str>) -> Result<AllowedHosts, String> {
         entries.into_iter().map(Pattern::parse).collect::<Result<Vec<_>, _>>().map(AllowedHosts)
@@ -204,56 +210,6 @@ fn ipv4_compatible(a: Ipv6Addr) -> Option<Ipv4Addr> {
     let s = a.segments();
     (s[..6].iter().all(|&x| x == 0) && (s[6] != 0 || s[7] > 1))
         .then(|| Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8))
-}
-
-/// The push client's resolver: the one DNS lookup of a send, keeping only addresses outside
-/// the forbidden ranges (all of them for a host listed with its exact port), so the
-/// connection goes to an address that was checked. A name with none left fails with
-/// [`Forbidden`], which the sender finds in the request's error.
-#[derive(Debug, Clone)]
-pub struct CheckedResolver {
-    allowed: std::sync::Arc<AllowedHosts>,
-}
-
-impl CheckedResolver {
-    pub fn new(allowed: std::sync::Arc<AllowedHosts>) -> CheckedResolver {
-        CheckedResolver { allowed }
-    }
-}
-
-/// Every address a push endpoint's host resolved to is forbidden.
-#[derive(Debug, thiserror::Error)]
-#[error("every address of the push service's host is forbidden")]
-pub struct Forbidden;
-
-impl reqwest::dns::Resolve for CheckedResolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let allowed = self.allowed.clone();
-        let host = name.as_str().trim_end_matches('.').to_ascii_lowercase();
-        Box::pin(async move {
-            // The port is the connector's to set; 0 here, as reqwest expects.
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            // A host listed with its exact port is the operator's own (an emulator on loopback).
-            let listed = allowed.0.iter().any(|p| !p.wildcard && p.host == host && p.port.is_some());
-            let kept: Vec<SocketAddr> = found.into_iter().filter(|a| listed || !forbidden(a.ip())).collect();
-            if kept.is_empty() {
-                return Err(Box::new(Forbidden) as Box<dyn std::error::Error + Send + Sync>);
-            }
-            Ok(Box::new(kept.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
-/// Whether a request failed because every address of its host is forbidden.
-pub fn refused_by_resolver(e: &reqwest::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if err.is::<Forbidden>() {
-            return true;
-        }
-        source = err.source();
-    }
-    false
 }
 
 #[cfg(test)]

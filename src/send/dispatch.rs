@@ -23,13 +23,13 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::model::work::{DeliveryRef, Sealed, Work};
-use crate::send::batch::Gated;
 use crate::send::ctx::Ctx;
+use crate::send::gate::{self, Gated};
 use crate::send::limiter::Limiter;
 use crate::send::queue::Batcher;
 use crate::send::request::{PacingNews, Sender};
+use crate::send::{release, seal, settle};
 use crate::store::scripts;
-use crate::{send::batch, send::release};
 
 /// Tells the dispatcher a batch was gated.
 type Signal = tokio::sync::oneshot::Sender<()>;
@@ -106,7 +106,7 @@ pub(crate) struct Dispatcher {
     limiter: Limiter,
     batcher: Arc<Batcher>,
     sender: Sender,
-    gates: batch::GateConns,
+    gates: gate::GateConns,
     /// Held over a look at the next slot with the count of batches aimed ahead of it,
     /// and over each grant with its uncounting, so a look never sees a slot granted but
     /// its batch still counted.
@@ -118,7 +118,7 @@ pub(crate) struct Dispatcher {
 impl Dispatcher {
     pub fn new(ctx: &Ctx, batcher: Arc<Batcher>, sender: Sender) -> Dispatcher {
         let limiter = Limiter::from_config(&ctx.config, &ctx.store);
-        let gates = batch::GateConns::new(&ctx.config);
+        let gates = gate::GateConns::new(&ctx.config);
         Dispatcher {
             limiter,
             batcher,
@@ -236,7 +236,7 @@ impl Dispatcher {
     async fn prepare_and_send(&self, ctx: &Ctx, work: Work, asked: Instant, (gated, taken): (Signal, Aimed)) {
         let (p, sealed) = match work {
             Work::Resend(sealed) => (sealed.partition, Some(sealed)),
-            Work::Fresh(p, items) => (p, batch::seal(ctx, p, items).await),
+            Work::Fresh(p, items) => (p, seal::seal(ctx, p, items).await),
         };
         let Some(mut sealed) = sealed else {
             self.batcher.gate_done(p);
@@ -249,11 +249,11 @@ impl Dispatcher {
         let fallback = async {
             // Stopping: back to Redis unsent, before its gate makes it look maybe sent.
             if ctx.shutdown.is_triggered() {
-                batch::put_back(ctx, &sealed, Duration::ZERO).await;
+                settle::put_back(ctx, &sealed, Duration::ZERO).await;
                 self.batcher.gate_done(p);
                 return None;
             }
-            let go = self.pass_gate(ctx, &mut sealed).await;
+            let go = self.through_gate(ctx, &mut sealed).await;
             // The partition's next batch may go to its gate (a hold that began stays).
             self.batcher.gate_done(p);
             if !go {
@@ -270,16 +270,16 @@ impl Dispatcher {
         if let Some(again) = fallback
             && let Err(again) = self.batcher.push_resend(again)
         {
-            batch::put_back(ctx, &again, Duration::ZERO).instrument(span).await;
+            settle::put_back(ctx, &again, Duration::ZERO).instrument(span).await;
         }
     }
 
     /// Runs the last gate; true when the request may leave. A batch its replicas did not
     /// acknowledge goes back to Redis, and its partition waits out a backoff while the
     /// others keep the pace.
-    async fn pass_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> bool {
+    async fn through_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> bool {
         let p = sealed.partition;
-        match batch::pass_gate(ctx, &self.gates, sealed).await {
+        match gate::pass(ctx, &self.gates, sealed).await {
             Gated::Go => {
                 if self.batcher.replicas_acknowledged(p) {
                     tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
@@ -297,7 +297,7 @@ impl Dispatcher {
                          a backoff, and the other partitions keep the pace"
                     );
                 }
-                batch::put_back(ctx, sealed, backoff).await;
+                settle::put_back(ctx, sealed, backoff).await;
                 false
             }
         }
@@ -320,13 +320,13 @@ impl Dispatcher {
             Err(delay) => {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
                 drop(taken);
-                batch::put_back(ctx, &sealed, delay).await;
+                settle::put_back(ctx, &sealed, delay).await;
                 return None;
             }
         };
         drop(taken);
         // The slot moved while the batch waited: look again right before it leaves.
-        if gated.elapsed() > GATE_FRESHNESS && !self.pass_gate(ctx, &mut sealed).await {
+        if gated.elapsed() > GATE_FRESHNESS && !self.through_gate(ctx, &mut sealed).await {
             return None;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
@@ -367,7 +367,7 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
         release::hand_back(ctx, *p, items).await;
     }
     for sealed in &drained.resend {
-        batch::put_back(ctx, sealed, Duration::ZERO).instrument(sealed.span()).await;
+        settle::put_back(ctx, sealed, Duration::ZERO).instrument(sealed.span()).await;
     }
 }
 

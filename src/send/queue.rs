@@ -22,6 +22,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::model::work::{Audience, DeliveryRef, Lane, Ready, Sealed, Work};
+use crate::send::partition_gate::{PartitionGate, REPLICA_BACKOFF_MAX};
 
 /// A batch in hand, for as long as this lives ([`Batcher::hold`]).
 pub(crate) struct InHand {
@@ -54,54 +55,7 @@ struct Queues {
     fresh: [Vec<VecDeque<(Instant, Ready)>>; 2],
     resend: VecDeque<Sealed>,
     /// Per partition: its gate, and replicas that did not acknowledge.
-    trouble: Vec<Trouble>,
-}
-
-/// A partition's last gate: whether a batch of it is at the gate, and its run of
-/// batches its replicas did not acknowledge (`WAIT`).
-#[derive(Default, Clone, Copy)]
-struct Trouble {
-    /// A batch taken from it has not passed (or failed) its first gate yet: no other is
-    /// taken, so batches never queue up behind a `WAIT` that no replica answers.
-    gating: bool,
-    /// In a row, with no acknowledged batch between them.
-    failures: u32,
-    /// None of the partition's work is taken before this.
-    until: Option<Instant>,
-}
-
-/// The first wait of a partition whose replicas did not acknowledge; it doubles with
-/// each failure in a row, up to [`REPLICA_BACKOFF_MAX`].
-const REPLICA_BACKOFF: Duration = Duration::from_secs(1);
-
-/// How long a partition without the replicas it needs waits at most between tries:
-/// short enough that it resumes within seconds of a replica coming back, long enough
-/// that a try (a `WAIT` of up to a second, off the dispatcher's path) costs nothing.
-const REPLICA_BACKOFF_MAX: Duration = Duration::from_secs(8);
-
-impl Trouble {
-    fn backoff(&self) -> Duration {
-        let doublings = self.failures.saturating_sub(1).min(16);
-        (REPLICA_BACKOFF * 2u32.pow(doublings)).min(REPLICA_BACKOFF_MAX)
-    }
-
-    fn holds(&self, now: Instant) -> bool {
-        self.until.is_some_and(|until| until > now)
-    }
-
-    /// Whether its work may be taken now.
-    fn open(&self, now: Instant) -> bool {
-        !self.gating && !self.holds(now)
-    }
-
-    /// A batch of the partition is taken to its gate; in trouble, it is the partition's
-    /// one try, and its hold lasts until that try's answer or the next backoff.
-    fn trying(&mut self, now: Instant) {
-        self.gating = true;
-        if self.failures > 0 {
-            self.until = Some(now + self.backoff());
-        }
-    }
+    gates: Vec<PartitionGate>,
 }
 
 /// Everything that was queued, handed back at a stop or a pause.
@@ -126,7 +80,7 @@ impl Batcher {
             queues: Mutex::new(Queues {
                 fresh: [(); 2].map(|_| (0..partitions).map(|_| VecDeque::new()).collect()),
                 resend: VecDeque::new(),
-                trouble: vec![Trouble::default(); usize::from(partitions)],
+                gates: vec![PartitionGate::default(); usize::from(partitions)],
             }),
             changed: Notify::new(),
             space: [(); 2].map(|_| (0..partitions).map(|_| Semaphore::new(capacity)).collect()),
@@ -269,7 +223,7 @@ impl Batcher {
                     q.resend.iter().any(|s| usize::from(s.partition) == p) || q.fresh.iter().any(|l| !l[p].is_empty())
                 };
                 let mut held_until: Option<Instant> = None;
-                for (p, t) in q.trouble.iter().enumerate() {
+                for (p, t) in q.gates.iter().enumerate() {
                     if !waiting(p) {
                         continue;
                     }
@@ -300,7 +254,7 @@ impl Batcher {
     /// when this begins a run of such failures.
     pub(crate) fn replicas_failed(&self, p: u16) -> (Duration, bool) {
         let mut q = self.queues.lock().expect("batcher lock");
-        let t = &mut q.trouble[usize::from(p)];
+        let t = &mut q.gates[usize::from(p)];
         t.failures += 1;
         let backoff = t.backoff();
         t.until = Some(Instant::now() + backoff);
@@ -311,7 +265,7 @@ impl Batcher {
     /// True when this ends a run of failures.
     pub(crate) fn replicas_acknowledged(&self, p: u16) -> bool {
         let mut q = self.queues.lock().expect("batcher lock");
-        let t = &mut q.trouble[usize::from(p)];
+        let t = &mut q.gates[usize::from(p)];
         let ended = t.failures > 0;
         (t.failures, t.until) = (0, None);
         drop(q);
@@ -324,7 +278,7 @@ impl Batcher {
     /// The batch taken from partition `p` is done with its first gate (passed, failed,
     /// or never sealed): another may be taken.
     pub(crate) fn gate_done(&self, p: u16) {
-        self.queues.lock().expect("batcher lock").trouble[usize::from(p)].gating = false;
+        self.queues.lock().expect("batcher lock").gates[usize::from(p)].gating = false;
         self.changed.notify_one();
     }
 
@@ -333,7 +287,7 @@ impl Batcher {
     /// stops saying so then).
     pub(crate) fn unreplicated(&self, p: u16) -> bool {
         let q = self.queues.lock().expect("batcher lock");
-        let t = &q.trouble[usize::from(p)];
+        let t = &q.gates[usize::from(p)];
         t.failures > 0 && t.until.is_some_and(|until| Instant::now() < until + REPLICA_BACKOFF_MAX)
     }
 
@@ -349,7 +303,7 @@ impl Batcher {
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
         let now = Instant::now();
-        let open: Vec<bool> = q.trouble.iter().map(|t| t.open(now)).collect();
+        let open: Vec<bool> = q.gates.iter().map(|t| t.open(now)).collect();
         let oldest = |queues: &[VecDeque<(Instant, Ready)>], full: bool| {
             queues
                 .iter()
@@ -364,13 +318,13 @@ impl Batcher {
             None => {
                 if let Some(i) = q.resend.iter().position(|s| open[usize::from(s.partition)]) {
                     let sealed = q.resend.remove(i).expect("present");
-                    q.trouble[usize::from(sealed.partition)].trying(now);
+                    q.gates[usize::from(sealed.partition)].trying(now);
                     return Some(Work::Resend(sealed));
                 }
                 oldest(&q.fresh[digest], true).or_else(|| oldest(&q.fresh[digest], false))?
             }
         };
-        q.trouble[p].trying(now);
+        q.gates[p].trying(now);
         // The partition's receipts first, the spare room filled with its digest emails:
         // a receipt costs the digest no request slot. Operator mail goes in a request of
         // its own: never beside customer mail, whose sender a fallback must not touch.

@@ -16,10 +16,10 @@ use tracing::Instrument;
 
 use crate::model::outcome::{Failpoint, Reason};
 use crate::model::work::{Lane, Sealed};
-use crate::send::batch;
 use crate::send::ctx::Ctx;
 use crate::send::queue::Batcher;
 use crate::send::read::Consumer;
+use crate::send::settle;
 use crate::send::stuck;
 use crate::store::scripts::{self, Take, Verdict};
 use crate::store::streams::{self, Entry, entry_of};
@@ -137,7 +137,7 @@ impl Reclaimer {
                     tracing::debug!(batch = %batch, tries, "resending sealed batch");
                     let taken = Sealed::new(p, batch, key, Bytes::from(body), members);
                     if let Err(taken) = self.batcher.push_resend(Sealed { tries, maybe_sent, ..taken }) {
-                        batch::put_back(ctx, &taken, Duration::ZERO).await;
+                        settle::put_back(ctx, &taken, Duration::ZERO).await;
                     }
                 }
                 Take::Expired { members } => {
@@ -149,7 +149,7 @@ impl Reclaimer {
                     );
                     let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
                     let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
-                    batch::settle_all(ctx, &taken, verdict, None).instrument(taken.span()).await;
+                    settle::record_all(ctx, &taken, verdict, None).instrument(taken.span()).await;
                 }
                 Take::Lost => {
                     tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
@@ -231,7 +231,7 @@ impl Reclaimer {
         tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
         ctx.metrics.lost_batch(members.len() as u64);
         let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-        let settled = batch::settle(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
+        let settled = settle::record(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
         settled.instrument(crate::model::work::batch_span(p, batch)).await;
         Ok(())
     }

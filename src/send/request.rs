@@ -1,8 +1,8 @@
 //! One provider request: POST a batch that passed its last gate with its sealed
 //! key and body, then settle what the provider answered or plan what follows a
 //! failure (`plan`: retry after a backoff, pause for a quota, or give up), and
-//! report what it said about pacing back to the dispatcher. The batch record's
-//! steps are `batch.rs`'s.
+//! report what it said about pacing back to the dispatcher. A refused sender may fall
+//! back once (`fallback.rs`); what became of the batch is recorded by `settle.rs`.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -17,10 +17,11 @@ use crate::model::error_name::ErrorName;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::Sealed;
 use crate::resend::{Action, Client, ItemResult, ProviderError, RateHeaders};
-use crate::send::batch::{self, FellBack, QUOTA_RECHECK};
 use crate::send::ctx::Ctx;
+use crate::send::fallback::{self, FellBack};
 use crate::send::pause::{HealthChange, quota_renews};
 use crate::send::retry::RetryPolicy;
+use crate::send::settle::{self, QUOTA_RECHECK};
 use crate::store::scripts::{Reschedule, Settler, Verdict};
 
 /// What the provider said about pacing, for the limiter.
@@ -80,50 +81,59 @@ impl Sender {
         let took = started.elapsed();
         ctx.failpoints.at(Failpoint::Answered).await;
         // A fallback request's record says which refusal it follows (read before it settles).
-        let refusal = batch::refusal_of(ctx, &b).await;
-        match answer {
+        let refusal = fallback::refusal_of(ctx, &b).await;
+        let news = match &answer {
             Ok(accepted) => {
                 self.health(ctx, &b.id, None).await;
                 ctx.metrics.provider_request(BATCH_ENDPOINT, Ok(()), emails, took);
-                let news = PacingNews { rate: accepted.rate, pause: None, late_arrival };
-                // Permissive validation may report a refused sender per email: for a request
-                // of one email, that is the request refused, and nothing of it was sent.
-                // (Settled as an answer when it does not fall back: a 200 is this request's, or
-                // a replay of the first one's, so 'failed' is true of it.)
-                if let Some(e) = refused_sender(&accepted.items)
-                    && batch::may_fall_back(e.action, e.maybe_sent, b.maybe_sent, refusal.is_some())
-                {
-                    match batch::fall_back(ctx, &b, &e).await {
-                        FellBack::Sealed(again) => return (news, Some(again)),
-                        FellBack::Unknown => return (news, None),
-                        FellBack::No => {}
-                    }
-                }
-                // A fallback refused too records the refusal it followed.
-                let invalid = refusal.as_ref().map_or(ErrorName::ValidationError, |r| r.error.clone());
-                let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = accepted
-                    .items
-                    .iter()
-                    .map(|item| match item {
-                        ItemResult::Sent(id) => (Verdict::Sent(id.clone()), None),
-                        ItemResult::Invalid(said) => {
-                            (Verdict::Failed(Reason::Provider(invalid.clone())), said.as_deref())
-                        }
-                    })
-                    .unzip();
-                let any_sent = verdicts.iter().any(|v| matches!(v, Verdict::Sent(_)));
-                batch::settle(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts, &said).await;
-                if let Some(r) = refusal.filter(|_| any_sent) {
-                    ctx.metrics.sender_fallback(&r.template, &r.error, r.status, b.tries + 1);
-                }
-                (news, None)
+                PacingNews { rate: accepted.rate, pause: None, late_arrival }
             }
             Err((e, rate)) => {
-                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(&e), emails, took);
+                ctx.metrics.provider_request(BATCH_ENDPOINT, Err(e), emails, took);
+                self.health(ctx, &b.id, Some(e)).await;
                 let pause = e.retry_after.filter(|_| e.name == ErrorName::RateLimitExceeded);
-                let again = self.failed(ctx, b, e, refusal).await;
-                (PacingNews { rate, pause, late_arrival }, again)
+                PacingNews { rate: *rate, pause, late_arrival }
             }
+        };
+        // Permissive validation may report a refused sender per email: for a request of one
+        // email, that is the request refused, and nothing of it was sent. (Settled as an
+        // answer when it does not fall back: a 200 is this request's, or a replay of the
+        // first one's, so 'failed' is true of it.)
+        let refused_in_200 = answer.as_ref().ok().and_then(|accepted| refused_sender(&accepted.items));
+        let refused = match &answer {
+            Ok(_) => refused_in_200.as_ref(),
+            Err((e, _)) => Some(e),
+        };
+        if let Some(e) = refused {
+            match fallback::try_after(ctx, &b, e, refusal.as_ref()).await {
+                FellBack::Sealed(again) => return (news, Some(again)),
+                FellBack::Unknown => return (news, None),
+                FellBack::No => {}
+            }
+        }
+        match answer {
+            Ok(accepted) => self.accepted(ctx, &b, &accepted.items, refusal).await,
+            Err((e, _)) => self.failed(ctx, b, e, refusal).await,
+        }
+        (news, None)
+    }
+
+    /// Records the provider's answer to a request of `b`, item by item (`refusal`: the
+    /// one `b` is the fallback of).
+    async fn accepted(&self, ctx: &Ctx, b: &Sealed, items: &[ItemResult], refusal: Option<fallback::Refusal>) {
+        // A fallback refused too records the refusal it followed.
+        let invalid = refusal.as_ref().map_or(ErrorName::ValidationError, |r| r.error.clone());
+        let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = items
+            .iter()
+            .map(|item| match item {
+                ItemResult::Sent(id) => (Verdict::Sent(id.clone()), None),
+                ItemResult::Invalid(said) => (Verdict::Failed(Reason::Provider(invalid.clone())), said.as_deref()),
+            })
+            .unzip();
+        let any_sent = verdicts.iter().any(|v| matches!(v, Verdict::Sent(_)));
+        settle::record(ctx, b.partition, &b.id, &b.members, Settler::Answer, verdicts, &said).await;
+        if let Some(r) = refusal.filter(|_| any_sent) {
+            ctx.metrics.sender_fallback(&r.template, &r.error, r.status, b.tries + 1);
         }
     }
 
@@ -157,17 +167,9 @@ impl Sender {
         ctx.metrics.set_provider_down(ctx.health.is_down());
     }
 
-    /// Acts on a failed request of `b` (`refusal`: the one it is the fallback of); returns
-    /// the batch to send at once when it fell back to another sender.
-    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<batch::Refusal>) -> Option<Sealed> {
-        self.health(ctx, &b.id, Some(&e)).await;
-        if batch::may_fall_back(e.action, e.maybe_sent, b.maybe_sent, refusal.is_some()) {
-            match batch::fall_back(ctx, &b, &e).await {
-                FellBack::Sealed(again) => return Some(again),
-                FellBack::Unknown => return None,
-                FellBack::No => {}
-            }
-        }
+    /// Acts on a failed request of `b` that did not fall back (`refusal`: the one it is
+    /// the fallback of): retries it later, pauses for a quota, or settles it.
+    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<fallback::Refusal>) {
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, ctx.health.retry_cap(), &mut *rng, Utc::now())
@@ -187,7 +189,7 @@ impl Sender {
                     maybe_sent: e.maybe_sent || b.maybe_sent,
                     error,
                 };
-                batch::reschedule(ctx, b.partition, &b.id, &r).await;
+                settle::reschedule(ctx, b.partition, &b.id, &r).await;
                 ctx.metrics.retry_scheduled(&e.name, b.tries + 1, delay);
             }
             Plan::PauseUntil(until) => {
@@ -203,14 +205,13 @@ impl Sender {
                     maybe_sent: b.maybe_sent,
                     error,
                 };
-                batch::reschedule(ctx, b.partition, &b.id, &r).await;
+                settle::reschedule(ctx, b.partition, &b.id, &r).await;
             }
             Plan::Settle(outcome) => {
                 let verdict = if outcome == Outcome::Failed { Verdict::Failed(error) } else { Verdict::Unknown(error) };
-                batch::settle_all(ctx, &b, verdict, e.said.as_deref()).await;
+                settle::record_all(ctx, &b, verdict, e.said.as_deref()).await;
             }
         }
-        None
     }
 }
 

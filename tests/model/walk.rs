@@ -467,7 +467,7 @@ impl Walker {
                         let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
                         let action = if answer == Answer::Refused { Class::SenderRejected } else { Class::Fatal };
                         if operator
-                            && mailstream::send::batch::may_fall_back(action, false, hand.maybe_sent, hand.fallback)
+                            && mailstream::send::fallback::may_fall_back(action, false, hand.maybe_sent, hand.fallback)
                         {
                             let emails: Vec<String> = hand
                                 .body

@@ -22,6 +22,8 @@
 //!   browser may have it). 413 fails it (`push_too_large`); 429 puts it off for at least
 //!   its `Retry-After`; 5xx and no answer put it off until the delivery deadline.
 
+mod resolver;
+
 use std::collections::{BTreeSet, HashMap};
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -34,12 +36,13 @@ use crate::audience::subscribers::push::{self as subscriptions, Subscription};
 use crate::channels::{self, Claimed, Sender, Slots};
 use crate::config::PushChannelConfig;
 use crate::model::outcome::{Outcome, Reason};
-use crate::model::push_endpoint::{AllowedHosts, CheckedResolver, Refusal};
+use crate::model::push_endpoint::{AllowedHosts, Refusal};
 use crate::model::webpush::{self as crypto, VapidKey};
 use crate::model::work::{Channel, DeliveryRef};
 use crate::send::ctx::Ctx;
 use crate::send::limiter::Local;
 use crate::store::scripts::{self, Decision};
+use resolver::CheckedResolver;
 
 /// The record field holding the notification's payload, fixed before its first request.
 pub const BODY_FIELD: &str = "push_body";
@@ -249,7 +252,7 @@ impl PushChannel {
         let (status, retry_after) = match request.send().await {
             Ok(r) => (Some(r.status().as_u16()), channels::retry_after_ms(r.headers())),
             // Its host resolved to forbidden addresses only: nothing was sent.
-            Err(e) if crate::model::push_endpoint::refused_by_resolver(&e) => {
+            Err(e) if resolver::refused_by_resolver(&e) => {
                 return Answered::EndpointRefused(Refusal::AddressForbidden);
             }
             Err(_) => (None, None),

@@ -6,24 +6,24 @@
 //! `--channels email,app` the campaign goes out on each channel (`channels.rs`).
 
 pub(crate) mod channels;
+mod world;
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use chrono::{Datelike, Timelike};
 use serde::Serialize;
 
 use crate::audience::kick;
 use crate::audience::subscribers::{self, Subscriber};
-use crate::config::{Config, Secret};
+use crate::config::Config;
 use crate::shutdown;
-use crate::store::redis_server::{RedisOptions, RedisServer};
 use crate::store::{Counts, Store};
-use crate::tools::emulator::{Emulator, EmulatorConfig, Stats};
+use crate::tools::emulator::Stats;
 use crate::{Listeners, RunOptions};
+use world::World;
 
 /// What the demo is asked to do.
 #[derive(Debug, Clone)]
@@ -172,236 +172,101 @@ impl DemoReport {
 
 /// Runs the demo, writing progress and the summary to `out`.
 pub(crate) async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> anyhow::Result<DemoReport> {
-    let mut config = Config::example();
-    config.campaigns.iter_mut().for_each(|c| c.schedule = None);
-    // Kept until the end of the run: dropping it stops the private Redis.
-    let mut _private_redis = None;
-    match &opts.redis_url {
-        Some(url) => {
-            config.redis.url = Secret::new(url.clone());
-            config.redis.prefix = format!("mailstream-demo-{}", crate::model::id::new_id().to_ascii_lowercase());
-            // Someone else's Redis, for a demo: run on it whatever its persistence.
-            config.redis.durability = crate::config::Durability::Relaxed;
-        }
-        None => {
-            // Durable as production should be: append-only, fsync on every write.
-            let server = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
-            config.redis.url = Secret::new(server.url());
-            _private_redis = Some(server);
-        }
-    }
-
-    // The daemon's public listener, and the secret its webhooks are signed with: the
-    // emulator posts signed events about what it accepted back to the daemon.
-    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("binding the public listener")?;
-    let public_url = format!("http://{}", public.local_addr()?);
-    let webhook_secret = format!(
-        "whsec_{}",
-        base64::Engine::encode(&base64::engine::general_purpose::STANDARD, rand::random::<[u8; 24]>())
-    );
-    config.webhook.secrets = vec![Secret::new(webhook_secret.clone())];
-    config.unsubscribe.secrets = vec![Secret::new(crate::model::id::new_id())];
-    config.unsubscribe.base_url = public_url.clone();
-    // One source (the emulator) sends every webhook here: no per-source cap to speak of.
-    config.http.public_requests_per_second_per_source = 1_000_000;
-    let webhook =
-        crate::tools::emulator::WebhookTarget { url: format!("{public_url}/webhooks/resend"), secret: webhook_secret };
-    let emulator = Emulator::new(EmulatorConfig {
-        requests_per_second: Some(opts.rps),
-        webhook: Some(webhook),
-        ..Default::default()
-    });
-    let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await.context("starting the emulator")?;
-
-    config.resend.base_url = emulator_url.clone();
-    config.resend.api_key = Some(Secret::new("re_demo_key"));
-    config.resend.requests_per_second = opts.rps;
-    config.http.metrics_listen = None;
-    let channels = opts.channels.clone().unwrap_or_else(|| vec![crate::model::work::Channel::Email]);
-    let ends = channels::configure(&mut config, &opts.campaign, &channels).await?;
-    config.validate()?;
-    let campaign = config
-        .campaign(&opts.campaign)
-        .with_context(|| format!("no campaign {:?} in the embedded config", opts.campaign))?
-        .clone();
-
-    let store = Store::open(&config).await?;
+    let mut world = World::new(opts).await?;
+    let store = Store::open(&world.config).await?;
+    let campaign = world.campaign.clone();
     let period = kick::period_for(&store, &campaign, None, kick::PeriodRule::NearNow).await?;
     writeln!(
         out,
         "mailstream demo: {} subscribers, campaign {} period {}, {} requests/s x {} emails per batch",
-        opts.subscribers, campaign.name, period, opts.rps, config.resend.batch_size
+        opts.subscribers, campaign.name, period, opts.rps, world.config.resend.batch_size
     )?;
-    writeln!(out, "  redis {}   resend emulator {emulator_url}", config.redis.url.redacted_url())?;
+    writeln!(out, "  redis {}   resend emulator {}", world.config.redis.url.redacted_url(), world.emulator_url)?;
 
     // A few are Resend's test addresses that bounce or complain: their webhooks suppress them.
     let subscribers: Vec<Subscriber> = (0..opts.subscribers).map(demo_subscriber).collect();
     subscribers::upsert(&store, &subscribers).await?;
-    let push_registered = ends.subscribe(&store, subscribers.iter().map(|s| s.id.clone())).await?;
+    let push_registered = world.ends.subscribe(&store, subscribers.iter().map(|s| s.id.clone())).await?;
     drop(subscribers);
 
     let (stop, down) = shutdown::channel();
     let metrics = Arc::new(crate::metrics::Metrics::new());
-    let run = |config: Config, public| {
+    let public = world.public.take().expect("bound once");
+    let start = |config: Config| {
         let options = RunOptions { metrics: Some(metrics.clone()), ..Default::default() };
         tokio::spawn(crate::run_with(config, Listeners { metrics: None, public: Some(public) }, down, options))
     };
-    let mut scheduled_fanouts = None;
-    let (first, second, kick_seconds, started, daemon) = if opts.scheduled {
-        // The next whole minute at least 15 s away, as a daily cron in the campaign's zone.
-        let now = store.time().await?;
-        let mut fire = now + chrono::Duration::seconds(75);
-        fire = fire
-            - chrono::Duration::seconds(i64::from(fire.second()))
-            - chrono::Duration::nanoseconds(fire.nanosecond().into());
-        let local = fire.with_timezone(&campaign.tz());
-        // Yearly (this date), so its previous fire is a year back, beyond the retention.
-        let cron = format!("{} {} {} {} *", local.minute(), local.hour(), local.day(), local.month());
-        for c in config.campaigns.iter_mut().filter(|c| c.name == campaign.name) {
-            c.schedule = Some(cron.clone());
-        }
-        writeln!(
-            out,
-            "  schedule \"{cron}\" ({}): the daemon's scheduler fires at {} ({} UTC); waiting",
-            campaign.time_zone,
-            local.format("%H:%M:%S %Z"),
-            fire.format("%H:%M:%S")
-        )?;
-        let daemon = run(config.clone(), public);
-        let fanout = store.keys.fanout(&campaign.name, &period);
-        let mut conn = store.conn().await?;
-        let waited = Instant::now();
-        loop {
-            let state: Option<String> = redis::cmd("HGET").arg(&fanout).arg("state").query_async(&mut conn).await?;
-            if state.as_deref() == Some("done") || daemon.is_finished() || waited.elapsed() > Duration::from_secs(150) {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let record: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&fanout).query_async(&mut conn).await?;
-        let field = |f: &str| record.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-        let took = field("done_ms").saturating_sub(field("started_ms"));
-        let started_at = chrono::DateTime::from_timestamp_millis(field("started_ms") as i64).unwrap_or_default();
-        writeln!(
-            out,
-            "  the scheduler fired at {} UTC: {} new in {took} ms (fan-out record: state {}, runs {})",
-            started_at.format("%H:%M:%S%.3f"),
-            field("new"),
-            record.get("state").map_or("-", String::as_str),
-            field("runs")
-        )?;
-        scheduled_fanouts = Some(field("runs"));
-        let first = kick::KickReport { new: field("new"), ..Default::default() };
-        (first, kick::KickReport::default(), took as f64 / 1000.0, Instant::now(), daemon)
+    let kicked = if opts.scheduled {
+        scheduled_kick(out, &store, &mut world.config, &campaign, &period, start).await?
     } else {
         let kicked = Instant::now();
-        let first = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+        let first = kick::kick_registry(&store, &world.config, &campaign.name, &period).await?;
         let kick_seconds = kicked.elapsed().as_secs_f64();
         writeln!(out, "  kick 1: {} new, {} duplicates ({kick_seconds:.2} s)", first.new, first.duplicates)?;
-        let second = kick::kick_registry(&store, &config, &campaign.name, &period).await?;
+        let second = kick::kick_registry(&store, &world.config, &campaign.name, &period).await?;
         writeln!(out, "  kick 2: {} new, {} duplicates", second.new, second.duplicates)?;
-        (first, second, kick_seconds, Instant::now(), run(config.clone(), public))
+        let daemon = start(world.config.clone());
+        Kicked { first, second, kick_seconds, started: Instant::now(), daemon, scheduled_fanouts: None }
     };
-
-    let tx_day = store.time().await?.format("%Y-%m-%d").to_string();
-    let ceiling = f64::from(opts.rps) * config.resend.batch_size as f64;
-    let expected = first.new as f64 / ceiling;
-    let deadline = Duration::from_secs_f64(expected * 3.0 + 60.0);
-    let mut last_print = Instant::now();
-    let mut counts;
-    // Receipts through the transactional lane, spread over the digest's expected run.
-    let every = Duration::from_secs_f64((expected / (TRANSACTIONAL_SENDS + 2) as f64).max(0.05));
-    let mut receipts = 0u64;
-    let mut posted: Vec<(String, i64)> = Vec::new();
-    let mut email_done: Option<f64> = None;
-    loop {
-        counts = store.counts(&campaign.name, &period).await?;
-        let email_settled = counts.settled() >= counts.enqueued;
-        if email_settled && email_done.is_none() {
-            email_done = Some(started.elapsed().as_secs_f64());
-        }
-        let digest_done = email_settled && channels::others_settled(&store, &campaign.name, &period, &channels).await?;
-        if receipts < TRANSACTIONAL_SENDS && !digest_done && started.elapsed() >= every * (receipts as u32 + 1) {
-            let item = serde_json::json!({
-                "idempotency_key": format!("demo-receipt-{receipts}"),
-                "to": format!("delivered+receipt-{receipts}@resend.dev"),
-                "subject": "Your receipt",
-                "text": "Thank you for your order.",
-            });
-            posted.push((format!("demo-receipt-{receipts}"), store.time().await?.timestamp_millis()));
-            crate::audience::ingest::enqueue(&store, &config, vec![item]).await?;
-            receipts += 1;
-        }
-        // The receipts' counts matter only once the digest is done.
-        let all_done =
-            digest_done && store.counts(crate::model::work::TRANSACTIONAL, &tx_day).await?.settled() >= receipts;
-        if all_done || started.elapsed() > deadline || daemon.is_finished() {
-            break;
-        }
-        if opts.progress && last_print.elapsed() >= Duration::from_secs(1) {
-            last_print = Instant::now();
-            progress(out, started, email_done, &counts, &emulator.stats())?;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let email_seconds = email_done.unwrap_or(elapsed);
+    let drove = drive(opts, out, &store, &world, &period, &kicked).await?;
     // The webhooks about the last batches are still on their way: wait for them.
-    let expected_events = counts.sent + opts.subscribers.div_ceil(COMPLAINS_EVERY);
+    let expected_events = drove.counts.sent + opts.subscribers.div_ceil(COMPLAINS_EVERY);
     let webhooks_due = Instant::now() + Duration::from_secs(20);
     while Instant::now() < webhooks_due {
-        let s = emulator.stats();
+        let s = world.emulator.stats();
         if s.webhooks_delivered + s.webhooks_failed >= expected_events {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     stop.trigger();
-    match daemon.await {
+    match kicked.daemon.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => return Err(e.context("the daemon stopped")),
         Err(e) => return Err(anyhow::anyhow!("the daemon panicked: {e}")),
     }
-    stop_emulator.trigger();
-    let _ = emulator_task.await;
+    let ceiling = world.ceiling();
+    world.stop_emulator.trigger();
+    let _ = world.emulator_task.await;
     let (app_end, push_service) =
-        (ends.app.as_ref().map(|a| a.server.clone()), ends.push.as_ref().map(|p| p.server.clone()));
-    ends.stop().await;
+        (world.ends.app.as_ref().map(|a| a.server.clone()), world.ends.push.as_ref().map(|p| p.server.clone()));
+    world.ends.stop().await;
     let app_stats = app_end.map(|a| a.stats());
     let push_run = push_service.map(|p| channels::PushRun { registered: push_registered, stats: p.stats() });
-    let counts = store.counts(&campaign.name, &period).await.unwrap_or(counts);
+    let counts = store.counts(&campaign.name, &period).await.unwrap_or(drove.counts);
     let by_channel = match &opts.channels {
         Some(list) => {
             let at = (campaign.name.as_str(), period.as_str());
-            Some(channels::report(&store, at, list, &emulator.stats(), app_stats.as_ref(), push_run.as_ref()).await?)
+            let stats = world.emulator.stats();
+            Some(channels::report(&store, at, list, &stats, app_stats.as_ref(), push_run.as_ref()).await?)
         }
         None => None,
     };
-    let transactional = transactional_latencies(&store, &tx_day, &posted).await?;
+    let transactional = transactional_latencies(&store, &drove.tx_day, &drove.posted).await?;
     if opts.redis_url.is_some() {
         // Someone else's Redis: take the demo's keys (addresses included) away again.
         let removed = store.delete_all().await?;
-        writeln!(out, "  removed the demo's {removed} keys (prefix {}) from that Redis", config.redis.prefix)?;
+        writeln!(out, "  removed the demo's {removed} keys (prefix {}) from that Redis", world.config.redis.prefix)?;
     }
 
     let report = DemoReport {
         subscribers: opts.subscribers,
         period,
         enqueued: counts.enqueued,
-        duplicates_suppressed: second.duplicates,
-        scheduled_fanouts,
+        duplicates_suppressed: kicked.second.duplicates,
+        scheduled_fanouts: kicked.scheduled_fanouts,
         sent: counts.sent,
         failed: counts.failed,
         skipped: counts.skipped,
         outcome_unknown: counts.outcome_unknown,
         not_settled: counts.enqueued.saturating_sub(counts.settled()),
-        kick_seconds,
-        elapsed_seconds: elapsed,
-        email_seconds,
+        kick_seconds: kicked.kick_seconds,
+        elapsed_seconds: drove.elapsed,
+        email_seconds: drove.email_seconds,
         // Sent only: a skipped delivery costs the provider nothing and is not throughput.
-        emails_per_second: counts.sent as f64 / email_seconds.max(1e-9),
+        emails_per_second: counts.sent as f64 / drove.email_seconds.max(1e-9),
         ceiling_emails_per_second: ceiling,
-        provider: emulator.stats(),
+        provider: world.emulator.stats(),
         webhooks: {
             let w = |result| metrics.webhook_requests(result);
             let (verified, duplicates, rejected, invalid) =
@@ -414,6 +279,145 @@ pub(crate) async fn run(opts: &DemoOptions, out: &mut (dyn Write + Send)) -> any
     };
     summary(out, &report)?;
     Ok(report)
+}
+
+/// How the campaign period was kicked, and the daemon sending it.
+struct Kicked {
+    first: kick::KickReport,
+    second: kick::KickReport,
+    kick_seconds: f64,
+    /// When sending began (the daemon started, or the scheduler fired).
+    started: Instant,
+    daemon: tokio::task::JoinHandle<anyhow::Result<()>>,
+    /// With `--scheduled`: how many runs the scheduler's fan-out took.
+    scheduled_fanouts: Option<u64>,
+}
+
+/// Schedules the campaign at the next whole minute at least 15 s away, starts the
+/// daemon (`start`) and waits for its scheduler's fan-out to be done.
+async fn scheduled_kick(
+    out: &mut (dyn Write + Send),
+    store: &Store,
+    config: &mut Config,
+    campaign: &crate::config::CampaignConfig,
+    period: &str,
+    start: impl FnOnce(Config) -> tokio::task::JoinHandle<anyhow::Result<()>>,
+) -> anyhow::Result<Kicked> {
+    // The next whole minute at least 15 s away, as a daily cron in the campaign's zone.
+    let now = store.time().await?;
+    let mut fire = now + chrono::Duration::seconds(75);
+    fire = fire
+        - chrono::Duration::seconds(i64::from(fire.second()))
+        - chrono::Duration::nanoseconds(fire.nanosecond().into());
+    let local = fire.with_timezone(&campaign.tz());
+    // Yearly (this date), so its previous fire is a year back, beyond the retention.
+    let cron = format!("{} {} {} {} *", local.minute(), local.hour(), local.day(), local.month());
+    for c in config.campaigns.iter_mut().filter(|c| c.name == campaign.name) {
+        c.schedule = Some(cron.clone());
+    }
+    writeln!(
+        out,
+        "  schedule \"{cron}\" ({}): the daemon's scheduler fires at {} ({} UTC); waiting",
+        campaign.time_zone,
+        local.format("%H:%M:%S %Z"),
+        fire.format("%H:%M:%S")
+    )?;
+    let daemon = start(config.clone());
+    let fanout = store.keys.fanout(&campaign.name, period);
+    let mut conn = store.conn().await?;
+    let waited = Instant::now();
+    loop {
+        let state: Option<String> = redis::cmd("HGET").arg(&fanout).arg("state").query_async(&mut conn).await?;
+        if state.as_deref() == Some("done") || daemon.is_finished() || waited.elapsed() > Duration::from_secs(150) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let record: BTreeMap<String, String> = redis::cmd("HGETALL").arg(&fanout).query_async(&mut conn).await?;
+    let field = |f: &str| record.get(f).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let took = field("done_ms").saturating_sub(field("started_ms"));
+    let started_at = chrono::DateTime::from_timestamp_millis(field("started_ms") as i64).unwrap_or_default();
+    writeln!(
+        out,
+        "  the scheduler fired at {} UTC: {} new in {took} ms (fan-out record: state {}, runs {})",
+        started_at.format("%H:%M:%S%.3f"),
+        field("new"),
+        record.get("state").map_or("-", String::as_str),
+        field("runs")
+    )?;
+    Ok(Kicked {
+        first: kick::KickReport { new: field("new"), ..Default::default() },
+        second: kick::KickReport::default(),
+        kick_seconds: took as f64 / 1000.0,
+        started: Instant::now(),
+        daemon,
+        scheduled_fanouts: Some(field("runs")),
+    })
+}
+
+/// What sending the period came to, once every delivery settled (or the deadline passed).
+struct Drove {
+    counts: Counts,
+    /// The day the receipts were enqueued under, and each receipt's key and when it was posted.
+    tx_day: String,
+    posted: Vec<(String, i64)>,
+    elapsed: f64,
+    email_seconds: f64,
+}
+
+/// Watches the daemon send the period, posting receipts through the transactional lane
+/// spread over the digest's expected run, until everything is settled.
+async fn drive(
+    opts: &DemoOptions,
+    out: &mut (dyn Write + Send),
+    store: &Store,
+    world: &World,
+    period: &str,
+    kicked: &Kicked,
+) -> anyhow::Result<Drove> {
+    let (config, campaign, started) = (&world.config, &world.campaign.name, kicked.started);
+    let tx_day = store.time().await?.format("%Y-%m-%d").to_string();
+    let expected = kicked.first.new as f64 / world.ceiling();
+    let deadline = Duration::from_secs_f64(expected * 3.0 + 60.0);
+    let mut last_print = Instant::now();
+    let mut counts;
+    // Receipts through the transactional lane, spread over the digest's expected run.
+    let every = Duration::from_secs_f64((expected / (TRANSACTIONAL_SENDS + 2) as f64).max(0.05));
+    let mut receipts = 0u64;
+    let mut posted: Vec<(String, i64)> = Vec::new();
+    let mut email_done: Option<f64> = None;
+    loop {
+        counts = store.counts(campaign, period).await?;
+        let email_settled = counts.settled() >= counts.enqueued;
+        if email_settled && email_done.is_none() {
+            email_done = Some(started.elapsed().as_secs_f64());
+        }
+        let digest_done = email_settled && channels::others_settled(store, campaign, period, &world.channels).await?;
+        if receipts < TRANSACTIONAL_SENDS && !digest_done && started.elapsed() >= every * (receipts as u32 + 1) {
+            let item = serde_json::json!({
+                "idempotency_key": format!("demo-receipt-{receipts}"),
+                "to": format!("delivered+receipt-{receipts}@resend.dev"),
+                "subject": "Your receipt",
+                "text": "Thank you for your order.",
+            });
+            posted.push((format!("demo-receipt-{receipts}"), store.time().await?.timestamp_millis()));
+            crate::audience::ingest::enqueue(store, config, vec![item]).await?;
+            receipts += 1;
+        }
+        // The receipts' counts matter only once the digest is done.
+        let all_done =
+            digest_done && store.counts(crate::model::work::TRANSACTIONAL, &tx_day).await?.settled() >= receipts;
+        if all_done || started.elapsed() > deadline || kicked.daemon.is_finished() {
+            break;
+        }
+        if opts.progress && last_print.elapsed() >= Duration::from_secs(1) {
+            last_print = Instant::now();
+            progress(out, started, email_done, &counts, &world.emulator.stats())?;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Drove { counts, tx_day, posted, elapsed, email_seconds: email_done.unwrap_or(elapsed) })
 }
 
 /// Transactional sends to inline addresses enqueued on `day` under these keys, each with
