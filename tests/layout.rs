@@ -1,50 +1,115 @@
-//! The shape of the code, checked: the rooms of `src/` import each other in the
-//! order the README's rooms table lists them, top to bottom, never up and never in a
-//! circle (every `crate::room` path in every file, test modules included, is an
-//! edge), and `lib.rs` stays a wiring file.
+//! The shape of the code, checked. `src/` holds one folder per concept and a few files;
+//! every one of them is named here, in the order of the rooms' floors, bottom first, and
+//! a room imports only rooms below its own (every `crate::` path in every file, test
+//! modules included, is an edge), never in a circle, nor do its files among themselves.
+//! A few rules say more than the order does (the send core reaches for no listener,
+//! report or command; the readers neither send nor answer HTTP). `docs/architecture.md`
+//! lists the same rooms in the same order, and no file or function grows past what one
+//! reading holds.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-/// The room a source file belongs to: `src/x.rs` and `src/x/...` are room `x`.
-fn room_of(path: &Path, src: &Path) -> String {
-    let rel = path.strip_prefix(src).expect("under src");
-    let first = rel.components().next().expect("a component").as_os_str().to_string_lossy().to_string();
-    first.trim_end_matches(".rs").to_string()
+/// The rooms of `src/`, bottom first: a folder (`x/`) or a file at the top (`x.rs`).
+/// Each may import only those before it.
+const FLOORS: [&str; 14] = [
+    "model/",
+    "config/",
+    "store/",
+    "resend/",
+    "metrics/",
+    "shutdown.rs",
+    "audience/",
+    "send/",
+    "channels/",
+    "ops/",
+    "http/",
+    "daemon.rs",
+    "tools/",
+    "cli/",
+];
+
+/// The files at the top of `src/` that are no room: the crate's roots.
+const ROOTS: [&str; 2] = ["lib.rs", "main.rs"];
+
+/// What `ls src` may show at most besides the folders.
+const MOST_TOP_FILES: usize = 6;
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
 }
 
-/// Every room named by a `crate::` path in `text` (grouped imports included).
-fn rooms_named(text: &str) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    let ident = |s: &str| s.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect::<String>();
-    for (at, _) in text.match_indices("crate::") {
-        let rest = &text[at + "crate::".len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // `crate::{a::X, b::{Y, Z}}`: the first name of each top-level part.
-            let mut depth = 0;
-            let mut part_start = true;
-            for (i, c) in group.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => part_start = true,
-                    c if part_start && !c.is_whitespace() => {
-                        out.insert(ident(&group[i..]));
-                        part_start = false;
+/// A room's name as `crate::` paths spell it.
+fn room_name(entry: &str) -> &str {
+    entry.trim_end_matches('/').trim_end_matches(".rs")
+}
+
+/// The module path of a source file (`src/send/gate.rs` is `send::gate`, a `mod.rs` its
+/// folder's).
+fn module_of(path: &Path) -> String {
+    let rel = path.strip_prefix(src()).expect("under src").with_extension("");
+    let mut parts: Vec<String> = rel.components().map(|c| c.as_os_str().to_string_lossy().to_string()).collect();
+    if parts.last().is_some_and(|p| p == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// Every module path named by a `crate::` path in `text`, as far as its lower-case
+/// segments go, groups expanded (`crate::{a::X, b::{c, d::Y}}` names `a`, `b::c`, `b::d`).
+fn paths_named(text: &str) -> BTreeSet<String> {
+    /// The paths of one use-tree at the start of `s`, each after `prefix`.
+    fn tree(s: &str, prefix: &str, out: &mut BTreeSet<String>) {
+        let mut path = prefix.to_string();
+        let mut rest = s.trim_start();
+        loop {
+            if let Some(group) = rest.strip_prefix('{') {
+                let mut depth = 0;
+                let mut start = 0;
+                for (i, c) in group.char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' if depth == 0 => {
+                            tree(&group[start..i], &path, out);
+                            return;
+                        }
+                        '}' => depth -= 1,
+                        ',' if depth == 0 => {
+                            tree(&group[start..i], &path, out);
+                            start = i + 1;
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 }
+                return;
             }
-        } else {
-            out.insert(ident(rest));
+            let seg: String =
+                rest.chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+            if seg.is_empty() || seg == "self" {
+                break;
+            }
+            if !path.is_empty() {
+                path.push_str("::");
+            }
+            path.push_str(&seg);
+            rest = &rest[seg.len()..];
+            match rest.strip_prefix("::") {
+                Some(r) => rest = r,
+                None => break,
+            }
+        }
+        if !path.is_empty() {
+            out.insert(path);
         }
     }
-    out.retain(|r| !r.is_empty());
+    let mut out = BTreeSet::new();
+    for (at, _) in text.match_indices("crate::") {
+        tree(&text[at + "crate::".len()..], "", &mut out);
+    }
     out
 }
 
-fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("readable src") {
         let path = entry.expect("entry").path();
         if path.is_dir() {
@@ -55,22 +120,31 @@ fn sources(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
-/// The import graph between rooms (lib.rs and main.rs, the roots, left out).
+/// Every source file with its module path and the module paths it names.
+fn files() -> Vec<(PathBuf, String, BTreeSet<String>)> {
+    let mut found = Vec::new();
+    sources(&src(), &mut found);
+    assert!(found.len() > 60, "found the sources: {found:?}");
+    found
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).expect("readable");
+            let module = module_of(&file);
+            (file, module, paths_named(&text))
+        })
+        .collect()
+}
+
+/// The import graph between rooms (the roots left out).
 fn graph() -> BTreeMap<String, BTreeSet<String>> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&src, &mut files);
-    assert!(files.len() > 20, "found the sources: {files:?}");
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for file in files {
-        let room = room_of(&file, &src);
-        if room == "lib" || room == "main" {
+    for (_, module, named) in files() {
+        let room = module.split("::").next().unwrap_or_default().to_string();
+        if ROOTS.iter().any(|r| room_name(r) == room) {
             continue;
         }
-        let text = std::fs::read_to_string(&file).expect("readable");
-        let named = rooms_named(&text);
         let edges = graph.entry(room.clone()).or_default();
-        edges.extend(named.into_iter().filter(|r| *r != room));
+        edges.extend(named.iter().map(|p| p.split("::").next().unwrap_or_default().to_string()).filter(|r| *r != room));
     }
     graph
 }
@@ -105,76 +179,142 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     graph.keys().find_map(|n| visit(n, graph, &mut Vec::new(), &mut done))
 }
 
-/// The rooms of the README's rooms table, top to bottom: a row's rooms (`x.rs`, `x/`,
-/// each in backquotes in its first column) share its place.
-fn readme_order() -> Vec<Vec<String>> {
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let table = readme.split("The rooms of `src/`").nth(1).expect("the README has a rooms table");
-    let mut rows = Vec::new();
-    for line in table.lines().skip_while(|l| !l.starts_with("| room")).skip(2) {
-        if !line.starts_with('|') {
-            break;
+#[test]
+fn src_holds_the_known_folders_and_few_files() {
+    let mut folders = BTreeSet::new();
+    let mut top_files = BTreeSet::new();
+    for entry in std::fs::read_dir(src()).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().to_string();
+        if entry.path().is_dir() {
+            folders.insert(format!("{name}/"));
+        } else {
+            top_files.insert(name);
         }
-        let first = line.split('|').nth(1).unwrap_or_default();
-        let rooms: Vec<String> = first
-            .split('`')
-            .skip(1)
-            .step_by(2)
-            .filter_map(|name| name.strip_suffix(".rs").or_else(|| name.strip_suffix('/')))
-            .filter(|room| !room.contains('/') && *room != "lua")
-            .map(str::to_string)
-            .collect();
-        rows.push(rooms);
     }
-    rows
+    let known: BTreeSet<String> = FLOORS.iter().chain(&ROOTS).map(|s| s.to_string()).collect();
+    let unknown: Vec<&String> = folders.iter().chain(&top_files).filter(|e| !known.contains(*e)).collect();
+    assert!(unknown.is_empty(), "src/ holds what tests/layout.rs does not know (name it in FLOORS): {unknown:?}");
+    let missing: Vec<&String> = known.iter().filter(|k| !folders.contains(*k) && !top_files.contains(*k)).collect();
+    assert!(missing.is_empty(), "rooms named in FLOORS that src/ does not hold: {missing:?}");
+    assert!(top_files.len() <= MOST_TOP_FILES, "{} files at src/'s top: {top_files:?}", top_files.len());
 }
 
 #[test]
-fn rooms_import_only_rooms_below_them_in_the_readme() {
+fn rooms_import_only_rooms_below_them() {
     let graph = graph();
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import circle: {}\n{graph:#?}", cycle.join(" → "));
     }
-    let rows = readme_order();
-    let rank: BTreeMap<&str, usize> =
-        rows.iter().enumerate().flat_map(|(i, row)| row.iter().map(move |r| (r.as_str(), i))).collect();
-    let unlisted: Vec<&String> = graph.keys().filter(|room| !rank.contains_key(room.as_str())).collect();
-    assert!(unlisted.is_empty(), "rooms missing from the README's rooms table: {unlisted:?}");
+    let rank: BTreeMap<&str, usize> = FLOORS.iter().enumerate().map(|(i, r)| (room_name(r), i)).collect();
     let mut upward = Vec::new();
     for (room, imports) in &graph {
-        for imported in imports.iter().filter(|i| graph.contains_key(*i)) {
-            if rank[imported.as_str()] <= rank[room.as_str()] {
+        let here = *rank.get(room.as_str()).unwrap_or_else(|| panic!("room {room} is not in FLOORS"));
+        for imported in imports {
+            // A path to something not a room (a re-export at the crate's root) is the root's.
+            let target = match rank.get(imported.as_str()) {
+                Some(&r) => r,
+                None if ["run", "run_with", "Listeners", "RunOptions", "Failpoints", "Hold"]
+                    .contains(&imported.as_str()) =>
+                {
+                    rank["daemon"]
+                }
+                None => panic!("{room} names crate::{imported}, which is no room"),
+            };
+            if target >= here {
                 upward.push(format!("{room} imports {imported}"));
             }
         }
     }
-    // The consumer renders and hands over: it neither sends nor answers HTTP.
-    for (room, not) in
-        [("consumer", "attempt"), ("consumer", "batch"), ("consumer", "public"), ("consumer", "dispatch")]
-    {
-        assert!(!graph[room].contains(not), "{room} imports {not}");
-    }
-    assert!(
-        upward.is_empty(),
-        "imports that do not point down the README's rooms table: {upward:?}\n(an order that holds: {:?})",
-        topological(&graph)
-    );
+    assert!(upward.is_empty(), "imports that do not point down FLOORS: {upward:?}");
 }
 
-/// The rooms, each above every room it imports (for the message of a failure).
-fn topological(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::new();
-    let mut left: BTreeSet<&String> = graph.keys().collect();
-    while !left.is_empty() {
-        let next = left
-            .iter()
-            .find(|room| !left.iter().any(|other| graph[other.as_str()].contains(room.as_str())))
-            .copied()
-            .expect("no circle");
-        out.push(next.clone());
-        left.remove(next);
+#[test]
+fn the_rules_the_order_does_not_say() {
+    let graph = graph();
+    assert!(graph["model"].is_empty(), "model/ imports nothing else of the crate: {:?}", graph["model"]);
+    for not in ["http", "ops", "cli", "tools"] {
+        assert!(!graph["send"].contains(not), "send/ imports {not}/");
     }
-    out
+    let importers: Vec<&String> = graph.iter().filter(|(_, i)| i.contains("cli")).map(|(r, _)| r).collect();
+    assert!(importers.is_empty(), "only main.rs calls into cli/: {importers:?}");
+    // The readers resolve, render and hand over: they neither send nor answer HTTP.
+    for (file, module, named) in files() {
+        if module == "send::read" || module == "send::resolve" {
+            for not in ["send::dispatch", "send::seal", "send::gate", "send::request", "send::fallback", "send::settle"]
+            {
+                assert!(!named.iter().any(|p| p.starts_with(not)), "{} imports {not}", file.display());
+            }
+            assert!(!named.iter().any(|p| p.starts_with("http")), "{} imports http/", file.display());
+        }
+    }
+}
+
+#[test]
+fn files_import_each_other_in_no_circle() {
+    let files = files();
+    let modules: BTreeSet<&str> = files.iter().map(|(_, m, _)| m.as_str()).collect();
+    // A path names the longest module it reaches (`send::gate::Gated` is `send::gate`).
+    let module_of_path = |p: &str| {
+        let parts: Vec<&str> = p.split("::").collect();
+        (1..=parts.len()).rev().map(|n| parts[..n].join("::")).find(|m| modules.contains(m.as_str()))
+    };
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (_, module, named) in &files {
+        let edges = graph.entry(module.clone()).or_default();
+        edges.extend(named.iter().filter_map(|p| module_of_path(p)).filter(|m| m != module && !module.starts_with(m)));
+    }
+    if let Some(cycle) = find_cycle(&graph) {
+        panic!("files importing each other in a circle: {}", cycle.join(" → "));
+    }
+}
+
+#[test]
+fn the_architecture_page_lists_the_rooms_in_this_order() {
+    let page = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md")).unwrap();
+    let table = page.split("The rooms of `src/`").nth(1).expect("docs/architecture.md has the rooms table");
+    let listed: Vec<String> = table
+        .lines()
+        .skip_while(|l| !l.starts_with("| room"))
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .filter_map(|l| l.split('`').nth(1).map(str::to_string))
+        .collect();
+    let top_down: Vec<String> = FLOORS.iter().rev().map(|s| s.to_string()).collect();
+    assert_eq!(listed, top_down, "docs/architecture.md's rooms table, top to bottom");
+}
+
+#[test]
+fn no_file_over_600_lines_and_no_function_over_120() {
+    let mut long = Vec::new();
+    for (file, _, _) in files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        if lines.len() > 600 {
+            long.push(format!("{}: {} lines", file.display(), lines.len()));
+        }
+        for (i, line) in lines.iter().enumerate() {
+            let code = line.trim_start();
+            let indent = &line[..line.len() - code.len()];
+            let words: Vec<&str> = code.split_whitespace().collect();
+            let fn_at = words.iter().position(|w| *w == "fn");
+            let is_fn = fn_at.is_some_and(|at| {
+                words[..at]
+                    .iter()
+                    .all(|w| ["pub", "async", "const", "unsafe", "extern"].contains(w) || w.starts_with("pub("))
+            });
+            if !is_fn || code.ends_with(';') || code.ends_with('}') {
+                continue;
+            }
+            // rustfmt closes a function's body at the indentation it opened at.
+            let close = format!("{indent}}}");
+            let end = lines[i + 1..].iter().position(|l| *l == close).map_or(0, |n| n + 1);
+            if end + 1 > 120 {
+                long.push(format!("{}:{}: a function of {} lines", file.display(), i + 1, end + 1));
+            }
+        }
+    }
+    assert!(long.is_empty(), "{long:#?}");
 }
 
 #[test]
@@ -185,13 +325,17 @@ fn the_checker_sees_a_circle_when_there_is_one() {
     graph.insert("c".to_string(), BTreeSet::from(["a".to_string()]));
     assert_eq!(find_cycle(&graph).unwrap(), vec!["a", "b", "c", "a"]);
     assert_eq!(
-        rooms_named("use crate::{config::Config, metrics::{A, B}};\nlet x = crate::db::keys::Keys::new();"),
-        BTreeSet::from(["config".to_string(), "metrics".to_string(), "db".to_string()])
+        paths_named("use crate::{config::Config, metrics::{A, B}};\nlet x = crate::store::keys::Keys::new();"),
+        BTreeSet::from(["config".to_string(), "metrics".to_string(), "store::keys".to_string()])
+    );
+    assert_eq!(
+        paths_named("use crate::send::{self, seal, settle::{self, QUOTA}};"),
+        BTreeSet::from(["send".to_string(), "send::seal".to_string(), "send::settle".to_string()])
     );
 }
 
 #[test]
 fn lib_rs_stays_a_wiring_file() {
-    let lib = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs")).unwrap();
+    let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
     assert!(lib.lines().count() < 120, "lib.rs has {} lines", lib.lines().count());
 }

@@ -1,7 +1,7 @@
 //! The application channel: each of its deliveries is one signed POST of the delivery's
 //! event to the application (`[channels.app] url`), the Standard Webhooks way: the
 //! `webhook-id` is the delivery id, so the application takes each event once however
-//! often it comes. Its readers (`channel.rs`) read the channel's own stream
+//! often it comes. Its readers (`channels/mod.rs`) read the channel's own stream
 //! (`stream:app`) and put events off into `due:app`: an application that is down holds
 //! no email, and an email outage holds no event.
 //!

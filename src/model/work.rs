@@ -1,4 +1,4 @@
-//! The values that travel down the send path (consumer → batcher → dispatch →
+//! The values that travel down the send path (read → queue → dispatch → request):
 //! sender): a reference to a delivery, a rendered email waiting for a batch,
 //! a sealed batch, and the next request's worth of work.
 

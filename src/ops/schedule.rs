@@ -8,7 +8,7 @@
 //! fan-out record, so of several instances one fans out and the others stand by,
 //! and a fan-out that died halfway resumes. Also the release time of a delivery
 //! sent at its recipient's local hour. And the SLO report by email, once per fire of
-//! `[slo.report] schedule` (`report.rs`).
+//! `[slo.report] schedule` (`slo_mail.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};

@@ -8,33 +8,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::audience::render::Renderer;
-use crate::audience::render_hook::Hooks;
-use crate::audience::tokens::Tokens;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::{DeliveryRef, Lane, Ready};
 use crate::send::ctx::Ctx;
 use crate::send::queue::Batcher;
 use crate::send::release;
-use crate::send::resolve::Fate;
+use crate::send::resolve::{Fate, Resolver};
 use crate::store::scripts::{self, Claim, Decision, Deferred};
 use crate::store::streams::{self, Entry};
 
 /// Reads, claims, resolves and renders; hands what is ready to the batcher.
 pub(crate) struct Consumer {
-    pub(super) ctx: Arc<Ctx>,
-    pub(super) renderer: Renderer,
+    ctx: Arc<Ctx>,
+    resolver: Resolver,
     batcher: Arc<Batcher>,
-    /// Signs the one-click unsubscribe links each email carries.
-    pub(super) tokens: Tokens,
-    /// Asks campaigns' render hooks.
-    pub(super) hooks: Hooks,
 }
 
 impl Consumer {
     pub fn new(ctx: Arc<Ctx>, renderer: Renderer, batcher: Arc<Batcher>) -> anyhow::Result<Consumer> {
-        let tokens = Tokens::new(&ctx.config.unsubscribe.secrets);
-        let hooks = Hooks::new(ctx.config.render_hook.secret.clone())?;
-        Ok(Consumer { ctx, renderer, batcher, tokens, hooks })
+        let resolver = Resolver::new(ctx.clone(), renderer)?;
+        Ok(Consumer { ctx, resolver, batcher })
     }
 
     /// Reads partition `p`'s stream of `lane` until shutdown.
@@ -146,8 +139,8 @@ impl Consumer {
         }
 
         let fates = match lane {
-            Lane::Digest => self.campaign_fates(p, conn, &live).await?,
-            Lane::Transactional => self.transactional_fates(p, conn, &live).await?,
+            Lane::Digest => self.resolver.campaign_fates(p, conn, &live).await?,
+            Lane::Transactional => self.resolver.transactional_fates(p, conn, &live).await?,
             Lane::App | Lane::Push => anyhow::bail!("a channel other than email is read by its own sender"),
         };
         let mut ready = Vec::new();

@@ -7,18 +7,19 @@
 //! the same way and writes nothing.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use redis::AsyncCommands;
 
 use crate::audience::ingest;
 use crate::audience::render::{self, RenderInput, Renderer};
-use crate::audience::render_hook::{self, Answer};
+use crate::audience::render_hook::{self, Answer, Hooks};
 use crate::audience::subscribers::{self, Resolved, field};
 use crate::audience::tokens::{self, Tokens};
 use crate::config::Config;
 use crate::model::outcome::{Outcome, Reason};
 use crate::model::work::{Audience, DeliveryRef, TRANSACTIONAL};
-use crate::send::read::Consumer;
+use crate::send::ctx::Ctx;
 use crate::store::Store;
 
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
@@ -100,7 +101,24 @@ fn merged(base: serde_json::Value, over: Option<&serde_json::Map<String, serde_j
     serde_json::Value::Object(map)
 }
 
-impl Consumer {
+/// What resolves and renders claimed deliveries: the templates, the signer of the
+/// unsubscribe links and the render hooks' client.
+pub(crate) struct Resolver {
+    ctx: Arc<Ctx>,
+    renderer: Renderer,
+    /// Signs the one-click unsubscribe links each email carries.
+    tokens: Tokens,
+    /// Asks campaigns' render hooks.
+    hooks: Hooks,
+}
+
+impl Resolver {
+    pub(crate) fn new(ctx: Arc<Ctx>, renderer: Renderer) -> anyhow::Result<Resolver> {
+        let tokens = Tokens::new(&ctx.config.unsubscribe.secrets);
+        let hooks = Hooks::new(ctx.config.render_hook.secret.clone())?;
+        Ok(Resolver { ctx, renderer, tokens, hooks })
+    }
+
     /// Campaign deliveries: the subscriber record first (one pipelined read), then,
     /// for a campaign with a render hook, the application's answer.
     pub(super) async fn campaign_fates(

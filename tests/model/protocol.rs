@@ -154,7 +154,7 @@ pub enum Mutant {
     /// from the holder that took the batch knowing it (a failover may have taken the
     /// record's mark back).
     GateForgetsWhatTheHolderKnows,
-    /// The sender fallback (attempt.rs and fallback.lua) seals operator mail again under a
+    /// The sender fallback (send/fallback.rs and fallback.lua) seals operator mail again under a
     /// new key though an earlier request of it may have been processed: a refusal now
     /// (an API key rotated, refused before the idempotency store) does not prove that one
     /// was refused too.

@@ -462,7 +462,7 @@ impl Walker {
                     Answer::Timeout => self.reschedule(conn, p, &batch, &who, true, true).await?,
                     Answer::Retry => self.reschedule(conn, p, &batch, &who, true, hand.maybe_sent).await?,
                     Answer::Fatal | Answer::Refused => {
-                        // The sender fallback first, as attempt.rs tries it: operator mail, no
+                        // The sender fallback first, as send/request.rs tries it: operator mail, no
                         // fallback already, and nothing the holder knows may have been sent.
                         let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
                         let action = if answer == Answer::Refused { Class::SenderRejected } else { Class::Fatal };

@@ -1,7 +1,7 @@
 //! The Web Push channel: each of its deliveries is one notification (`[templates.NAME.push]`
 //! title, body and url, rendered with the subscriber's data) sent to each of the
 //! subscriber's browsers through its push service (RFC 8030), encrypted for that browser
-//! (RFC 8291) and signed for by the sender (VAPID, RFC 8292). Its readers (`channel.rs`)
+//! (RFC 8291) and signed for by the sender (VAPID, RFC 8292). Its readers (`channels/mod.rs`)
 //! read the channel's own stream (`stream:push`) and put deliveries off into
 //! `due:push`: a push service that is down holds no email.
 //!
