@@ -1,5 +1,5 @@
 //! The values that travel down the send path (read → queue → dispatch → request):
-//! sender): a reference to a delivery, a rendered email waiting for a batch,
+//! a reference to a delivery, a rendered email waiting for a batch,
 //! a sealed batch, and the next request's worth of work.
 
 use bytes::Bytes;
