@@ -12,6 +12,11 @@
 -- ARGV[1] mode ('suppress' | 'remove'), ARGV[2] reason, ARGV[3] event id ('' for an
 -- operator), ARGV[4] seen TTL s, ARGV[5] address hash, ARGV[6..] the subscribers' ids (as KEYS[4..])
 -- Returns how many subscribers changed (-1: the event was already applied here).
+local n = arity(3, 1, 5, 1)
+-- Subscriber m's record and id.
+local function member(m)
+  return {skey = KEYS[3 + m], id = ARGV[5 + m]}
+end
 local mode, reason, event, ttl, hash = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5]
 if event ~= '' and not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ttl) then
   return -1
@@ -22,13 +27,15 @@ else
   redis.call('HDEL', KEYS[3], hash)
 end
 local changed = 0
-for i = 4, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 1 then
+for m = 1, n do
+  local mb = member(m)
+  local skey, id = mb.skey, mb.id
+  if redis.call('EXISTS', skey) == 1 then
     if mode == 'suppress' then
-      redis.call('HSET', KEYS[i], 'suppressed', reason, 'subscribed', '0')
-      redis.call('HDEL', KEYS[2], ARGV[i + 2])
+      redis.call('HSET', skey, 'suppressed', reason, 'subscribed', '0')
+      redis.call('HDEL', KEYS[2], id)
     else
-      redis.call('HDEL', KEYS[i], 'suppressed')
+      redis.call('HDEL', skey, 'suppressed')
     end
     changed = changed + 1
   end

@@ -9,16 +9,22 @@
 --   {'gone'}              no record, and none kept compactly (a lost write): the caller
 --                         records it as lost
 --   {state}               already sealed into a batch, or settled (with or without its record)
+local n = arity(0, 1, 2, 0)
+-- Delivery m's key.
+local function member(m)
+  return {dkey = KEYS[m]}
+end
 local owner, lease = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local out = {}
-for i, key in ipairs(KEYS) do
-  local d = redis.call('HMGET', key, 'state', 'lease_until')
-  local state = d[1]
+for i = 1, n do
+  local key = member(i).dkey
+  local d = hmget(key, 'state', 'lease_until')
+  local state = d.state
   if not state then
     -- Settled compactly (its record is gone by design), or lost.
     out[i] = {compacted(key) or 'gone'}
-  elseif state == 'pending' or (state == 'processing' and tonumber(d[2] or 0) <= now) then
+  elseif state == 'pending' or (state == 'processing' and tonumber(d.lease_until or 0) <= now) then
     local claims = redis.call('HINCRBY', key, 'claims', 1)
     redis.call('HSET', key, 'state', 'processing', 'lease_owner', owner, 'lease_until', now + lease)
     out[i] = {'claimed', tostring(claims)}

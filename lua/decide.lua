@@ -13,25 +13,32 @@
 --   then per delivery: stream entry id, delivery id, state, reason, counts index (1-based),
 --   expect ('held': claimed by owner, 'lost': the record is missing)
 -- Returns, per delivery, 1 if it was decided now, 0 if not (no longer ours, or no longer lost).
-local group, owner, c, retention = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local c = tonumber(ARGV[3]) or -1
+local n = arity(3 + c, 1, 4, 6)
+-- Delivery m's key and arguments.
+local function member(m)
+  local a = 4 + 6 * (m - 1)
+  return {dkey = KEYS[3 + c + m], entry = ARGV[a + 1], id = ARGV[a + 2], state = ARGV[a + 3], reason = ARGV[a + 4],
+    ci = tonumber(ARGV[a + 5]), expect = ARGV[a + 6]}
+end
+local group, owner, retention = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local now = now_ms()
 local out = {}
-for i = 4 + c, #KEYS do
-  local base = 4 + 6 * (i - 4 - c)
-  local entry, id, state, reason = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], ARGV[base + 4]
-  local ci, expect = tonumber(ARGV[base + 5]), ARGV[base + 6]
-  local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
-  local ours = (expect == 'held' and d[1] == 'processing' and d[2] == owner)
-    or (expect == 'lost' and not d[1] and not compacted(KEYS[i]))
+for m = 1, n do
+  local mb = member(m)
+  local dkey, entry, id, state, reason, ci = mb.dkey, mb.entry, mb.id, mb.state, mb.reason, mb.ci
+  local d = hmget(dkey, 'state', 'lease_owner')
+  local ours = (mb.expect == 'held' and d.state == 'processing' and d.lease_owner == owner)
+    or (mb.expect == 'lost' and not d.state and not compacted(dkey))
   if ours then
     if state == 'sent' or state == 'skipped' then
-      compact(KEYS[i], entry_text(state, now, reason, 0), now, retention)
+      compact(dkey, entry_text(state, now, reason, 0), now, retention)
     else
       local field = 'reason'
       if state == 'failed' then field = 'error' end
-      redis.call('HSET', KEYS[i], 'state', state, field, reason, 'settled_ms', now)
-      redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-      redis.call('PEXPIREAT', KEYS[i], keep_until(KEYS[3 + ci], now, retention))
+      redis.call('HSET', dkey, 'state', state, field, reason, 'settled_ms', now)
+      redis.call('HDEL', dkey, 'lease_owner', 'lease_until')
+      redis.call('PEXPIREAT', dkey, keep_until(KEYS[3 + ci], now, retention))
     end
     redis.call('ZADD', KEYS[3], now, id)
     redis.call('HINCRBY', KEYS[3 + ci], state, 1)

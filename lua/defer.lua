@@ -10,27 +10,33 @@
 -- ARGV[1] group, ARGV[2] owner, ARGV[3] base ms, ARGV[4] max ms, ARGV[5] deadline ms,
 --   ARGV[6] jitter percent (0-100, drawn by the caller); then per item: entry id, delivery id
 -- Returns per item the delay in ms, -1 if not held by this owner, -2 if past the deadline.
+local n = arity(2, 1, 6, 2)
+-- Item m's key and arguments.
+local function member(m)
+  return {dkey = KEYS[2 + m], entry = ARGV[5 + 2 * m], id = ARGV[6 + 2 * m]}
+end
 local group, owner = ARGV[1], ARGV[2]
 local base, max, deadline, jitter = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local now = now_ms()
 local out = {}
-for i = 3, #KEYS do
-  local entry, id = ARGV[7 + 2 * (i - 3)], ARGV[8 + 2 * (i - 3)]
-  local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner', 'hook_wait_since')
-  if d[1] ~= 'processing' or d[2] ~= owner then
+for m = 1, n do
+  local mb = member(m)
+  local dkey = mb.dkey
+  local d = hmget(dkey, 'state', 'lease_owner', 'hook_wait_since')
+  if d.state ~= 'processing' or d.lease_owner ~= owner then
     out[#out + 1] = -1
-  elseif d[3] and now - tonumber(d[3]) > deadline then
+  elseif d.hook_wait_since and now - tonumber(d.hook_wait_since) > deadline then
     out[#out + 1] = -2
   else
-    local waits = redis.call('HINCRBY', KEYS[i], 'hook_waits', 1)
-    redis.call('HSETNX', KEYS[i], 'hook_wait_since', now)
+    local waits = redis.call('HINCRBY', dkey, 'hook_waits', 1)
+    redis.call('HSETNX', dkey, 'hook_wait_since', now)
     local delay = math.min(base * 2 ^ math.min(waits - 1, 30), max)
     delay = math.floor(delay * (100 - jitter / 2) / 100)
-    redis.call('HSET', KEYS[i], 'state', 'pending', 'release_ms', now + delay)
-    redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-    redis.call('HINCRBY', KEYS[i], 'claims', -1)
-    redis.call('ZADD', KEYS[2], now + delay, id)
-    redis.call('XACK', KEYS[1], group, entry)
+    redis.call('HSET', dkey, 'state', 'pending', 'release_ms', now + delay)
+    redis.call('HDEL', dkey, 'lease_owner', 'lease_until')
+    redis.call('HINCRBY', dkey, 'claims', -1)
+    redis.call('ZADD', KEYS[2], now + delay, mb.id)
+    redis.call('XACK', KEYS[1], group, mb.entry)
     out[#out + 1] = delay
   end
 end

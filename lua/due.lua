@@ -5,6 +5,7 @@
 -- KEYS[1] due set, KEYS[2] stream
 -- ARGV[1] now in ms (0: Redis's clock; tests pass a fake one), ARGV[2] most to release
 -- Returns how many were released.
+arity(2, 0, 2, 0)
 local now = tonumber(ARGV[1])
 if now == 0 then
   now = now_ms()

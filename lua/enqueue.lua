@@ -25,7 +25,18 @@
 --   seconds; then per item: its channel (1..n) [, its release time]
 -- Returns {'ok', kick_until, per item 1 if it was enqueued now, 0 if it already was}, or
 -- {'closed', kick_until, {}} when the period's kick window has ended (nothing written).
-local retention, plen, timed, n = tonumber(ARGV[1]), tonumber(ARGV[3]), ARGV[4] == '1', tonumber(ARGV[5])
+local timed, n = ARGV[4] == '1', tonumber(ARGV[5]) or -1
+local per = 1
+if timed then
+  per = 2
+end
+local items = arity(2 + 3 * n, 1, 7, per)
+-- Item i's key, channel and release time (ms; 0: now).
+local function member(i)
+  local a = 7 + per * (i - 1)
+  return {dkey = KEYS[2 + 3 * n + i], channel = tonumber(ARGV[a + 1]), release = timed and tonumber(ARGV[a + 2]) or 0}
+end
+local retention, plen = tonumber(ARGV[1]), tonumber(ARGV[3])
 local now = now_ms()
 local closes = kick_until(tonumber(ARGV[6]), tonumber(ARGV[7]))
 for c = 1, n do
@@ -37,10 +48,6 @@ end
 if now >= closes then
   return {'closed', closes, {}}
 end
-local first, per = 3 + 3 * n, 1
-if timed then
-  per = 2
-end
 local result, added, dups, nb, settled = {}, {}, {}, {}, {}
 for c = 1, n do
   added[c], dups[c] = 0, 0
@@ -48,28 +55,25 @@ end
 -- Channel c's bucket count, and whether any of its deliveries of the period settled compactly.
 local function history_of(c)
   if not nb[c] then
-    local h = redis.call('HMGET', KEYS[3 * c + 1], 'buckets', 'sent', 'skipped')
-    nb[c] = tonumber(h[1]) or buckets(KEYS[3 * c + 1], redis.call('HLEN', KEYS[2]))
-    settled[c] = (h[2] or h[3]) ~= nil
+    local h = hmget(KEYS[3 * c + 1], 'buckets', 'sent', 'skipped')
+    nb[c] = tonumber(h.buckets) or buckets(KEYS[3 * c + 1], redis.call('HLEN', KEYS[2]))
+    settled[c] = (h.sent or h.skipped) ~= nil
   end
   return nb[c], settled[c]
 end
-for i = first, #KEYS do
-  local a = 8 + (i - first) * per
-  local c = tonumber(ARGV[a])
+for i = 1, items do
+  local item = member(i)
+  local dkey, c = item.dkey, item.channel
   local n_buckets, any_settled = history_of(c)
   local kept = false
   if any_settled then
-    local _, prefix, h, field = history(KEYS[i])
+    local _, prefix, h, field = history(dkey)
     kept = redis.call('HEXISTS', prefix .. (h % n_buckets), field) == 1
   end
-  if not kept and redis.call('HSETNX', KEYS[i], 'state', 'pending') == 1 then
-    local id, release = string.sub(KEYS[i], plen + 1), 0
-    if timed then
-      release = tonumber(ARGV[a + 1])
-    end
+  if not kept and redis.call('HSETNX', dkey, 'state', 'pending') == 1 then
+    local id, release = string.sub(dkey, plen + 1), item.release
     if release > now then
-      redis.call('HSET', KEYS[i], 'release_ms', release)
+      redis.call('HSET', dkey, 'release_ms', release)
       redis.call('ZADD', KEYS[3 * c + 2], release, id)
     else
       redis.call('XADD', KEYS[3 * c], '*', 'delivery', id)

@@ -12,6 +12,7 @@
 -- ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s
 -- Returns 1 when written on its record now, 2 when counted only (no record: settled compactly,
 -- or expired), 0 for a repeat.
+arity(3, 0, 2, 0)
 if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', tonumber(ARGV[2])) then
   return 0
 end

@@ -18,15 +18,20 @@
 --   ARGV[11] retention seconds (of the counts hash)
 -- Returns 'sealed', or why not: 'not_held' (another holder has it, or the request the
 -- answer is for is no longer the batch's), 'maybe_sent', 'again' (it is a fallback already).
+local n = arity(3, 1, 11, 0)
+-- Member m's delivery key.
+local function member(m)
+  return {dkey = KEYS[3 + m]}
+end
 local bid, owner = ARGV[1], ARGV[2]
-local b = redis.call('HMGET', KEYS[1], 'owner', 'state', 'key', 'maybe_sent', 'fallback_error')
-if b[1] ~= owner or b[2] ~= 'sending' or b[3] ~= ARGV[3] then
+local b = hmget(KEYS[1], 'owner', 'state', 'key', 'maybe_sent', 'fallback_error')
+if b.owner ~= owner or b.state ~= 'sending' or b.key ~= ARGV[3] then
   return 'not_held'
 end
-if b[4] == '1' then
+if b.maybe_sent == '1' then
   return 'maybe_sent'
 end
-if b[5] then
+if b.fallback_error then
   return 'again'
 end
 local now = now_ms()
@@ -36,9 +41,10 @@ redis.call('HSET', KEYS[1], 'state', 'sealed', 'key', ARGV[4], 'body', ARGV[5], 
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[10]), bid)
 redis.call('HINCRBY', KEYS[3], 'fallbacks', 1)
 redis.call('PEXPIREAT', KEYS[3], keep_until(KEYS[3], now, tonumber(ARGV[11])))
-for m = 4, #KEYS do
-  if redis.call('HGET', KEYS[m], 'batch') == bid then
-    redis.call('HSET', KEYS[m], 'fallback', '1')
+for m = 1, n do
+  local dkey = member(m).dkey
+  if redis.call('HGET', dkey, 'batch') == bid then
+    redis.call('HSET', dkey, 'fallback', '1')
   end
 end
 return 'sealed'

@@ -15,19 +15,26 @@
 -- 'finish': returns 1, or 0 if no longer this owner's.
 -- 'rewind' (`mailstream upgrade`; owner and lease unused): ARGV[4] partitions. A fan-out still
 --   running starts every partition again from the beginning. Returns 1, or 0 if not running.
-local op, owner, lease = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local op = ARGV[1]
+-- Each op's arguments: ARGV[1..3] and its own.
+local args = ({acquire = 6, progress = 9, finish = 3, rewind = 4})[op]
+if not args then
+  return redis.error_reply('fanout.lua: unknown op ' .. tostring(op))
+end
+arity(1, 0, args, 0)
+local owner, lease = ARGV[2], tonumber(ARGV[3])
 local now = now_ms()
-local r = redis.call('HMGET', KEYS[1], 'state', 'owner', 'lease_until')
+local r = hmget(KEYS[1], 'state', 'owner', 'lease_until')
 if op == 'acquire' then
   local restart, partitions = ARGV[4] == '1', tonumber(ARGV[5])
-  if r[1] == 'done' and not restart then
+  if r.state == 'done' and not restart then
     return {'done'}
   end
-  if r[1] == 'running' and r[2] ~= owner and tonumber(r[3]) > now then
-    return {'held', r[2]}
+  if r.state == 'running' and r.owner ~= owner and tonumber(r.lease_until) > now then
+    return {'held', r.owner}
   end
   local resumed = '0'
-  if r[1] == 'running' then
+  if r.state == 'running' then
     resumed = '1'
   else
     redis.call('DEL', KEYS[1])
@@ -47,7 +54,7 @@ if op == 'acquire' then
   return out
 end
 if op == 'rewind' then
-  if r[1] ~= 'running' then
+  if r.state ~= 'running' then
     return 0
   end
   for p = 0, tonumber(ARGV[4]) - 1 do
@@ -55,7 +62,7 @@ if op == 'rewind' then
   end
   return 1
 end
-if r[1] ~= 'running' or r[2] ~= owner then
+if r.state ~= 'running' or r.owner ~= owner then
   return 0
 end
 if op == 'progress' then
@@ -72,4 +79,3 @@ if op == 'finish' then
   redis.call('HDEL', KEYS[1], 'lease_until')
   return 1
 end
-return redis.error_reply('fanout.lua: unknown op ' .. op)

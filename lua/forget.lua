@@ -4,6 +4,7 @@
 --
 -- KEYS[1] stream. ARGV[1] group, ARGV[2] consumer, ARGV[3] idle ms.
 -- Returns 1 if it was removed, 0 if not.
+arity(1, 0, 3, 0)
 local consumers = redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])
 for _, c in ipairs(consumers) do
   local info = {}

@@ -32,16 +32,23 @@
 --                                                  holder settled it (a normal race)
 --   {'lost'}                                       no batch record, a member not final
 -- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
+local c = tonumber(ARGV[9]) or -1
+local n = arity(5 + c, 2, 10, 3)
+-- Member m's keys and arguments.
+local function member(m)
+  local k, a = 5 + c + 2 * (m - 1), 10 + 3 * (m - 1)
+  return {dkey = KEYS[k + 1], skey = KEYS[k + 2], campaign = ARGV[a + 1], ci = tonumber(ARGV[a + 2]),
+    check = ARGV[a + 3]}
+end
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window, deadline, unsure = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local retention, newkey, c = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local retention, newkey = tonumber(ARGV[7]), ARGV[8]
 local now = now_ms()
-local n = (#KEYS - 5 - c) / 2
-local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body',
-  'members', 'addresses', 'state', 'sends')
-if not b[1] then
+local b = hmget(KEYS[1], 'owner', 'maybe_sent', 'sealed_ms', 'first_sealed_ms', 'sizes', 'body', 'members',
+  'addresses', 'state', 'sends')
+if not b.owner then
   for m = 1, n do
-    local dkey = KEYS[5 + c + 2 * m - 1]
+    local dkey = member(m).dkey
     local state = redis.call('HGET', dkey, 'state')
     if not FINAL[state or ''] and not (not state and compacted(dkey)) then
       return {'lost'}
@@ -49,7 +56,7 @@ if not b[1] then
   end
   return {'settled'}
 end
-if b[1] ~= owner then
+if b.owner ~= owner then
   return {'not_held'}
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -58,31 +65,31 @@ end
 -- A batch this holder already marked 'sending' is looked at again before its request left
 -- (its slot moved): if it ends here, the request the first look counted was never made.
 local function ends(reply)
-  if b[9] == 'sending' then
+  if b.state == 'sending' then
     redis.call('HINCRBY', KEYS[1], 'sends', -1)
   end
   return reply
 end
-local maybe_sent = b[2] == '1'
+local maybe_sent = b.maybe_sent == '1'
 if ARGV[10] == '1' and not maybe_sent then
   -- What the holder knows stands: written back, for whoever takes the batch next.
   maybe_sent = true
   redis.call('HSET', KEYS[1], 'maybe_sent', '1')
 end
-if maybe_sent and now - tonumber(b[3]) > window then
+if maybe_sent and now - tonumber(b.sealed_ms) > window then
   return ends({'expired'})
 end
-if maybe_sent and now - tonumber(b[3]) > unsure then
+if maybe_sent and now - tonumber(b.sealed_ms) > unsure then
   return ends({'deadline', '1'})
 end
-if not maybe_sent and now - tonumber(b[4]) > deadline then
+if not maybe_sent and now - tonumber(b.first_sealed_ms) > deadline then
   return ends({'deadline', '0'})
 end
 
 -- Per member, the hashes of its email's addresses (a batch sealed before they were kept has
 -- none: its members' subscriber records still say whether they are suppressed).
 local addresses = {}
-for group in string.gmatch(b[8] or '', '%S+') do addresses[#addresses + 1] = group end
+for group in string.gmatch(b.addresses or '', '%S+') do addresses[#addresses + 1] = group end
 local function suppressed(m)
   for hash in string.gmatch(addresses[m] or '', '[^,]+') do
     if hash ~= '-' and redis.call('HEXISTS', KEYS[4], hash) == 1 then
@@ -93,17 +100,17 @@ local function suppressed(m)
 end
 local reasons, any = {}, false
 for m = 1, n do
-  local dkey, skey = KEYS[5 + c + 2 * m - 1], KEYS[5 + c + 2 * m]
-  local campaign, check = ARGV[10 + 3 * m - 2], ARGV[10 + 3 * m]
+  local mb = member(m)
   local reason = ''
-  local d = redis.call('HMGET', dkey, 'state', 'batch')
-  if d[1] ~= 'sealed' or d[2] ~= bid then
+  local d = hmget(mb.dkey, 'state', 'batch')
+  if d.state ~= 'sealed' or d.batch ~= bid then
     reason = 'record_lost'
   elseif suppressed(m) then
     reason = 'suppressed'
-  elseif check == '1' then
-    local s = redis.call('HMGET', skey, 'email', 'entitled', 'subscribed', 'suppressed', 'off:' .. campaign)
-    reason = unwanted(s[1], s[2], s[3], s[4], s[5])
+  elseif mb.check == '1' then
+    local off = 'off:' .. mb.campaign
+    local s = hmget(mb.skey, 'email', 'entitled', 'subscribed', 'suppressed', off)
+    reason = unwanted(s.email, s.entitled, s.subscribed, s.suppressed, s[off])
   end
   reasons[m] = reason
   if reason ~= '' then any = true end
@@ -113,8 +120,8 @@ end
 -- have left, and counts that request, unless this holder passed the gate before and no
 -- request left since (still 'sending': the holder looks again after its slot moved).
 local function sending(fields)
-  local sends = tonumber(b[10]) or 0
-  if b[9] ~= 'sending' then
+  local sends = tonumber(b.sends) or 0
+  if b.state ~= 'sending' then
     sends = redis.call('HINCRBY', KEYS[1], 'sends', 1)
   end
   redis.call('HSET', KEYS[1], 'state', 'sending', unpack(fields))
@@ -131,9 +138,9 @@ end
 
 -- Never sent: skip the members no longer wanted, keep the others under a new key.
 local sizes, ids = {}, {}
-for s in string.gmatch(b[5], '%S+') do sizes[#sizes + 1] = tonumber(s) end
-for s in string.gmatch(b[7], '%S+') do ids[#ids + 1] = s end
-local body, offset = b[6], 2
+for s in string.gmatch(b.sizes, '%S+') do sizes[#sizes + 1] = tonumber(s) end
+for s in string.gmatch(b.members, '%S+') do ids[#ids + 1] = s end
+local body, offset = b.body, 2
 local kept_items, kept_sizes, kept_ids, kept_addresses, positions, skipped = {}, {}, {}, {}, {}, {}
 for m = 1, n do
   local item = string.sub(body, offset, offset + sizes[m] - 1)
@@ -146,7 +153,8 @@ for m = 1, n do
     positions[#positions + 1] = tostring(m - 1)
   else
     skipped[#skipped + 1] = (m - 1) .. ':' .. reasons[m]
-    local dkey, ci = KEYS[5 + c + 2 * m - 1], tonumber(ARGV[10 + 3 * m - 1])
+    local mb = member(m)
+    local dkey, ci = mb.dkey, mb.ci
     if reasons[m] ~= 'record_lost' then
       compact(dkey, entry_text('skipped', now, reasons[m], 0), now, retention)
       redis.call('ZADD', KEYS[5], now, ids[m])

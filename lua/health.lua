@@ -15,14 +15,15 @@
 -- Returns {state, down_ms, changed}: state 'up', 'down' or (for 'probe') 'probe' when the
 -- caller may send one request now; down_ms since when it is down ('' when up); changed 1
 -- when this call put it down or ended it.
+arity(1, 0, 5, 0)
 local what, threshold, window, interval = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
-local h = redis.call('HMGET', KEYS[1], 'failures', 'first_ms', 'down_ms', 'probe_ms', 'last_batch')
-local down = h[3]
+local h = hmget(KEYS[1], 'failures', 'first_ms', 'down_ms', 'probe_ms', 'last_batch')
+local down = h.down_ms
 -- Down lasts while someone probes; with nobody asking, it lapses after this long.
 local hold = math.max(60000, 10 * interval)
 if what == 'succeeded' then
-  if h[1] or down then
+  if h.failures or down then
     redis.call('DEL', KEYS[1])
   end
   return {'up', '', down and 1 or 0}
@@ -30,10 +31,10 @@ elseif what == 'failed' then
   if down then
     return {'down', down, 0}
   end
-  local failures, first = tonumber(h[1] or '0'), tonumber(h[2] or '0')
+  local failures, first = tonumber(h.failures or '0'), tonumber(h.first_ms or '0')
   if failures == 0 or now - first > window then
     failures, first = 1, now
-  elseif ARGV[5] == '' or h[5] ~= ARGV[5] then
+  elseif ARGV[5] == '' or h.last_batch ~= ARGV[5] then
     failures = failures + 1
   end
   redis.call('HSET', KEYS[1], 'failures', failures, 'first_ms', first, 'last_batch', ARGV[5])
@@ -50,7 +51,7 @@ elseif what == 'probe' then
   if not down then
     return {'up', '', 0}
   end
-  if tonumber(h[4] or '0') > now then
+  if tonumber(h.probe_ms or '0') > now then
     return {'down', down, 0}
   end
   redis.call('HSET', KEYS[1], 'probe_ms', now + interval)

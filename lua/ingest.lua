@@ -19,18 +19,24 @@
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
 --   hash, request JSON, its event's request JSON ('' without the application channel)
 -- Returns per item {status, delivery id} with status 'new', 'duplicate' or 'conflict'.
+local n = arity(6, 3, 2, 4)
+-- Item i's keys and arguments.
+local function member(i)
+  return {guard = KEYS[4 + 3 * i], dkey = KEYS[5 + 3 * i], akey = KEYS[6 + 3 * i], id = ARGV[4 * i - 1],
+    hash = ARGV[4 * i], request = ARGV[4 * i + 1], event = ARGV[4 * i + 2]}
+end
 local retention = tonumber(ARGV[1])
 local now = now_ms()
 local out, added, dups, app_added, app_dups = {}, 0, 0, 0, 0
-local n = (#KEYS - 6) / 3
 local function fix_buckets(counts)
   if redis.call('HEXISTS', counts, 'buckets') == 0 then
     buckets(counts, tonumber(redis.call('HGET', KEYS[6], 'enqueued') or '0'))
   end
 end
 for i = 1, n do
-  local guard, dkey, akey = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
-  local id, hash, request, event = ARGV[4 * i - 1], ARGV[4 * i], ARGV[4 * i + 1], ARGV[4 * i + 2]
+  local item = member(i)
+  local guard, dkey, akey = item.guard, item.dkey, item.akey
+  local id, hash, request, event = item.id, item.hash, item.request, item.event
   local app = event ~= ''
   local seen = redis.call('GET', guard)
   if seen then

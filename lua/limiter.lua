@@ -18,32 +18,34 @@
 -- ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late'
 -- ARGV[2] configured requests per second, ARGV[3] guard µs, ARGV[4] argument:
 --   pause: milliseconds; lower: requests per second; late: request number (it left before now);
--- ARGV[5] (tests only) a fake "now" in µs instead of Redis TIME
+--   0 for the others
+-- ARGV[5] '' for Redis TIME, or (tests only) a fake "now" in µs
 -- Returns {wait_us, now_us, n}: for 'take', wait 0 when request n is granted now (it leaves
 -- at once), else how long until it can be; for 'lower', 1 when the rate was lowered.
-local op, configured, guard, arg = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4] or '0')
-local now = tonumber(ARGV[5] or '')
+arity(1, 0, 5, 0)
+local op, configured, guard, arg = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local now = tonumber(ARGV[5])
 if not now then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 -- A departure is taken to be at most this much after its grant until 'late' says when.
 local SOON = 1000
-local h = redis.call('HMGET', KEYS[1], 'next_us', 'pause_us', 'rps', 'seq', 'ring')
+local h = hmget(KEYS[1], 'next_us', 'pause_us', 'rps', 'seq', 'ring')
 local rps = configured
-local lowered = tonumber(h[3] or '0')
+local lowered = tonumber(h.rps or '0')
 if lowered > 0 and lowered < rps then
   rps = lowered
 end
 local interval = math.floor(1000000 / rps)
 -- A taker this late for its slot keeps the cadence.
 local slack = math.min(20000, math.floor(interval / 2))
-local seq = tonumber(h[4] or '0')
-local ring = tonumber(h[5] or '') or configured
-local nxt = tonumber(h[1] or '0')
+local seq = tonumber(h.seq or '0')
+local ring = tonumber(h.ring or '') or configured
+local nxt = tonumber(h.next_us or '0')
 local result = {0, now, seq}
 local function allowed()
-  local at = math.max(nxt, tonumber(h[2] or '0'))
+  local at = math.max(nxt, tonumber(h.pause_us or '0'))
   local n = math.min(rps, ring)
   if seq >= n then
     local oldest = tonumber(redis.call('HGET', KEYS[1], 'd' .. ((seq - n) % ring)) or '0')
@@ -65,7 +67,7 @@ if op == 'take' then
 elseif op == 'peek' then
   result = {math.max(0, allowed() - now), now, seq}
 elseif op == 'pause' then
-  redis.call('HSET', KEYS[1], 'pause_us', math.max(tonumber(h[2] or '0'), now + arg * 1000))
+  redis.call('HSET', KEYS[1], 'pause_us', math.max(tonumber(h.pause_us or '0'), now + arg * 1000))
 elseif op == 'lower' then
   if arg >= 1 and (lowered == 0 or arg < lowered) and arg < configured then
     redis.call('HSET', KEYS[1], 'rps', arg)

@@ -5,6 +5,7 @@
 --
 -- KEYS[1] subscriber record, KEYS[2] the campaign's opt-out set. ARGV[1] campaign, ARGV[2] id.
 -- Returns 1 if the campaign was on until now, 0 if it was already off, -1 if no such subscriber.
+arity(2, 0, 2, 0)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return -1
 end

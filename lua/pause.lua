@@ -4,6 +4,7 @@
 --
 -- KEYS[1] pause key. ARGV[1] reason, ARGV[2] milliseconds.
 -- Returns 1 if the pause was set or lengthened, 0 if a longer one was already on.
+arity(1, 0, 2, 0)
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl == -1 or ttl >= tonumber(ARGV[2]) then
   return 0

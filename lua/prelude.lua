@@ -1,6 +1,38 @@
 -- prelude.lua: joined in front of every other script of lua/ when it is embedded
--- (src/db/scripts/mod.rs), so what several scripts need is written once. A script
+-- (src/store/scripts/mod.rs), so what several scripts need is written once. A script
 -- stays one atomic step: the prelude only defines functions.
+
+-- The call's shape, checked first by every script: KEYS is `fixed_keys` keys and then
+-- `keys_per_item` per item, ARGV `fixed_args` arguments and then `args_per_item` per item
+-- (0: the side carries nothing per item), the same number of items on both sides. A Rust
+-- call and its script that drift apart meet this error, never a nil read further down.
+-- Returns the number of items.
+local function arity(fixed_keys, keys_per_item, fixed_args, args_per_item)
+  local keys, args = #KEYS - fixed_keys, #ARGV - fixed_args
+  local n = 0
+  if keys_per_item > 0 then
+    n = keys / keys_per_item
+  elseif args_per_item > 0 then
+    n = args / args_per_item
+  end
+  if keys < 0 or args < 0 or n ~= math.floor(n) or keys ~= n * keys_per_item or args ~= n * args_per_item then
+    error(string.format('arity: %d keys and %d arguments do not fit %d + %d per item keys and %d + %d per item '
+      .. 'arguments', #KEYS, #ARGV, fixed_keys, keys_per_item, fixed_args, args_per_item))
+  end
+  return n
+end
+
+-- HMGET by name: a table of the fields asked for, read as `d.state`, never `d[1]` (false
+-- for a field the hash does not have, as HMGET says it).
+local function hmget(key, ...)
+  local names = {...}
+  local values = redis.call('HMGET', key, ...)
+  local record = {}
+  for i = 1, #names do
+    record[names[i]] = values[i]
+  end
+  return record
+end
 
 -- Redis's clock in milliseconds: the one clock of leases, due times and windows.
 local function now_ms()
@@ -22,9 +54,9 @@ end
 -- The states a settled delivery record may be in.
 local FINAL = {sent = true, failed = true, skipped = true, outcome_unknown = true}
 
--- Why a subscriber record no longer wants a campaign's mail ('' if it does), given
--- HMGET email, entitled, subscribed, suppressed, off:<campaign>. The same rule, in
--- the same order, as `subscribers::ineligible` (a test holds them together).
+-- Why a subscriber record no longer wants a campaign's mail ('' if it does), given its
+-- email, entitled, subscribed, suppressed and off:<campaign> fields. The same rule, in the
+-- same order, as `subscribers::Unwanted` (a test holds them together).
 local function unwanted(email, entitled, subscribed, suppressed, off)
   if not email then
     return 'unknown_subscriber'

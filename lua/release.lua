@@ -5,17 +5,22 @@
 -- KEYS[1] stream, KEYS[2..] delivery keys
 -- ARGV[1] group, ARGV[2] owner; then per delivery: stream entry id, delivery id
 -- Returns how many were released.
+local n = arity(1, 1, 2, 2)
+-- Delivery m's key and arguments.
+local function member(m)
+  return {dkey = KEYS[1 + m], entry = ARGV[1 + 2 * m], id = ARGV[2 + 2 * m]}
+end
 local group, owner = ARGV[1], ARGV[2]
 local released = 0
-for i = 2, #KEYS do
-  local entry, id = ARGV[1 + 2 * (i - 1)], ARGV[2 + 2 * (i - 1)]
-  local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
-  if d[1] == 'processing' and d[2] == owner then
-    redis.call('HSET', KEYS[i], 'state', 'pending')
-    redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-    redis.call('HINCRBY', KEYS[i], 'claims', -1)
-    redis.call('XACK', KEYS[1], group, entry)
-    redis.call('XADD', KEYS[1], '*', 'delivery', id)
+for m = 1, n do
+  local mb = member(m)
+  local d = hmget(mb.dkey, 'state', 'lease_owner')
+  if d.state == 'processing' and d.lease_owner == owner then
+    redis.call('HSET', mb.dkey, 'state', 'pending')
+    redis.call('HDEL', mb.dkey, 'lease_owner', 'lease_until')
+    redis.call('HINCRBY', mb.dkey, 'claims', -1)
+    redis.call('XACK', KEYS[1], group, mb.entry)
+    redis.call('XADD', KEYS[1], '*', 'delivery', mb.id)
     released = released + 1
   end
 end

@@ -5,20 +5,27 @@
 -- KEYS[1] batches zset, then n delivery keys, then batch keys
 -- ARGV[1] owner, ARGV[2] lease ms, ARGV[3] n; then per batch key its batch id
 -- Returns {deliveries renewed, batches renewed}.
-local owner, lease, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local n = tonumber(ARGV[3]) or -1
+local held = arity(1 + n, 1, 3, 1)
+-- Held batch m's record and id.
+local function member(m)
+  return {bkey = KEYS[1 + n + m], id = ARGV[3 + m]}
+end
+local owner, lease = ARGV[1], tonumber(ARGV[2])
 local now = now_ms()
 local claims, batches = 0, 0
 for i = 2, 1 + n do
-  local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
-  if d[1] == 'processing' and d[2] == owner then
+  local d = hmget(KEYS[i], 'state', 'lease_owner')
+  if d.state == 'processing' and d.lease_owner == owner then
     redis.call('HSET', KEYS[i], 'lease_until', now + lease)
     claims = claims + 1
   end
 end
-for i = 2 + n, #KEYS do
-  local bid = ARGV[3 + i - 1 - n]
-  local b = redis.call('HMGET', KEYS[i], 'owner', 'state')
-  if b[1] == owner and (b[2] == 'sealed' or b[2] == 'sending') then
+for m = 1, held do
+  local mb = member(m)
+  local bid = mb.id
+  local b = hmget(mb.bkey, 'owner', 'state')
+  if b.owner == owner and (b.state == 'sealed' or b.state == 'sending') then
     redis.call('ZADD', KEYS[1], 'GT', now + lease, bid)
     batches = batches + 1
   end

@@ -8,6 +8,7 @@
 --   settlements
 -- ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown
 -- Returns 'requeued', 'missing', or the state that prevented it.
+arity(4, 0, 2, 0)
 local state = redis.call('HGET', KEYS[2], 'state')
 if not state then
   -- Sent or skipped: settled compactly, never requeued.

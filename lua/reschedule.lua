@@ -7,19 +7,20 @@
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] delay ms, ARGV[4] 1 if this was a failed request
 -- (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name
 -- Returns the failed requests so far, or -1 when this owner no longer holds the batch.
+arity(2, 0, 6, 0)
 local bid, owner = ARGV[1], ARGV[2]
 local now = now_ms()
-local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'state')
-if b[1] ~= owner then
+local b = hmget(KEYS[1], 'owner', 'maybe_sent', 'state')
+if b.owner ~= owner then
   return -1
 end
-if ARGV[4] == '0' and b[3] == 'sending' then
+if ARGV[4] == '0' and b.state == 'sending' then
   -- Put back after its last gate, before its request left: the gate counted a request
   -- that was never made.
   redis.call('HINCRBY', KEYS[1], 'sends', -1)
 end
 local tries = redis.call('HINCRBY', KEYS[1], 'tries', tonumber(ARGV[4]))
-local maybe_sent = b[2]
+local maybe_sent = b.maybe_sent
 if ARGV[5] == '1' then
   maybe_sent = '1'
 end

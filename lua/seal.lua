@@ -18,29 +18,35 @@
 --   on the record, counted as an exposure by settle.lua once the provider accepted it), the
 --   hashes of its email's addresses, comma-separated ('-' for none)
 -- Returns the 1-based positions of the sealed members (empty: nothing was sealed).
+local n = arity(4, 1, 5, 5)
+-- Member m's key and arguments.
+local function member(m)
+  local a = 5 + 5 * (m - 1)
+  return {dkey = KEYS[4 + m], entry = ARGV[a + 1], id = ARGV[a + 2], email = ARGV[a + 3], variant = ARGV[a + 4],
+    addresses = ARGV[a + 5]}
+end
 local bid, ikey, owner, group, lease = ARGV[1], ARGV[2], ARGV[3], ARGV[4], tonumber(ARGV[5])
 local now = now_ms()
 local sealed, entries, tx_entries, ids, items, sizes, addresses = {}, {}, {}, {}, {}, {}, {}
-for i = 5, #KEYS do
-  local m = i - 4
-  local base = 5 + 5 * (m - 1)
-  local d = redis.call('HMGET', KEYS[i], 'state', 'lease_owner')
-  if d[1] == 'processing' and d[2] == owner then
-    redis.call('HSET', KEYS[i], 'state', 'sealed', 'batch', bid)
-    if ARGV[base + 4] ~= '' then
-      redis.call('HSET', KEYS[i], 'variant', ARGV[base + 4])
+for m = 1, n do
+  local mb = member(m)
+  local d = hmget(mb.dkey, 'state', 'lease_owner')
+  if d.state == 'processing' and d.lease_owner == owner then
+    redis.call('HSET', mb.dkey, 'state', 'sealed', 'batch', bid)
+    if mb.variant ~= '' then
+      redis.call('HSET', mb.dkey, 'variant', mb.variant)
     end
-    redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
+    redis.call('HDEL', mb.dkey, 'lease_owner', 'lease_until')
     sealed[#sealed + 1] = m
-    if string.sub(ARGV[base + 2], 1, 14) == 'transactional:' then
-      tx_entries[#tx_entries + 1] = ARGV[base + 1]
+    if string.sub(mb.id, 1, 14) == 'transactional:' then
+      tx_entries[#tx_entries + 1] = mb.entry
     else
-      entries[#entries + 1] = ARGV[base + 1]
+      entries[#entries + 1] = mb.entry
     end
-    ids[#ids + 1] = ARGV[base + 2]
-    items[#items + 1] = ARGV[base + 3]
-    sizes[#sizes + 1] = #ARGV[base + 3]
-    addresses[#addresses + 1] = ARGV[base + 5]
+    ids[#ids + 1] = mb.id
+    items[#items + 1] = mb.email
+    sizes[#sizes + 1] = #mb.email
+    addresses[#addresses + 1] = mb.addresses
   end
 end
 if #sealed == 0 then

@@ -8,19 +8,20 @@
 -- outcome_unknown ones to the unknown stream, with the number of requests made. Every member
 -- settled now joins the partition's recent settlements (the delivery log's newest first).
 --
--- Three kinds of callers. The provider's 2xx answer for the batch's key is authoritative, so
--- anyone may record it (owner ''): a replay gives every holder the same answer, and if the
+-- Three kinds of callers, named by the mode. The provider's 2xx answer for the batch's key is
+-- authoritative, so anyone may record it ('answer'): a replay gives every holder the same answer, and if the
 -- batch record itself is gone (a lost write), the answer is still recorded on every member
 -- not yet settled, and the caller is told ('missing'), so nothing is sent again. A verdict
 -- without such an answer (giving up, a fatal error, a passed deadline) needs the current
--- holder, and a member the batch says may have been sent becomes outcome_unknown, never
--- failed. A lost batch (owner '*lost*', found by its members) settles members still sealed
--- into it as given.
+-- holder ('holder'), and a member the batch says may have been sent becomes outcome_unknown,
+-- never failed. A lost batch ('lost', found by its members) settles members still sealed into
+-- it as given.
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] dead stream, KEYS[4] unknown stream,
 -- KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, KEYS[6+c..] delivery keys of the members
 -- ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention seconds,
--- ARGV[4] owner, '' for a 2xx answer, '*lost*' for a lost batch;
+-- ARGV[4] mode: 'answer' (a 2xx answer), 'holder' (a verdict of the holder) or 'lost' (a lost
+--   batch), ARGV[5] the holder ('' unless 'holder');
 --   then per member: delivery id, state, detail (provider id or error name), counts index
 --   (1-based), and what the provider said of it ('' for nothing; kept as `error_message`
 --   on a member recorded failed or outcome_unknown now)
@@ -28,57 +29,67 @@
 -- 'ok', 'not_held', 'settled' (no batch record, and every member was already final: another
 -- holder settled it first, a normal race) or 'missing' (no batch record while a member was not
 -- final: a lost write; an answer was recorded anyway).
-local bid, c, retention, owner = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local c = tonumber(ARGV[2]) or -1
+local n = arity(5 + c, 1, 5, 5)
+-- Member m's key and arguments.
+local function member(m)
+  local a = 5 + 5 * (m - 1)
+  return {dkey = KEYS[5 + c + m], id = ARGV[a + 1], state = ARGV[a + 2], detail = ARGV[a + 3],
+    ci = tonumber(ARGV[a + 4]), said = ARGV[a + 5]}
+end
+local bid, retention, mode, holder = ARGV[1], tonumber(ARGV[3]), ARGV[4], ARGV[5]
+if mode ~= 'answer' and mode ~= 'holder' and mode ~= 'lost' then
+  return redis.error_reply('settle.lua: no mode ' .. mode)
+end
 local out = {}
-local b = redis.call('HMGET', KEYS[1], 'owner', 'maybe_sent', 'sends')
+local b = hmget(KEYS[1], 'owner', 'maybe_sent', 'sends')
 local status = 'ok'
-if not b[1] then
+if not b.owner then
   status = 'missing'
-  if owner ~= '' and owner ~= '*lost*' then
-    for i = 6 + c, #KEYS do out[#out + 1] = '' end
+  if mode == 'holder' then
+    for m = 1, n do out[m] = '' end
     return {status, out}
   end
-elseif owner ~= '' and owner ~= '*lost*' and b[1] ~= owner then
-  for i = 6 + c, #KEYS do out[#out + 1] = '' end
+elseif mode == 'holder' and b.owner ~= holder then
+  for m = 1, n do out[m] = '' end
   return {'not_held', out}
 end
 local now = now_ms()
-local sends = b[3] or 0
+local sends = b.sends or 0
 local all_final, counted = true, {}
-for i = 6 + c, #KEYS do
-  local base = 4 + 5 * (i - 6 - c)
-  local id, state, detail, ci = ARGV[base + 1], ARGV[base + 2], ARGV[base + 3], tonumber(ARGV[base + 4])
-  local said = ARGV[base + 5]
-  if state == 'failed' and owner ~= '' and b[2] == '1' then
+for m = 1, n do
+  local mb = member(m)
+  local dkey, id, state, detail, ci = mb.dkey, mb.id, mb.state, mb.detail, mb.ci
+  if state == 'failed' and mode ~= 'answer' and b.maybe_sent == '1' then
     state = 'outcome_unknown'
   end
-  local d = redis.call('HMGET', KEYS[i], 'state', 'batch', 'variant', 'fallback')
-  if status == 'missing' and all_final and not FINAL[d[1] or ''] then
+  local d = hmget(dkey, 'state', 'batch', 'variant', 'fallback')
+  if status == 'missing' and all_final and not FINAL[d.state or ''] then
     -- Settled by another holder and kept compactly since, or not final at all.
-    all_final = not d[1] and compacted(KEYS[i]) ~= nil
+    all_final = not d.state and compacted(dkey) ~= nil
   end
-  local open = d[1] == 'sealed' and d[2] == bid
-  if status == 'missing' and owner == '' then
+  local open = d.state == 'sealed' and d.batch == bid
+  if status == 'missing' and mode == 'answer' then
     -- The seal was lost but the provider accepted: record it unless already final.
-    open = d[1] == 'sealed' or d[1] == 'processing' or d[1] == 'pending'
+    open = d.state == 'sealed' or d.state == 'processing' or d.state == 'pending'
   end
   if open then
     if state == 'sent' then
-      compact(KEYS[i], entry_text('sent', now, detail, sends, d[4], d[3]), now, retention)
+      compact(dkey, entry_text('sent', now, detail, sends, d.fallback, d.variant), now, retention)
     else
-      redis.call('HSET', KEYS[i], 'state', state, 'error', detail, 'settled_ms', now, 'sends', sends)
-      if said ~= '' then
-        redis.call('HSET', KEYS[i], 'error_message', said)
+      redis.call('HSET', dkey, 'state', state, 'error', detail, 'settled_ms', now, 'sends', sends)
+      if mb.said ~= '' then
+        redis.call('HSET', dkey, 'error_message', mb.said)
       end
-      redis.call('HDEL', KEYS[i], 'lease_owner', 'lease_until')
-      redis.call('PEXPIREAT', KEYS[i], keep_until(KEYS[5 + ci], now, retention))
+      redis.call('HDEL', dkey, 'lease_owner', 'lease_until')
+      redis.call('PEXPIREAT', dkey, keep_until(KEYS[5 + ci], now, retention))
     end
     redis.call('ZADD', KEYS[5], now, id)
     redis.call('HINCRBY', KEYS[5 + ci], state, 1)
     if state == 'sent' then
       -- An A/B exposure counts only once the provider accepted the email.
-      if d[3] then
-        redis.call('HINCRBY', KEYS[5 + ci], 'exposed:' .. d[3], 1)
+      if d.variant then
+        redis.call('HINCRBY', KEYS[5 + ci], 'exposed:' .. d.variant, 1)
       end
     end
     counted[ci] = true

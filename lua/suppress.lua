@@ -11,6 +11,7 @@
 -- ARGV[5] seen TTL s, ARGV[6] transient window ms, ARGV[7] transient bounces that suppress
 -- Returns {state, subscriber ids...}: state 'new' (suppressed now), 'already' (it was),
 -- 'counted' (a transient bounce below the threshold), 'removed', 'duplicate' (event seen).
+arity(4, 0, 7, 0)
 local mode, reason, source, event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local ttl, window, threshold = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = now_ms()

@@ -9,6 +9,7 @@
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
 -- Returns {'take', key, body, members, tries, maybe_sent}, {'expired', members},
 -- {'lost'} when the zset names a batch whose record is gone, or {'skip'} when it is not due.
+arity(2, 0, 4, 0)
 local bid, owner = ARGV[1], ARGV[2]
 local lease, window = tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_ms()
@@ -16,21 +17,21 @@ local score = redis.call('ZSCORE', KEYS[2], bid)
 if not score or tonumber(score) > now then
   return {'skip'}
 end
-local b = redis.call('HMGET', KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent')
-if not b[1] then
+local b = hmget(KEYS[1], 'key', 'body', 'members', 'sealed_ms', 'tries', 'state', 'maybe_sent')
+if not b.key then
   redis.call('ZREM', KEYS[2], bid)
   return {'lost'}
 end
-local maybe_sent = b[7]
-if b[6] == 'sending' then
+local maybe_sent = b.maybe_sent
+if b.state == 'sending' then
   -- The holder's lease ran out while the request may have been on the wire.
   maybe_sent = '1'
 end
 redis.call('HSET', KEYS[1], 'owner', owner, 'maybe_sent', maybe_sent)
 redis.call('ZADD', KEYS[2], now + lease, bid)
-if maybe_sent == '1' and now - tonumber(b[4]) > window then
+if maybe_sent == '1' and now - tonumber(b.sealed_ms) > window then
   redis.call('HSET', KEYS[1], 'state', 'expired')
-  return {'expired', b[3]}
+  return {'expired', b.members}
 end
 redis.call('HSET', KEYS[1], 'state', 'sealed')
-return {'take', b[1], b[2], b[3], b[5], maybe_sent}
+return {'take', b.key, b.body, b.members, b.tries, maybe_sent}

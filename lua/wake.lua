@@ -5,12 +5,18 @@
 --
 -- KEYS[1] batches zset, KEYS[2..] batch records; ARGV[i - 1] the id of KEYS[i]
 -- Returns how many were made due.
+local n = arity(1, 1, 0, 1)
+-- Batch m's record and id.
+local function member(m)
+  return {bkey = KEYS[1 + m], id = ARGV[m]}
+end
 local now = now_ms()
 local woken = 0
-for i = 2, #KEYS do
-  local id = ARGV[i - 1]
+for m = 1, n do
+  local mb = member(m)
+  local id = mb.id
   local score = redis.call('ZSCORE', KEYS[1], id)
-  if score and tonumber(score) > now and redis.call('HGET', KEYS[i], 'state') == 'retry' then
+  if score and tonumber(score) > now and redis.call('HGET', mb.bkey, 'state') == 'retry' then
     redis.call('ZADD', KEYS[1], now, id)
     woken = woken + 1
   end

@@ -7,6 +7,7 @@
 -- KEYS none. ARGV[1] the period's start (Redis-clock ms), ARGV[2] the kick window's retention
 --   seconds.
 -- Returns {'open' or 'closed', kick_until, now}.
+arity(0, 0, 2, 0)
 local now = now_ms()
 local closes = kick_until(tonumber(ARGV[1]), tonumber(ARGV[2]))
 if now >= closes then

@@ -13,7 +13,7 @@ use crate::model::work::Lane;
 use crate::send::ctx::Failpoints;
 use crate::{
     config::Config, http::private, http::public, http::server, metrics::Metrics, ops::schedule, send::ctx,
-    send::dispatch, send::limiter, send::queue, send::read, send::reclaim, shutdown, shutdown::Shutdown, store,
+    send::dispatch, send::queue, send::read, send::reclaim, shutdown, shutdown::Shutdown, store,
 };
 
 /// Sockets the daemon serves on, bound by the caller (tests bind port 0): private
@@ -56,9 +56,8 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> an
 pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
     config.validate()?;
     let (store, relaxed) = store::Store::open_for_daemon(&config).await?;
-    let scripts = store::scripts::load_all(&mut store.conn().await?, &[&limiter::SCRIPT])
-        .await
-        .context("loading the Lua scripts into Redis")?;
+    let scripts =
+        store::scripts::load_all(&mut store.conn().await?).await.context("loading the Lua scripts into Redis")?;
     let renderer = crate::audience::render::Renderer::of(&config).context("compiling templates")?;
     let sender = crate::send::request::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(queue::Batcher::from_config(&config));

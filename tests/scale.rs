@@ -7,19 +7,17 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mailstream::store::scripts;
 use mailstream::tools::emulator::EmulatorConfig;
-use redis::Script;
 
 const SETTLE: Duration = Duration::from_secs(120);
 
 /// limiter.lua at 10 requests/s with a 2 ms guard and a fake "now" (µs): (wait µs, now µs,
 /// request number).
 async fn limiter(world: &World, op: &str, arg: u64, now_us: u64) -> (u64, u64, u64) {
-    let script = Script::new(include_str!("../lua/limiter.lua"));
     let mut conn = world.store.conn().await.unwrap();
-    let mut call = script.key(world.store.keys.limiter());
-    call.arg(op).arg(10).arg(GUARD).arg(arg).arg(now_us);
-    call.invoke_async(&mut conn).await.unwrap()
+    let key = world.store.keys.limiter();
+    scripts::limiter(&mut conn, &key, op, 10, GUARD, arg, Some(now_us)).await.unwrap()
 }
 
 const GUARD: u64 = 2_000;

@@ -22,16 +22,15 @@
 //! but it cost 2-4 % of the ceiling.)
 
 use std::collections::VecDeque;
-use std::sync::{LazyLock, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
-use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::{Config, LimiterMode};
 use crate::resend::RateHeaders;
 use crate::shutdown::Shutdown;
-use crate::store::Store;
+use crate::store::{Store, scripts};
 
 /// How long to wait before asking Redis again after it could not be asked.
 const REDIS_RETRY: Duration = Duration::from_millis(100);
@@ -44,8 +43,6 @@ const CALL_PATIENCE: Duration = Duration::from_secs(1);
 
 /// A taker at most this late for its slot (half an interval at most) keeps the cadence.
 const SLACK: Duration = Duration::from_millis(20);
-
-pub static SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../../lua/limiter.lua")));
 
 /// Team-wide request pacing.
 pub(crate) enum Limiter {
@@ -183,9 +180,7 @@ impl Shared {
     /// One call of limiter.lua; returns (wait or flag, Redis now in µs, request number).
     async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64, u64)> {
         let mut conn = self.store.conn().await?;
-        let mut call = SCRIPT.key(&self.key);
-        call.arg(op).arg(self.rps).arg(self.guard_us).arg(arg);
-        Ok(call.invoke_async(&mut conn).await?)
+        Ok(scripts::limiter(&mut conn, &self.key, op, self.rps, self.guard_us, arg, None).await?)
     }
 
     /// Takes a slot if one is due, as the sending task does (for measuring its cost).

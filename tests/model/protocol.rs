@@ -471,6 +471,17 @@ pub struct State {
     pub clock: u8,
 }
 
+/// settle.lua's modes: who records an outcome of a batch, and what it may find.
+#[derive(Debug, Clone, Copy)]
+enum Mode<'a> {
+    /// 'answer': the provider's 2xx for the batch's key; anyone may record it.
+    Answer,
+    /// 'holder': a verdict without such an answer; only the batch's holder records it.
+    Holder(u8),
+    /// 'lost': the batch record is gone; its members (this body) are found by their `batch`.
+    Lost(&'a [(u8, u8)]),
+}
+
 /// What the provider does with a request whose key it does not know.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Outcome {
@@ -716,15 +727,26 @@ impl Protocol {
         Self::lapsed(s, b.owner) || holder.hand.as_ref().is_none_or(|hand| hand.batch != b.id)
     }
 
-    /// settle.lua by a holder (or an answer): each member still sealed into the batch
-    /// gets `rec`; the batch is deleted.
-    fn settle_members(data: &mut Data, id: u8, rec: impl Fn(u8) -> Rec) {
-        if let Some(i) = data.batches.iter().position(|b| b.id == id) {
-            let batch = data.batches.remove(i);
-            for &(d, _) in &batch.body {
-                if data.recs[usize::from(d)] == Rec::Sealed(id) {
-                    data.recs[usize::from(d)] = rec(d);
+    /// settle.lua in `mode`: each member still sealed into the batch gets `rec`, and the
+    /// batch is deleted; by a holder, only while it holds the batch; for a lost batch, the
+    /// members (found by their `batch` field) are those of the hand that held it. (An
+    /// answer for a batch whose record is gone is `Action::Record`'s.)
+    fn settle_members(data: &mut Data, id: u8, mode: Mode<'_>, rec: impl Fn(u8) -> Rec) {
+        let members: Vec<u8> = match mode {
+            Mode::Lost(body) => body.iter().map(|&(d, _)| d).collect(),
+            Mode::Answer | Mode::Holder(_) => {
+                let Some(i) = data.batches.iter().position(|b| b.id == id) else { return };
+                if let Mode::Holder(h) = mode
+                    && data.batches[i].owner != h
+                {
+                    return;
                 }
+                data.batches.remove(i).body.iter().map(|&(d, _)| d).collect()
+            }
+        };
+        for d in members {
+            if data.recs[usize::from(d)] == Rec::Sealed(id) {
+                data.recs[usize::from(d)] = rec(d);
             }
         }
     }
@@ -1348,7 +1370,7 @@ impl Model for Protocol {
                     return Some(s).map(|s| self.replicate(s));
                 }
                 match answer {
-                    Answer::Accepted if present => Self::settle_members(live, hand.batch, |_| Rec::Sent),
+                    Answer::Accepted if present => Self::settle_members(live, hand.batch, Mode::Answer, |_| Rec::Sent),
                     Answer::Accepted => {
                         // settle.lua: the record is gone (a lost write); the answer is still
                         // recorded on every member not yet final, so none is sent again.
@@ -1365,13 +1387,11 @@ impl Model for Protocol {
                     Answer::Timeout => Self::reschedule(live, hand.batch, h, true),
                     Answer::Retry => Self::reschedule(live, hand.batch, h, hand.maybe_sent && !self.forgets()),
                     Answer::Fatal | Answer::Refused => {
-                        let holds = live.batches.iter().any(|b| b.id == hand.batch && b.owner == h);
-                        if holds || self.on(Mutant::VerdictWithoutHolder) {
-                            let maybe =
-                                hand.maybe_sent || live.batches.iter().any(|b| b.id == hand.batch && b.maybe_sent);
-                            let verdict = if maybe { Rec::Unknown } else { Rec::Failed };
-                            Self::settle_members(live, hand.batch, |_| verdict);
-                        }
+                        // The mutant records the verdict as if it were an answer: no holder.
+                        let mode = if self.on(Mutant::VerdictWithoutHolder) { Mode::Answer } else { Mode::Holder(h) };
+                        let maybe = hand.maybe_sent || live.batches.iter().any(|b| b.id == hand.batch && b.maybe_sent);
+                        let verdict = if maybe { Rec::Unknown } else { Rec::Failed };
+                        Self::settle_members(live, hand.batch, mode, |_| verdict);
                     }
                 }
             }
@@ -1385,7 +1405,7 @@ impl Model for Protocol {
                 let (version, body, maybe_sent, fallback) = (b.version, b.body.clone(), b.maybe_sent, b.fallback);
                 if maybe_sent && s.ghost.old.contains(&(id, version)) && !self.on(Mutant::NoResendWindow) {
                     // Expired: never resent blind; every member outcome_unknown.
-                    Self::settle_members(live, id, |_| Rec::Unknown);
+                    Self::settle_members(live, id, Mode::Holder(h), |_| Rec::Unknown);
                 } else {
                     live.batches[i].state = BatchState::Sealed;
                     let hand = Hand {
@@ -1644,12 +1664,8 @@ impl Protocol {
         let live = &mut s.nodes[usize::from(hand.partition)].live;
         let Some(i) = live.batches.iter().position(|b| b.id == hand.batch) else {
             // 'settled' (every member final) or 'lost': members still sealed into it are
-            // outcome_unknown (Settler::Lost); either way the hand is empty.
-            for &(d, _) in &hand.body {
-                if live.recs[usize::from(d)] == Rec::Sealed(hand.batch) {
-                    live.recs[usize::from(d)] = Rec::Unknown;
-                }
-            }
+            // outcome_unknown (settle.lua's 'lost'); either way the hand is empty.
+            Self::settle_members(live, hand.batch, Mode::Lost(&hand.body), |_| Rec::Unknown);
             return;
         };
         let b = live.batches[i].clone();
@@ -1665,7 +1681,7 @@ impl Protocol {
         let maybe_sent = b.maybe_sent || (hand.maybe_sent && !self.forgets());
         live.batches[i].maybe_sent = maybe_sent;
         if maybe_sent && ghost.old.contains(&(b.id, b.version)) && !self.on(Mutant::NoResendWindow) {
-            Self::settle_members(live, b.id, |_| Rec::Unknown);
+            Self::settle_members(live, b.id, Mode::Holder(h), |_| Rec::Unknown);
             return;
         }
         let mut reasons = Vec::with_capacity(b.body.len());
@@ -1694,7 +1710,7 @@ impl Protocol {
             batch.state = BatchState::Sending;
         } else if maybe_sent && !self.on(Mutant::ResealMaybeSent) {
             // 'withhold': every member outcome_unknown, nothing resent.
-            Self::settle_members(live, b.id, |_| Rec::Unknown);
+            Self::settle_members(live, b.id, Mode::Holder(h), |_| Rec::Unknown);
             return;
         } else {
             for (&(d, _), r) in b.body.iter().zip(&reasons) {

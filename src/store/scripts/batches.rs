@@ -20,6 +20,16 @@ pub struct SealRequest<'a> {
 }
 
 /// Seals a batch of `members`; returns the 0-based positions of those that were sealed.
+///
+/// Runs `lua/seal.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] digest stream, KEYS[4] transactional stream,
+///   KEYS[4+i] delivery key of member i
+/// ARGV[1] batch id, ARGV[2] idempotency key, ARGV[3] owner, ARGV[4] group, ARGV[5] lease ms;
+///   then per member: stream entry id, delivery id, email JSON, A/B variant ('' for none; kept
+///   on the record, counted as an exposure by settle.lua once the provider accepted it), the
+///   hashes of its email's addresses, comma-separated ('-' for none)
+/// ```
 pub async fn seal(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -120,6 +130,18 @@ pub struct GateRequest<'a> {
 /// addresses; a campaign member's subscriber record also says whether it is still
 /// wanted (a transactional member has no subscription to check, and its subscriber, if
 /// any, lives in another slot).
+///
+/// Runs `lua/gate.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
+///   KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, then per member: delivery key, subscriber key
+/// ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
+///   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c,
+///   ARGV[10] '1' if the holder knows an earlier request may have been processed (it took the
+///   batch so marked: a failover may have taken the record's mark back since), else '0';
+///   then per member: its campaign (a subscriber may have turned one campaign off:
+///   `off:<campaign>`), counts index (1-based), '1' to check its subscriber record
+/// ```
 pub async fn gate(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -219,6 +241,12 @@ fn parse_members(ids: &str) -> Vec<DeliveryRef> {
 }
 
 /// Takes over a batch whose retry is due or whose holder's lease expired.
+///
+/// Runs `lua/take.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset
+/// ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] resend window ms
+/// ```
 pub async fn take(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -274,6 +302,13 @@ pub struct Reschedule {
 
 /// Reschedules a held batch; returns its failed requests so far, `None` when this
 /// owner no longer holds it.
+///
+/// Runs `lua/reschedule.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset
+/// ARGV[1] batch id, ARGV[2] owner, ARGV[3] delay ms, ARGV[4] 1 if this was a failed request
+/// (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name
+/// ```
 pub async fn reschedule(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -342,6 +377,16 @@ pub enum Fallback {
 
 /// Seals a batch again from its fallback sender: `emails` are its members' email objects
 /// (in the batch's order) with the fallback's `from`.
+///
+/// Runs `lua/fallback.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] the counts hash of its members' campaign
+///   period (operator mail: one member), then per member its delivery key
+/// ARGV[1] batch id, ARGV[2] owner, ARGV[3] the refused key, ARGV[4] the derived key,
+///   ARGV[5] the new body, ARGV[6] its members' sizes, ARGV[7] the template,
+///   ARGV[8] the refusal's error name, ARGV[9] its HTTP status, ARGV[10] lease ms,
+///   ARGV[11] retention seconds (of the counts hash)
+/// ```
 pub async fn fallback(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -477,6 +522,18 @@ pub async fn settle(
 /// [`settle`], keeping what the provider said of each member (`said`, aligned with
 /// `settlements`, or empty for nothing; its message with addresses masked) on each
 /// member recorded failed or outcome_unknown.
+///
+/// Runs `lua/settle.lua`:
+/// ```text
+/// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] dead stream, KEYS[4] unknown stream,
+/// KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, KEYS[6+c..] delivery keys of the members
+/// ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention seconds,
+/// ARGV[4] mode: 'answer' (a 2xx answer), 'holder' (a verdict of the holder) or 'lost' (a lost
+///   batch), ARGV[5] the holder ('' unless 'holder');
+///   then per member: delivery id, state, detail (provider id or error name), counts index
+///   (1-based), and what the provider said of it ('' for nothing; kept as `error_message`
+///   on a member recorded failed or outcome_unknown now)
+/// ```
 #[allow(clippy::too_many_arguments)]
 pub async fn settle_saying(
     conn: &mut impl ConnectionLike,
@@ -489,6 +546,11 @@ pub async fn settle_saying(
     said: &[Option<&str>],
 ) -> RedisResult<Settled> {
     let (counts, index) = counts_index(keys, partition, settlements.iter().map(|s| s.member));
+    let (mode, holder) = match by {
+        Settler::Answer => ("answer", ""),
+        Settler::Holder(owner) => ("holder", owner),
+        Settler::Lost => ("lost", ""),
+    };
     let mut call = SCRIPTS.settle.prepare_invoke();
     call.key(keys.batch(partition, batch))
         .key(keys.batches(partition))
@@ -498,11 +560,8 @@ pub async fn settle_saying(
         .arg(batch)
         .arg(counts.len())
         .arg(retention_secs)
-        .arg(match by {
-            Settler::Answer => "",
-            Settler::Holder(owner) => owner,
-            Settler::Lost => "*lost*",
-        });
+        .arg(mode)
+        .arg(holder);
     for c in &counts {
         call.key(c);
     }

@@ -56,6 +56,17 @@ pub async fn enqueue(
 /// times (Redis-clock ms: one in the future waits in the partition's due set, 0 or a past
 /// time goes to the stream now) and channels (what a fan-out builds, without a
 /// [`DeliveryRef`] each).
+///
+/// Runs `lua/enqueue.lua`:
+/// ```text
+/// KEYS[1] periods index, KEYS[2] the partition's audience; then per channel c (1..n): KEYS[3c]
+///   its stream, KEYS[3c+1] its counts hash, KEYS[3c+2] its due set; then per item
+///   KEYS[3+3n+i] delivery key: the partition's delivery prefix plus the delivery id
+/// ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the prefix's length,
+///   ARGV[4] '1' if a release time (ms; 0: now) follows each item's channel, else '0' (all now),
+///   ARGV[5] n, ARGV[6] the period's start (Redis-clock ms), ARGV[7] the kick window's retention
+///   seconds; then per item: its channel (1..n) [, its release time]
+/// ```
 pub(crate) async fn enqueue_ids(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -115,6 +126,12 @@ pub(super) fn read_added(status: &str, kick_until_ms: u64, added: Vec<i64>, item
 
 /// Whether a campaign period may still be kicked (window.lua, writing nothing): `Ok` with
 /// the window's end, or `Err` with it once it has ended (both Redis-clock ms).
+///
+/// Runs `lua/window.lua`:
+/// ```text
+/// KEYS none. ARGV[1] the period's start (Redis-clock ms), ARGV[2] the kick window's retention
+///   seconds.
+/// ```
 pub async fn kick_window(conn: &mut impl ConnectionLike, window: KickWindow) -> RedisResult<Result<u64, u64>> {
     let (status, kick_until, _now): (String, u64, u64) =
         SCRIPTS.window.arg(window.start_ms).arg(window.window_secs).invoke_async(conn).await?;
@@ -153,6 +170,16 @@ pub enum Ingested {
 }
 
 /// Enqueues transactional items of one partition and one period (see lua/ingest.lua).
+///
+/// Runs `lua/ingest.lua`:
+/// ```text
+/// KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
+///   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
+///   hash of the day before; then per item: KEYS[4+3i] guard key, KEYS[5+3i] delivery key,
+///   KEYS[6+3i] its event's key
+/// ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
+///   hash, request JSON, its event's request JSON ('' without the application channel)
+/// ```
 pub async fn ingest(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -228,6 +255,13 @@ pub enum Deferred {
 /// Defers claimed deliveries of one lane of partition `p` (entry, delivery): a digest
 /// whose render hook gave no answer, an application event the application did not take
 /// (see lua/defer.lua). Each waits in its lane's due set.
+///
+/// Runs `lua/defer.lua`:
+/// ```text
+/// KEYS[1] stream, KEYS[2] due set; KEYS[2+i] delivery keys
+/// ARGV[1] group, ARGV[2] owner, ARGV[3] base ms, ARGV[4] max ms, ARGV[5] deadline ms,
+///   ARGV[6] jitter percent (0-100, drawn by the caller); then per item: entry id, delivery id
+/// ```
 pub async fn defer(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -267,6 +301,12 @@ pub(super) fn read_deferred(out: Vec<i64>) -> RedisResult<Vec<Deferred>> {
 /// Moves up to `limit` deliveries whose release time has come (at `now_ms`, or Redis's
 /// clock when 0) from the due set of partition `p`'s `lane` into its stream; returns how
 /// many. Email's due set is the digest lane's.
+///
+/// Runs `lua/due.lua`:
+/// ```text
+/// KEYS[1] due set, KEYS[2] stream
+/// ARGV[1] now in ms (0: Redis's clock; tests pass a fake one), ARGV[2] most to release
+/// ```
 pub async fn release_due(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -293,6 +333,11 @@ pub enum Claim {
 }
 
 /// Claims deliveries of one partition for `owner` for `lease_ms`.
+///
+/// Runs `lua/claim.lua`:
+/// ```text
+/// KEYS: delivery keys. ARGV[1] owner, ARGV[2] lease milliseconds.
+/// ```
 pub async fn claim(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -342,6 +387,15 @@ pub struct Decision<'a> {
 
 /// Settles claimed deliveries that will not be sent and acknowledges their entries;
 /// returns, per delivery, whether it was decided now (false: no longer ours).
+///
+/// Runs `lua/decide.lua`:
+/// ```text
+/// KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4..3+c] counts hashes,
+/// KEYS[4+c..] delivery keys
+/// ARGV[1] group, ARGV[2] owner, ARGV[3] c, ARGV[4] retention seconds;
+///   then per delivery: stream entry id, delivery id, state, reason, counts index (1-based),
+///   expect ('held': claimed by owner, 'lost': the record is missing)
+/// ```
 pub async fn decide(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -387,6 +441,13 @@ pub(super) fn read_decided(decided: Vec<i64>) -> RedisResult<Vec<bool>> {
 }
 
 /// Requeues a failed (or, if allowed, outcome_unknown) delivery.
+///
+/// Runs `lua/requeue.lua`:
+/// ```text
+/// KEYS[1] stream, KEYS[2] delivery, KEYS[3] counts hash of its campaign period, KEYS[4] recent
+///   settlements
+/// ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown
+/// ```
 pub async fn requeue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -417,6 +478,12 @@ pub(super) fn read_requeue(result: &str) -> RedisResult<Requeue> {
 }
 
 /// Hands back claimed deliveries (entry, delivery) of one partition; returns how many were.
+///
+/// Runs `lua/release.lua`:
+/// ```text
+/// KEYS[1] stream, KEYS[2..] delivery keys
+/// ARGV[1] group, ARGV[2] owner; then per delivery: stream entry id, delivery id
+/// ```
 pub async fn release(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -445,6 +512,12 @@ pub async fn release(
 
 /// Renews this owner's leases on claimed deliveries and held batches of one
 /// partition; returns (deliveries, batches) renewed.
+///
+/// Runs `lua/renew.lua`:
+/// ```text
+/// KEYS[1] batches zset, then n delivery keys, then batch keys
+/// ARGV[1] owner, ARGV[2] lease ms, ARGV[3] n; then per batch key its batch id
+/// ```
 pub async fn renew(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -470,6 +543,11 @@ pub async fn renew(
 
 /// Writes `field` once on each delivery record of `items` (key, value) that still exists
 /// (note.lua); returns per item the field's value now, `None` where there is no record.
+///
+/// Runs `lua/note.lua`:
+/// ```text
+/// KEYS: delivery keys. ARGV[1] field; ARGV[1+i] the value for KEYS[i].
+/// ```
 pub async fn note(
     conn: &mut impl ConnectionLike,
     field: &str,

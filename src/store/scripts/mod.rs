@@ -1,10 +1,17 @@
 //! The Lua scripts (embedded with `include_str!`, each behind `lua/prelude.lua`) as
 //! typed calls, one file per aggregate: `deliveries` (enqueue, claim, decide, hand
 //! back, renew), `batches` (seal, last gate, take, reschedule, fallback, settle), `fanout`,
-//! `suppression` (and webhook events, one-click opt-out), `ops` (the quota pause, idle
-//! consumers). Each call touches the keys of one partition only; `EVALSHA` falls back
-//! to loading the script after `NOSCRIPT` (a restarted Redis), which the redis crate
-//! handles. A reply a call does not expect is an error, never a guessed state.
+//! `suppression` (and webhook events, one-click opt-out), `ops` (the quota pause, the
+//! provider's health, the request limiter, idle consumers). Each call touches the keys of
+//! one partition only; `EVALSHA` falls back to loading the script after `NOSCRIPT` (a
+//! restarted Redis), which the redis crate handles. A reply a call does not expect is an
+//! error, never a guessed state.
+//!
+//! The boundary is named at both ends. Each script's header says its KEYS and ARGV (the
+//! source of truth), and the one typed call that runs it restates them in its doc comment
+//! (a test holds the two together); the script's first step is `arity` (prelude), which
+//! errors unless the call brings the head of keys and arguments and a whole number of items
+//! (the same number on both sides), and it reads records by field name (`hmget`).
 
 mod batches;
 mod deliveries;
@@ -45,12 +52,15 @@ macro_rules! scripts {
             let s = &*SCRIPTS;
             vec![$(&s.$name,)*]
         }
+
+        /// Every script's name: its file is `lua/<name>.lua`.
+        pub const NAMES: &[&str] = &[$(stringify!($name),)*];
     };
 }
 
 scripts!(
     enqueue, ingest, defer, claim, seal, gate, take, reschedule, settle, decide, requeue, release, renew, pause,
-    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback, note, window,
+    forget, suppress, cascade, event, optout, due, fanout, health, wake, fallback, note, window, limiter,
 );
 
 /// The prelude every script of `lua/` is joined to (for a script run by another tool,
@@ -59,13 +69,13 @@ pub const PRELUDE: &str = include_str!("../../../lua/prelude.lua");
 
 /// Loads every script (on every primary of a cluster: SCRIPT LOAD goes to all), so
 /// one that does not compile stops the start, and the first calls need no NOSCRIPT
-/// round trip. `more` are scripts kept elsewhere (the limiter's). Returns how many.
-pub(crate) async fn load_all(conn: &mut impl ConnectionLike, more: &[&Script]) -> RedisResult<usize> {
+/// round trip. Returns how many.
+pub(crate) async fn load_all(conn: &mut impl ConnectionLike) -> RedisResult<usize> {
     let ours = every();
-    for script in ours.iter().chain(more) {
+    for script in &ours {
         script.load_async(conn).await?;
     }
-    Ok(ours.len() + more.len())
+    Ok(ours.len())
 }
 
 /// A reply a script's caller does not know: an error, never a guessed state.

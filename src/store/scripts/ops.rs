@@ -1,5 +1,6 @@
 //! The team-wide quota pause (one key per partition), the provider's team-wide health
-//! and the wake of waiting batches when it comes back, and idle consumers.
+//! and the wake of waiting batches when it comes back, the team-wide request limiter,
+//! and idle consumers.
 
 use redis::RedisResult;
 use redis::aio::ConnectionLike;
@@ -9,6 +10,11 @@ use crate::model::work::Lane;
 use crate::store::keys::Keys;
 
 /// Pauses sending in one partition for `ms` (only ever lengthening a pause); true if set or lengthened.
+///
+/// Runs `lua/pause.lua`:
+/// ```text
+/// KEYS[1] pause key. ARGV[1] reason, ARGV[2] milliseconds.
+/// ```
 pub async fn pause(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -22,6 +28,11 @@ pub async fn pause(
 
 /// Removes `consumer` from the group of partition `p` if it has nothing pending and has
 /// been idle longer than `idle_ms`; true if it was removed.
+///
+/// Runs `lua/forget.lua`:
+/// ```text
+/// KEYS[1] stream. ARGV[1] group, ARGV[2] consumer, ARGV[3] idle ms.
+/// ```
 pub async fn forget_consumer(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -68,6 +79,14 @@ pub struct Health {
 }
 
 /// Records or reads the provider's health (health.lua).
+///
+/// Runs `lua/health.lua`:
+/// ```text
+/// KEYS[1] the provider's health hash (failures, first_ms, last_batch, down_ms, probe_ms)
+/// ARGV[1] 'failed', 'succeeded' or 'probe' (reading it is an HGET of down_ms); ARGV[2] threshold; ARGV[3] window ms;
+/// ARGV[4] probe interval ms; ARGV[5] the batch that failed ('failed'; '' for a failure no
+/// batch can cause: no connection, a broken one)
+/// ```
 pub async fn health(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -108,7 +127,41 @@ pub async fn provider_down_since(conn: &mut impl ConnectionLike, keys: &Keys) ->
     redis::cmd("HGET").arg(keys.provider()).arg("down_ms").query_async(conn).await
 }
 
+/// One call of limiter.lua on the limiter hash `key` (`send::limiter` says what each op
+/// does): `op` at `rps` requests/s with a guard of `guard_us`, its argument `arg` (0 for
+/// an op without one), on Redis's clock or (tests) at `now_us`. Returns (wait µs or a
+/// flag, now µs, request number).
+///
+/// Runs `lua/limiter.lua`:
+/// ```text
+/// KEYS[1] limiter hash: next_us (cadence), pause_us (no departure before), rps (a lower rate
+///   the provider announced), seq (requests granted), ring (ring size), d<n> (departure of
+///   request n modulo ring, µs)
+/// ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late'
+/// ARGV[2] configured requests per second, ARGV[3] guard µs, ARGV[4] argument:
+///   pause: milliseconds; lower: requests per second; late: request number (it left before now);
+///   0 for the others
+/// ARGV[5] '' for Redis TIME, or (tests only) a fake "now" in µs
+/// ```
+pub async fn limiter(
+    conn: &mut impl ConnectionLike,
+    key: &str,
+    op: &str,
+    rps: u32,
+    guard_us: u64,
+    arg: u64,
+    now_us: Option<u64>,
+) -> RedisResult<(u64, u64, u64)> {
+    let now = now_us.map_or(String::new(), |n| n.to_string());
+    SCRIPTS.limiter.key(key).arg(op).arg(rps).arg(guard_us).arg(arg).arg(now).invoke_async(conn).await
+}
+
 /// Makes every batch of partition `p` that waits for a retry due now (wake.lua); how many.
+///
+/// Runs `lua/wake.lua`:
+/// ```text
+/// KEYS[1] batches zset, KEYS[2..] batch records; ARGV[i - 1] the id of KEYS[i]
+/// ```
 pub async fn wake(conn: &mut impl ConnectionLike, keys: &Keys, p: u16, batches: &[String]) -> RedisResult<u64> {
     if batches.is_empty() {
         return Ok(0);

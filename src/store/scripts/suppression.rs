@@ -54,6 +54,15 @@ pub struct Suppression<'a> {
 
 /// Suppresses, counts or lifts an address (in its home partition); returns what
 /// happened and the ids of the subscribers with that address.
+///
+/// Runs `lua/suppress.lua`:
+/// ```text
+/// KEYS[1] seen key, KEYS[2] suppression hash, KEYS[3] transient-bounce zset, KEYS[4] address index
+/// ARGV[1] mode: 'suppress' (permanent bounce, complaint, provider suppression, operator),
+///   'transient' (a transient or undetermined bounce: counted), 'remove' (operator lifts it)
+/// ARGV[2] reason, ARGV[3] source ('webhook' | 'operator'), ARGV[4] event id ('' for an operator),
+/// ARGV[5] seen TTL s, ARGV[6] transient window ms, ARGV[7] transient bounces that suppress
+/// ```
 pub async fn suppress(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -95,6 +104,14 @@ pub(super) fn read_suppress(row: Vec<String>) -> RedisResult<(Suppressed, Vec<St
 /// Adds (or lifts) `address` in partition `p`'s suppressed addresses and marks (or
 /// unmarks) the subscribers `ids` of `p` as suppressed; `None` when this event's
 /// cascade was already done in this partition.
+///
+/// Runs `lua/cascade.lua`:
+/// ```text
+/// KEYS[1] seen key (ignored without an event), KEYS[2] audience hash, KEYS[3] suppressed
+/// addresses hash, KEYS[4..] subscriber records
+/// ARGV[1] mode ('suppress' | 'remove'), ARGV[2] reason, ARGV[3] event id ('' for an
+/// operator), ARGV[4] seen TTL s, ARGV[5] address hash, ARGV[6..] the subscribers' ids (as KEYS[4..])
+/// ```
 pub(crate) async fn cascade(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -135,6 +152,12 @@ pub(crate) enum EventWrite {
 
 /// Counts a provider event (`kind`, e.g. `delivered`) about a delivery, and writes it on the
 /// delivery's record if it has one, once per event id.
+///
+/// Runs `lua/event.lua`:
+/// ```text
+/// KEYS[1] seen key, KEYS[2] delivery record, KEYS[3] the hour's webhook tally
+/// ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s
+/// ```
 pub(crate) async fn event(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
@@ -190,6 +213,11 @@ pub(super) fn read_event(written: i64) -> RedisResult<EventWrite> {
 /// email, `off:<campaign>:<channel>` for another channel, and the matching opt-out set):
 /// `Some(true)` if it was on, `Some(false)` if already off, `None` if there is no such
 /// subscriber.
+///
+/// Runs `lua/optout.lua`:
+/// ```text
+/// KEYS[1] subscriber record, KEYS[2] the campaign's opt-out set. ARGV[1] campaign, ARGV[2] id.
+/// ```
 pub async fn opt_out(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
