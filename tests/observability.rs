@@ -225,6 +225,11 @@ async fn a_faulty_run_exports_every_declared_family_with_pinned_labels() {
     let kick = || mailstream::audience::kick::kick_registry(&world.store, &world.config, CAMPAIGN, &kicked);
     kick().await.unwrap();
     kick().await.unwrap(); // duplicates
+    // A deployment that first ran a day ago: the fire three hours ago is its to miss.
+    let day_ago = world.store.time().await.unwrap().timestamp_millis() - 86_400_000;
+    let mut conn = world.store.conn().await.unwrap();
+    let meta = world.store.keys.meta();
+    let _: () = redis::cmd("HSET").arg(&meta).arg("first_run_ms").arg(day_ago).query_async(&mut conn).await.unwrap();
     let listeners = Listeners { metrics: Some(metrics_listener), public: Some(public) };
     let daemon = Daemon::start_listening(world.config.clone(), RunOptions::default(), listeners);
     let settled = eventually(SETTLE, || async {

@@ -74,13 +74,34 @@ async fn the_daemon_fires_a_due_schedule_once_and_counts_a_missed_one() {
     })
     .await;
     late.subscribers(10).await;
+    let missed_line = "mailstream_schedule_fires_total{campaign=\"weekly_digest\",result=\"missed\"}";
+    // A new deployment: the fire was before its first run, nobody's to send. Once the
+    // scheduler has looked (it records the first run first), stop: the look is done.
+    let first = late.daemon();
+    let meta = late.store.keys.meta();
+    let recorded = eventually(Duration::from_secs(30), || {
+        let (store, meta) = (late.store.clone(), meta.clone());
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let at: Option<i64> =
+                redis::cmd("HGET").arg(&meta).arg("first_run_ms").query_async(&mut conn).await.ok()?;
+            at
+        }
+    })
+    .await
+    .expect("the first run is recorded");
+    let metrics = first.metrics.clone();
+    first.stop().await;
+    let text = metrics.render();
+    assert!(!text.contains(&format!("{missed_line} 1")), "a fire before the first run is not missed:\n{text}");
+    // A deployment that first ran a day before the fire: the same fire is missed.
+    let day_before = recorded - 86_400_000;
+    let mut conn = late.store.conn().await.unwrap();
+    let _: () = redis::cmd("HSET").arg(&meta).arg("first_run_ms").arg(day_before).query_async(&mut conn).await.unwrap();
     let daemon = late.daemon();
     let missed = eventually(Duration::from_secs(30), || {
         let text = daemon.metrics.render();
-        async move {
-            text.contains("mailstream_schedule_fires_total{campaign=\"weekly_digest\",result=\"missed\"} 1")
-                .then_some(())
-        }
+        async move { text.contains(&format!("{missed_line} 1")).then_some(()) }
     })
     .await;
     daemon.stop().await;

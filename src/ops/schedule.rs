@@ -4,11 +4,12 @@
 //! fires once). `mailstream run` looks every second, on Redis's clock: the latest
 //! fire at or before now is due while it is younger than `catch_up_hours` (so a
 //! fire missed while no daemon ran is caught up at start) and missed after that
-//! (logged and counted once, while its period is still within the retention). A due fire kicks its period through the period's
-//! fan-out record, so of several instances one fans out and the others stand by,
-//! and a fan-out that died halfway resumes. Also the release time of a delivery
-//! sent at its recipient's local hour. And the SLO report by email, once per fire of
-//! `[slo.report] schedule` (`slo_mail.rs`).
+//! (logged and counted once, while its period is still within the retention; a fire
+//! before the deployment's first `run` is not missed: nobody was to send it). A due
+//! fire kicks its period through the period's fan-out record, so of several instances
+//! one fans out and the others stand by, and a fan-out that died halfway resumes. Also
+//! the release time of a delivery sent at its recipient's local hour. And the SLO
+//! report by email, once per fire of `[slo.report] schedule` (`slo_mail.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -121,11 +122,14 @@ pub(crate) struct Scheduler {
     reported: HashSet<(String, String, &'static str)>,
     /// Fan-outs this process is running now.
     running: Arc<Mutex<HashSet<(String, String)>>>,
+    /// When the deployment's first scheduler looked ([`crate::store::Store::first_run`]),
+    /// read at this one's first look.
+    first_run: Option<DateTime<Utc>>,
 }
 
 impl Scheduler {
     pub fn new(ctx: Arc<Ctx>) -> Scheduler {
-        Scheduler { ctx, reported: HashSet::new(), running: Default::default() }
+        Scheduler { ctx, reported: HashSet::new(), running: Default::default(), first_run: None }
     }
 
     /// Looks every `tick` until shutdown.
@@ -169,6 +173,10 @@ impl Scheduler {
 
     async fn look(&mut self, schedules: &HashMap<String, Schedule>, now: DateTime<Utc>) -> anyhow::Result<()> {
         let ctx = self.ctx.clone();
+        let first_run = match self.first_run {
+            Some(first) => first,
+            None => *self.first_run.insert(ctx.store.first_run(now).await?),
+        };
         for c in &ctx.config.campaigns {
             let Some(schedule) = schedules.get(&c.name) else { continue };
             let last = schedule.latest_at_or_before(now);
@@ -176,6 +184,8 @@ impl Scheduler {
             match schedule.plan(c, now) {
                 Plan::Idle => {}
                 Plan::Due { at, period, late } => self.due(c, at, period, late).await?,
+                // A fire before the deployment's first run was nobody's to send.
+                Plan::Missed { at, .. } if at < first_run => {}
                 Plan::Missed { at, period } => {
                     let key = (c.name.clone(), period.clone(), "missed");
                     if self.reported.contains(&key) {

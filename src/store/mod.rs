@@ -176,6 +176,21 @@ impl Store {
         chrono::DateTime::from_timestamp(secs, (micros * 1000) as u32).context("Redis TIME is out of range")
     }
 
+    /// When this deployment's scheduler first looked (`<prefix>:meta` `first_run_ms`,
+    /// Redis-clock ms): `at` if no `run` had looked before, else what the first one
+    /// recorded. A fire before it was never a daemon's to send, so it is not "missed".
+    pub async fn first_run(&self, at: chrono::DateTime<chrono::Utc>) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
+        let mut conn = self.conn().await?;
+        let meta = self.keys.meta();
+        let (_, first): (bool, i64) = redis::pipe()
+            .atomic()
+            .hset_nx(&meta, "first_run_ms", at.timestamp_millis())
+            .hget(&meta, "first_run_ms")
+            .query_async(&mut conn)
+            .await?;
+        chrono::DateTime::from_timestamp_millis(first).context("first_run_ms is out of range")
+    }
+
     /// Refuses a Redis older than 7.0 (the scripts use `EXPIRE … NX`, `XAUTOCLAIM`'s
     /// deleted ids and `ZADD … GT`), with one clear error rather than a script failing halfway.
     pub(crate) async fn check_version(&self) -> anyhow::Result<()> {
