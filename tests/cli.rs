@@ -124,7 +124,7 @@ async fn subscribe_and_kick_from_the_command_line() {
     assert!(out.status.success() && stdout(&out).contains("0 new"), "{}", stdout(&out));
 
     let out = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", "2026-48"], "");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(64), "a malformed period is a bad value");
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a week period"));
     let out = run(
         &path,
@@ -160,7 +160,7 @@ async fn explicit_periods_are_checked_against_redis_time_and_the_retention() {
     let out = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", &week(7)], "");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", &week(21)], "");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(64), "a period far from now without the flag is a bad value");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-any-period"));
     let out =
         run(&path, &url, &["kick", "--campaign", "weekly_digest", "--period", &week(21), "--allow-any-period"], "");
@@ -496,4 +496,114 @@ async fn a_second_signal_exits_at_once_and_loses_nothing() {
         sealed += n;
     }
     assert!(sealed > 0);
+}
+
+/// Runs `cmd`, feeds it `stdin`, reads one line of its stdout and closes the pipe, as
+/// `| head -1` does; then waits. The exit status, that line, and stderr.
+fn read_one_line_and_close(
+    mut cmd: std::process::Command,
+    stdin: String,
+) -> (std::process::ExitStatus, String, String) {
+    use std::io::{BufRead, Read, Write};
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut input = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let _ = input.write_all(stdin.as_bytes());
+    });
+    let mut stderr = child.stderr.take().unwrap();
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut first).unwrap();
+    // The reader is gone: the rest of the output meets a closed pipe.
+    let status = child.wait().unwrap();
+    feeder.join().unwrap();
+    (status, first, errors.join().unwrap())
+}
+
+/// A command whose output is bigger than a pipe's buffer (64 KiB), so it is still
+/// writing when its reader has gone, run with the test's Redis and config.
+fn piped(config: &std::path::Path, redis: &str, args: &[&str]) -> std::process::Command {
+    let mut cmd = bin();
+    cmd.args(args).arg("--config").arg(config).env("MAILSTREAM_REDIS_URL", redis).env("RESEND_API_KEY", "re_cli_test");
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_closes_stdout_ends_a_read_only_command_quietly_and_a_writing_one_finishes() {
+    let redis = RedisServer::start(RedisOptions::default()).await.unwrap();
+    let url = redis.url();
+    let scheduled = ("time_zone = \"Asia/Tokyo\"", "time_zone = \"Asia/Tokyo\"\nschedule = \"0 9 * * MON\"");
+    let path = config_file("pipes.toml", &[TEST_REDIS, scheduled]);
+    let n = 1500;
+    let ndjson: String = (0..n).map(|i| format!("{{\"id\":\"p{i}\",\"email\":\"p{i}@acme.example\"}}\n")).collect();
+    let out = run(&path, &url, &["subscribe", "--ndjson", "-"], &ndjson);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&path, &url, &["kick", "--campaign", "weekly_digest"], "");
+    assert!(stdout(&out).contains(&format!("{n} new")), "{}", stdout(&out));
+    let mut config = mailstream::config::Config::load(&path).unwrap();
+    config.redis.url = mailstream::config::Secret::new(url.clone());
+    let store = mailstream::store::Store::open(&config).await.unwrap();
+    for i in 0..n {
+        let email = format!("gone{i}@acme.example");
+        let act = mailstream::audience::suppression::Act::Suppress(mailstream::model::outcome::Why::Bounced);
+        mailstream::audience::suppression::apply(&store, &config, &email, act, None).await.unwrap();
+    }
+
+    let limit = n.to_string();
+    let read_only: [&[&str]; 5] = [
+        &["deliveries", "--json", "--limit", &limit],
+        &["deliveries", "--limit", &limit],
+        &["suppressions", "list", "--json"],
+        &["suppressions", "list"],
+        &["schedule", "--next", "3000"],
+    ];
+    for args in read_only {
+        let (status, first, errors) = read_one_line_and_close(piped(&path, &url, args), String::new());
+        assert!(!first.is_empty(), "{args:?}: a first line");
+        assert_eq!(status.code(), Some(0), "{args:?} ends with 0 when its reader goes: {errors}");
+        assert!(errors.trim().is_empty(), "{args:?} ends quietly: {errors}");
+    }
+
+    // A command that writes: every item is enqueued though nobody read past the first
+    // result line, and it says so on stderr.
+    let items: String = (0..n)
+        .map(|i| format!("{{\"idempotency_key\":\"pipe-{i}\",\"to\":\"delivered@resend.dev\",\"subject\":\"s\",\"text\":\"t\"}}\n"))
+        .collect();
+    let (status, first, errors) =
+        read_one_line_and_close(piped(&path, &url, &["enqueue", "--ndjson", "-"]), items.clone());
+    assert!(first.contains("accepted"), "{first}");
+    assert_eq!(status.code(), Some(0), "{errors}");
+    assert!(errors.contains("stdout was closed") && !errors.contains("panicked"), "{errors}");
+    let again = run(&path, &url, &["enqueue", "--ndjson", "-", "--json"], &items);
+    let report: serde_json::Value = serde_json::from_str(stdout(&again).lines().last().unwrap()).unwrap();
+    assert_eq!((report["accepted"].as_u64(), report["duplicates"].as_u64()), (Some(0), Some(n as u64)), "all went in");
+}
+
+/// Every line a command prints goes through `cli::out`, which a closed pipe cannot panic.
+#[test]
+fn nothing_prints_to_stdout_but_through_the_one_writer() {
+    let mut found = Vec::new();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                for (n, line) in text.lines().enumerate() {
+                    let code = line.split("//").next().unwrap();
+                    let bare = code.replace("eprintln!", "").replace("eprint!", "");
+                    if bare.contains("println!") || bare.contains("print!(") {
+                        found.push(format!("{}:{}", path.display(), n + 1));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "print to stdout through cli::out (outln!): {found:?}");
 }

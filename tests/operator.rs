@@ -187,7 +187,12 @@ fn a_campaign_without_an_unsubscribe_link_is_refused_unless_it_says_so() {
         }
         cmd.args(args).arg("--config").arg(path).env("MAILSTREAM_REDIS_URL", "redis://127.0.0.1:1").output().unwrap()
     };
-    for args in [&["check-config"][..], &["run"], &["check-config", "--json"]] {
+    // What makes email refuses it too, before it reaches Redis (here unreachable): nothing
+    // is enqueued that run would refuse to send, nor previewed without its header.
+    let kick = ["kick", "--campaign", "weekly_digest"];
+    let preview = ["preview", "--campaign", "weekly_digest", "--subscriber", "u1"];
+    let enqueue = ["enqueue", "--key", "k1", "--to", "a@acme.example", "--subject", "s", "--text", "t"];
+    for args in [&["check-config"][..], &["run"], &["check-config", "--json"], &kick, &preview, &enqueue] {
         let out = check(&path, false, args);
         assert_eq!(out.status.code(), Some(78), "{args:?}: {}", stderr(&out));
         let err = stderr(&out);

@@ -42,17 +42,17 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
             let entries = list(&store, kind, limit).await?;
             for d in &entries {
                 if json {
-                    println!("{}", serde_json::to_string(d)?);
+                    crate::cli::outln!("{}", serde_json::to_string(d)?)?;
                 } else {
                     let at = chrono::DateTime::from_timestamp_millis(d.at_ms as i64).unwrap_or_default();
-                    println!(
+                    crate::cli::outln!(
                         "{}  {}  error={}  attempts={}  now={}",
                         at.format("%Y-%m-%dT%H:%M:%SZ"),
                         d.delivery,
                         d.error,
                         d.attempts,
                         d.state_now
-                    );
+                    )?;
                 }
             }
             if !json {

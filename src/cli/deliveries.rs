@@ -43,10 +43,10 @@ pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Resu
     let page = page(&store, &filter, cursor.as_deref()).await?;
     for r in &page.rows {
         if json {
-            println!("{}", serde_json::to_string(r)?);
+            crate::cli::outln!("{}", serde_json::to_string(r)?)?;
         } else {
             let events: Vec<&str> = r.events.keys().map(String::as_str).collect();
-            println!(
+            crate::cli::outln!(
                 "{}  {}  {}  {}  requests={}  settled={}  events={}",
                 r.id,
                 r.status,
@@ -55,7 +55,7 @@ pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Resu
                 r.sends,
                 r.settled_at.as_deref().unwrap_or("-"),
                 if events.is_empty() { "-".to_string() } else { events.join(",") },
-            );
+            )?;
         }
     }
     match &page.next {

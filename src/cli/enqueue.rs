@@ -74,7 +74,9 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     let refused = results.iter().filter(|r| r.is_refused()).count();
     for r in &results {
         match (json, r.is_refused()) {
-            (false, _) => println!("{}", serde_json::to_string(r)?),
+            (false, _) => {
+                let _ = crate::cli::outln!("{}", serde_json::to_string(r)?);
+            }
             (true, true) => eprintln!("{}", serde_json::to_string(r)?),
             (true, false) => {}
         }
@@ -82,12 +84,12 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     let accepted = results.iter().filter(|r| matches!(r, ItemResult::Accepted { .. })).count();
     let duplicates = results.iter().filter(|r| matches!(r, ItemResult::Duplicate { .. })).count();
     if json {
-        println!(
+        let _ = crate::cli::outln!(
             "{}",
             serde_json::json!({ "accepted": accepted, "duplicates": duplicates, "refused": refused, "results": results })
         );
     } else {
-        println!("{accepted} accepted, {duplicates} duplicates, {refused} refused");
+        let _ = crate::cli::outln!("{accepted} accepted, {duplicates} duplicates, {refused} refused");
     }
     Ok(if refused == 0 { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::from(1) })
 }

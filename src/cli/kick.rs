@@ -5,8 +5,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use anyhow::Context;
-
 use crate::audience::kick::{self, FanoutOptions, PeriodRule};
 use crate::audience::subscribers;
 use crate::config::Config;
@@ -18,7 +16,8 @@ pub struct Args {
     /// The campaign (as named in the config).
     #[arg(long)]
     campaign: String,
-    /// Period such as 2026-W48; default: the current one in the campaign's time zone.
+    /// Period such as 2026-W48, or previous, current or next (in the campaign's time
+    /// zone); default: the current one.
     #[arg(long)]
     period: Option<String>,
     /// `-`: fan out over NDJSON subscriber records on stdin (upserted first) instead of the registry.
@@ -33,7 +32,7 @@ pub struct Args {
     /// Write nothing: print how many deliveries would be new, already enqueued, not
     /// eligible (by reason), and per release hour for a local-hour campaign.
     #[arg(long, conflicts_with = "audience")]
-    dry_run: bool,
+    pub(crate) dry_run: bool,
     /// One JSON object on stdout (the lines for people go to stderr; no progress display).
     #[arg(long)]
     json: bool,
@@ -42,7 +41,9 @@ pub struct Args {
 /// Kicks (or dry-runs) the campaign period `args` name and prints what happened.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let Args { campaign, period, audience, allow_any_period, allow_empty, dry_run, json } = args;
-    let c = config.campaign(&campaign).with_context(|| format!("no [[campaign]] named {campaign:?} in the config"))?;
+    let c = config
+        .campaign(&campaign)
+        .ok_or_else(|| crate::cli::BadValue(format!("no [[campaign]] named {campaign:?} in the config")))?;
     let list = match audience {
         Some(source) => {
             let list = subscribers::parse_ndjson(&crate::cli::read_source(&source)?)?;

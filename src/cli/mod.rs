@@ -20,19 +20,17 @@ mod suppressions;
 mod upgrade;
 mod vapid_keys;
 
-use std::io::{IsTerminal, Read};
+use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogConfig, LogFormat};
 
-/// A value given on the command line that is refused (a usage error: the CLI exits 64).
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadValue(pub String);
+pub use crate::model::BadValue;
 
 /// Reads a file, or stdin for `-`.
 pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
@@ -45,6 +43,47 @@ pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
     }
 }
 
+/// Set once stdout's reader has gone (`| head -1`) or stdout cannot be written.
+static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
+/// Set when a write to stdout failed otherwise (not a reader gone): the output is lost,
+/// so the command does not exit 0.
+static STDOUT_FAILED: AtomicBool = AtomicBool::new(false);
+
+/// Stdout's reader has gone: what a read-only command had left to print has nobody to
+/// read it, so it stops there and exits 0, quietly. A command that writes to Redis
+/// ignores it and finishes its writes (see [`main`]).
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed")]
+pub(crate) struct StdoutClosed;
+
+/// One line on stdout, never a panic: once the reader has gone (EPIPE) this and every
+/// later line is dropped and [`StdoutClosed`] returned. Another write error (a full disk
+/// under a redirect) is said once on stderr and ends the output the same way.
+pub(crate) fn out(text: impl std::fmt::Display) -> Result<(), StdoutClosed> {
+    if STDOUT_CLOSED.load(Ordering::Relaxed) {
+        return Err(StdoutClosed);
+    }
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            if !STDOUT_CLOSED.swap(true, Ordering::Relaxed) && e.kind() != std::io::ErrorKind::BrokenPipe {
+                STDOUT_FAILED.store(true, Ordering::Relaxed);
+                eprintln!("error: writing to stdout: {e}");
+            }
+            Err(StdoutClosed)
+        }
+    }
+}
+
+/// `println!` that never panics: [`out`] with format arguments.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::out(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
 /// Where a command's report goes. With `--json`: the object (or one per line, where a
 /// command documents that) on stdout, and the lines for people on stderr, so stdout
 /// pipes into `jq`. Without: the lines on stdout and no JSON.
@@ -55,18 +94,20 @@ pub(crate) struct Report {
 
 impl Report {
     /// A line for people.
+    /// A line for people. (A closed stdout is not an error here: the commands that
+    /// report this way go on to the end of their work.)
     pub fn line(&self, text: impl std::fmt::Display) {
         if self.json {
             eprintln!("{text}");
         } else {
-            println!("{text}");
+            let _ = out(text);
         }
     }
 
     /// The machine's copy: printed with `--json` only, as one line.
     pub fn object(&self, value: &impl serde::Serialize) -> anyhow::Result<()> {
         if self.json {
-            println!("{}", serde_json::to_string(value)?);
+            let _ = out(serde_json::to_string(value)?);
         }
         Ok(())
     }
@@ -241,6 +282,31 @@ impl Command {
     }
 }
 
+impl Command {
+    /// Whether the command makes email (enqueues it, or shows it as it would be sealed):
+    /// it refuses what `run` refuses of the config beyond the file itself
+    /// ([`Config::check_sending`]). The rest skip that check: they read or change the
+    /// registry and the log, and an operator may need them while the config is being fixed.
+    fn makes_email(&self) -> bool {
+        matches!(self, Command::Kick { .. } | Command::Preview { .. } | Command::Enqueue { .. })
+    }
+
+    /// Whether the command only reads (Redis, files): one whose stdout is closed ends
+    /// quietly; one that writes says on stderr that its report was cut, not its writes.
+    fn reads_only(&self) -> bool {
+        use Command::*;
+        match self {
+            CheckConfig { .. } | Schedule { .. } | Preview { .. } | Deliveries { .. } => true,
+            Kick { args, .. } => args.dry_run,
+            DeadLetters { action, .. } => matches!(action, dead_letters::Command::List { .. }),
+            Suppressions { action, .. } => matches!(action, suppressions::Command::List { .. }),
+            Slo { args, .. } => !args.mail,
+            Run(_) | Subscribe { .. } | Enqueue { .. } | Resume { .. } | Upgrade(_) | VapidKeys { .. } => false,
+            Emulator(_) | Demo(_) => false,
+        }
+    }
+}
+
 /// The `mailstream` command: parses the arguments, sets up logging and runs the command.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -275,8 +341,22 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(execute(cli.command, preloaded)) {
+    let reads_only = cli.command.reads_only();
+    let result = runtime.block_on(execute(cli.command, preloaded));
+    if STDOUT_CLOSED.load(Ordering::Relaxed) && !reads_only {
+        eprintln!("note: stdout was closed before the whole report was printed; the writes went on to the end");
+    }
+    let failed = STDOUT_FAILED.load(Ordering::Relaxed);
+    match result {
+        Ok(_) if failed => ExitCode::FAILURE,
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<StdoutClosed>().is_some() => {
+            if failed {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
         Err(e) => {
             eprintln!("error: {e:#}");
             if e.downcast_ref::<crate::config::ConfigError>().is_some() {
@@ -301,6 +381,12 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
         (Some(_), Some(config)) => Some(config),
         (Some(path), None) => Some(Config::load(path)?),
     };
+    // Its refusals only: its warnings are check-config's and run's to say.
+    if let Some(config) = &config
+        && command.makes_email()
+    {
+        config.check_sending()?;
+    }
     let config = || config.expect("loaded for every command that reads it");
     match command {
         Command::Run(_) => run::command(config()).await,

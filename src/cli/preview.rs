@@ -18,7 +18,8 @@ pub struct Args {
     /// The subscriber's target (default: their first).
     #[arg(long)]
     target: Option<String>,
-    /// Default: the current period.
+    /// Period such as 2026-W48, or previous, current or next (in the campaign's time
+    /// zone); default: the current one.
     #[arg(long)]
     period: Option<String>,
     /// What to print: the text part with the subject and headers, the HTML part, or the
@@ -44,10 +45,11 @@ enum PreviewFormat {
 
 /// Prints the email a delivery would be sealed as now; exit 1 (and why) if it would not be sent.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
-    use anyhow::Context;
     let Args { campaign, subscriber, target, period, format, json } = args;
     let format = if json { PreviewFormat::Json } else { format };
-    let c = config.campaign(&campaign).with_context(|| format!("no campaign {campaign:?} in the config"))?;
+    let c = config
+        .campaign(&campaign)
+        .ok_or_else(|| crate::cli::BadValue(format!("no campaign {campaign:?} in the config")))?;
     let store = Store::open_read(config).await?;
     let rule = crate::audience::kick::PeriodRule::AnyWithinRetention;
     let period = crate::audience::kick::period_for(&store, c, period.as_deref(), rule).await?;
@@ -68,20 +70,20 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     };
     let value: serde_json::Value = serde_json::from_str(&email)?;
     match format {
-        PreviewFormat::Json => println!("{email}"),
-        PreviewFormat::Html => println!("{}", value["html"].as_str().unwrap_or("")),
+        PreviewFormat::Json => crate::cli::outln!("{email}")?,
+        PreviewFormat::Html => crate::cli::outln!("{}", value["html"].as_str().unwrap_or(""))?,
         PreviewFormat::Text => {
-            println!("delivery: {}", delivery.id());
+            crate::cli::outln!("delivery: {}", delivery.id())?;
             for field in ["from", "subject"] {
-                println!("{field}: {}", value[field].as_str().unwrap_or(""));
+                crate::cli::outln!("{field}: {}", value[field].as_str().unwrap_or(""))?;
             }
-            println!("to: {}", value["to"]);
+            crate::cli::outln!("to: {}", value["to"])?;
             if let Some(headers) = value["headers"].as_object() {
                 for (k, v) in headers {
-                    println!("{k}: {}", v.as_str().unwrap_or(""));
+                    crate::cli::outln!("{k}: {}", v.as_str().unwrap_or(""))?;
                 }
             }
-            println!("\n{}", value["text"].as_str().unwrap_or(""));
+            crate::cli::outln!("\n{}", value["text"].as_str().unwrap_or(""))?;
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -46,17 +46,17 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
             let entries = list(&store, email.as_deref()).await?;
             for e in &entries {
                 if json {
-                    println!("{}", serde_json::to_string(e)?);
+                    crate::cli::outln!("{}", serde_json::to_string(e)?)?;
                 } else {
                     let at = chrono::DateTime::from_timestamp_millis(e.at_ms as i64).unwrap_or_default();
                     let event = if e.event.is_empty() { String::new() } else { format!("  event={}", e.event) };
-                    println!(
+                    crate::cli::outln!(
                         "{}  {}  reason={}  source={}{event}",
                         at.format("%Y-%m-%dT%H:%M:%SZ"),
                         e.address_hash,
                         e.reason,
                         e.source
-                    );
+                    )?;
                 }
             }
             if !json {

@@ -11,16 +11,18 @@ pub async fn command(config: &Config) -> anyhow::Result<std::process::ExitCode> 
     let upgraded = store
         .upgrade_layout(config, async |store: &store::Store| {
             let n = crate::audience::subscribers::build_audience(store).await?;
-            println!("built the kick's audience: {n} subscribers entitled, subscribed and not suppressed");
+            let _ = crate::cli::outln!(
+                "built the kick's audience: {n} subscribers entitled, subscribed and not suppressed"
+            );
             Ok(())
         })
         .await?;
-    match upgraded {
-        Some(from) => println!(
+    let _ = match upgraded {
+        Some(from) => crate::cli::outln!(
             "upgraded from key layout {from} to {}; every campaign period's dedup is kept until its kick window ends",
             store::keys::LAYOUT
         ),
-        None => println!("nothing to upgrade: key layout {}", store::keys::LAYOUT),
-    }
+        None => crate::cli::outln!("nothing to upgrade: key layout {}", store::keys::LAYOUT),
+    };
     Ok(std::process::ExitCode::SUCCESS)
 }

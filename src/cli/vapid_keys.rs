@@ -17,7 +17,7 @@ pub fn command(out: &std::path::Path) -> anyhow::Result<std::process::ExitCode> 
         .open(out)
         .with_context(|| format!("creating {} (an existing file is never overwritten)", out.display()))?;
     writeln!(file, "{private}")?;
-    println!("{}", key.public);
+    let _ = crate::cli::outln!("{}", key.public);
     eprintln!("the private key is in {}; the public key above is the applicationServerKey", out.display());
     Ok(std::process::ExitCode::SUCCESS)
 }

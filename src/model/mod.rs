@@ -10,3 +10,9 @@ pub mod push_endpoint;
 pub mod svix;
 pub mod webpush;
 pub mod work;
+
+/// A value given by whoever runs a command (a flag, a period, a campaign's name) that
+/// is refused: a usage error, on which the CLI exits 64.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadValue(pub String);

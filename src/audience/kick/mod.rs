@@ -14,7 +14,7 @@ mod fanout;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
@@ -24,6 +24,7 @@ pub(crate) use self::fanout::LocalHour;
 pub use self::fanout::fan_out;
 use crate::audience::subscribers::{self, Subscriber};
 use crate::config::{CampaignConfig, Config};
+use crate::model::BadValue;
 use crate::model::work::{Channel, delivery_id};
 use crate::store::Store;
 use crate::store::scripts::{self, Enqueued, Fanout, FanoutOf, KickWindow};
@@ -74,6 +75,10 @@ pub enum PeriodRule {
     AnyWithinRetention,
 }
 
+/// The words `--period` takes beside an explicit period, in the campaign's zone: the
+/// period before the current one, the current one, the one after.
+pub const PERIOD_WORDS: [&str; 3] = ["previous", "current", "next"];
+
 /// The period a kick is for, judged at `now` (Redis's clock, so two kickers on either
 /// side of a period boundary agree): `explicit` if given and allowed, else the current
 /// one. Whether it may still be kicked at all is the kick window's to say
@@ -87,15 +92,21 @@ fn choose_period(
     let (kind, tz) = (campaign.period, campaign.tz());
     let current = kind.period_at(now, tz);
     let Some(p) = explicit else { return Ok(current) };
-    if kind.start(p, tz).is_none() {
-        bail!("--period {p:?} is not a {} period (expected e.g. {current})", kind.name());
-    }
     let near = [kind.previous(&current, tz), Some(current.clone()), kind.next(&current, tz)];
+    let word = PERIOD_WORDS.iter().position(|w| *w == p);
+    if let Some(i) = word {
+        return near[i].clone().ok_or_else(|| BadValue(format!("--period {p}: there is none")).into());
+    }
+    if kind.start(p, tz).is_none() {
+        let expected = format!("e.g. {current}, or {}", PERIOD_WORDS.join(", "));
+        return Err(BadValue(format!("--period {p:?} is not a {} period ({expected})", kind.name())).into());
+    }
     if rule == PeriodRule::NearNow && !near.iter().flatten().any(|n| n == p) {
-        bail!(
+        return Err(BadValue(format!(
             "--period {p} is not the current period ({current}), the one before or the one after; \
              pass --allow-any-period to kick it anyway"
-        );
+        ))
+        .into());
     }
     Ok(p.to_string())
 }
@@ -216,7 +227,9 @@ pub async fn kick_with(
 ) -> anyhow::Result<KickReport> {
     let mut report =
         KickReport { campaign: run.campaign.to_string(), period: run.period.to_string(), ..Default::default() };
-    let c = config.campaign(run.campaign).with_context(|| format!("no campaign {:?} in the config", run.campaign))?;
+    let c = config
+        .campaign(run.campaign)
+        .ok_or_else(|| BadValue(format!("no campaign {:?} in the config", run.campaign)))?;
     open_window(store, config, c, run.period).await?;
     match acquire(store, config, run, restart).await? {
         Fanout::Acquired { resumed, cursors } => fan_out(store, config, run, resumed, cursors, options).await,
@@ -418,6 +431,20 @@ mod tests {
         assert!(far.to_string().contains("--allow-any-period"), "{far}");
         assert!(choose_period(&c, Some("2026-W46"), PeriodRule::AnyWithinRetention, now).is_ok());
         assert!(choose_period(&c, Some("2027-W10"), PeriodRule::AnyWithinRetention, now).is_ok());
+    }
+
+    #[test]
+    fn the_period_words_name_the_periods_around_now_in_the_campaign_s_zone() {
+        // Monday 00:30 JST, still Sunday in UTC: "current" is Tokyo's week.
+        let (c, now) = (campaign(), at("2026-11-29T15:30:00Z"));
+        let named: Vec<String> =
+            PERIOD_WORDS.iter().map(|w| choose_period(&c, Some(w), PeriodRule::NearNow, now).unwrap()).collect();
+        assert_eq!(named, ["2026-W48", "2026-W49", "2026-W50"]);
+        let bad = choose_period(&c, Some("last"), PeriodRule::NearNow, now).unwrap_err();
+        assert!(
+            bad.downcast_ref::<BadValue>().is_some() && bad.to_string().contains("previous, current, next"),
+            "{bad}"
+        );
     }
 
     #[test]
