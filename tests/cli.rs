@@ -607,3 +607,36 @@ fn nothing_prints_to_stdout_but_through_the_one_writer() {
     }
     assert!(found.is_empty(), "print to stdout through cli::out (outln!): {found:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_that_read_or_maintain_refuse_a_prefix_with_no_deployment_and_write_nothing() {
+    let redis = RedisServer::start(RedisOptions::default()).await.unwrap();
+    let url = redis.url();
+    let path = config_file("fresh.toml", &[TEST_REDIS]);
+    let commands: [&[&str]; 9] = [
+        &["deliveries"],
+        &["dead-letters", "list"],
+        &["dead-letters", "retry", "weekly_digest:2026-W48:u1:default"],
+        &["suppressions", "list"],
+        &["resume"],
+        &["upgrade"],
+        &["preview", "--campaign", "weekly_digest", "--subscriber", "u1"],
+        &["kick", "--campaign", "weekly_digest", "--dry-run"],
+        &["deliveries", "--json"],
+    ];
+    let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    for args in commands {
+        let out = run(&path, &url, args, "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(78), "{args:?}: {err}");
+        assert!(err.contains("no deployment under prefix mailstream"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", stdout(&out));
+        let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(&mut conn).await.unwrap();
+        assert!(keys.is_empty(), "{args:?} wrote {keys:?}");
+    }
+    // A command that creates a deployment still does, and then they read it.
+    let out = run(&path, &url, &["subscribe", "--id", "u1", "--email", "a@acme.example"], "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&path, &url, &["deliveries"], "");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

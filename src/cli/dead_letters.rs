@@ -37,7 +37,7 @@ pub enum Command {
 pub async fn command(config: &crate::config::Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
     match command {
         Command::List { unknown, limit, json } => {
-            let store = Store::open_read(config).await?;
+            let store = Store::open_deployed(config).await?;
             let kind = if unknown { Kind::OutcomeUnknown } else { Kind::Failed };
             let entries = list(&store, kind, limit).await?;
             for d in &entries {
@@ -60,7 +60,7 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
             }
         }
         Command::Retry { ids, allow_unknown, json } => {
-            let store = Store::open(config).await?;
+            let store = Store::open_deployed(config).await?;
             let results = retry(&store, &ids, allow_unknown).await?;
             let out = crate::cli::Report { json };
             let mut refused = 0;

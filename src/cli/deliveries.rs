@@ -37,7 +37,7 @@ pub struct Args {
 /// Prints one page of the log and, on stderr, the cursor of the next.
 pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
     let Args { campaign, period, subscriber, statuses, since, limit, cursor, json } = args;
-    let store = Store::open_read(config).await?;
+    let store = Store::open_deployed(config).await?;
     let since = since.map(|s| parse_since(&s, Utc::now())).transpose()?;
     let filter = Filter { campaign, period, subscriber, statuses, since, limit };
     let page = page(&store, &filter, cursor.as_deref()).await?;

@@ -57,7 +57,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         }
         None => None,
     };
-    let store = if dry_run { Store::open_read(config).await? } else { Store::open(config).await? };
+    let store = if dry_run { Store::open_deployed(config).await? } else { Store::open(config).await? };
     let out = crate::cli::Report { json };
     let rule = if allow_any_period { PeriodRule::AnyWithinRetention } else { PeriodRule::NearNow };
     let period = kick::period_for(&store, c, period.as_deref(), rule).await?;

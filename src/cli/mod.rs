@@ -116,7 +116,7 @@ impl Report {
 /// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
 const AFTER_HELP: &str = "Exit codes: 0 done; 1 failed (or refused in part: see the message); \
 64 usage (an unknown command or flag, a bad value); 69 Redis unreachable or not answering; \
-78 configuration (unreadable or invalid config, a secret file that cannot be read). \
+78 configuration (unreadable or invalid config, a secret file that cannot be read, no deployment under the prefix). \
 `mailstream slo` exits 3 when an objective is breached and 4 when it cannot be evaluated.";
 
 #[derive(Parser)]
@@ -359,7 +359,9 @@ pub fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("error: {e:#}");
-            if e.downcast_ref::<crate::config::ConfigError>().is_some() {
+            if e.downcast_ref::<crate::config::ConfigError>().is_some()
+                || e.downcast_ref::<crate::store::NoDeployment>().is_some()
+            {
                 ExitCode::from(exit::CONFIG)
             } else if e.downcast_ref::<crate::audience::kick::PeriodClosed>().is_some()
                 || e.downcast_ref::<BadValue>().is_some()

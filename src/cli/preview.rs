@@ -50,7 +50,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     let c = config
         .campaign(&campaign)
         .ok_or_else(|| crate::cli::BadValue(format!("no campaign {campaign:?} in the config")))?;
-    let store = Store::open_read(config).await?;
+    let store = Store::open_deployed(config).await?;
     let rule = crate::audience::kick::PeriodRule::AnyWithinRetention;
     let period = crate::audience::kick::period_for(&store, c, period.as_deref(), rule).await?;
     let target = match target {

@@ -42,7 +42,7 @@ pub enum Command {
 pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
     match command {
         Command::List { email, json } => {
-            let store = Store::open_read(config).await?;
+            let store = Store::open_deployed(config).await?;
             let entries = list(&store, email.as_deref()).await?;
             for e in &entries {
                 if json {

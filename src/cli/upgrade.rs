@@ -6,7 +6,7 @@ use crate::store;
 /// `mailstream upgrade`: moves an earlier key layout to this version's (every
 /// instance stopped), building the kick's audience index where the layout lacks it.
 pub async fn command(config: &Config) -> anyhow::Result<std::process::ExitCode> {
-    let store = store::Store::connect(config).await?;
+    let store = store::Store::connect_deployed(config).await?;
     store.check_version().await?;
     let upgraded = store
         .upgrade_layout(config, async |store: &store::Store| {

@@ -57,10 +57,25 @@ pub struct Store {
     wait_replicas: u32,
 }
 
+/// A prefix with no deployment, met by a command that only reads or maintains one (a
+/// configuration mistake: the CLI exits 78).
+#[derive(Debug, thiserror::Error)]
+#[error("no deployment under prefix {prefix} (no {prefix}:meta): is redis.prefix or redis.url mistyped?")]
+pub struct NoDeployment {
+    pub prefix: String,
+}
+
 impl Store {
     /// Connects and checks that Redis answers, in one clear error if not.
     pub async fn connect(config: &Config) -> anyhow::Result<Store> {
         Store::connect_for(config, Access::Write).await
+    }
+
+    /// [`Store::connect`] of a deployment that exists, whatever its layout (`upgrade`'s):
+    /// [`NoDeployment`] otherwise, and nothing written.
+    pub async fn connect_deployed(config: &Config) -> anyhow::Result<Store> {
+        Store::connect_for(config, Access::Read).await?.require_deployed().await?;
+        Store::connect(config).await
     }
 
     /// [`Store::connect`]; a reader makes no salt where the deployment has none yet
@@ -161,6 +176,23 @@ impl Store {
         store.check_version().await?;
         store.check_partitions(access).await?;
         Ok(store)
+    }
+
+    /// [`Store::open_read`] of a deployment that exists, for a command that only reads or
+    /// maintains one: on a prefix with none (a mistyped `redis.prefix` or `redis.url`)
+    /// it is refused with [`NoDeployment`], and nothing is written.
+    pub async fn open_deployed(config: &Config) -> anyhow::Result<Store> {
+        let store = Store::open_read(config).await?;
+        store.require_deployed().await?;
+        Ok(store)
+    }
+
+    /// [`NoDeployment`] unless this prefix holds a deployment.
+    pub async fn require_deployed(&self) -> anyhow::Result<()> {
+        match self.deployed().await? {
+            true => Ok(()),
+            false => Err(NoDeployment { prefix: self.keys.prefix().to_string() }.into()),
+        }
     }
 
     /// Whether this prefix holds a deployment (its `meta` exists).
