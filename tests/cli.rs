@@ -326,6 +326,16 @@ async fn the_operator_commands_do_what_the_readme_says() {
     let upgraded = run(&path, &url, &["upgrade"], "");
     assert!(stdout(&upgraded).contains("upgraded from key layout 6 to 8"), "{}", stdout(&upgraded));
     assert!(run(&path, &url, &["resume"], "").status.success());
+    // With --json: one object on stdout, the lines for people on stderr.
+    let _: () =
+        redis::cmd("HSET").arg(world.store.keys.meta()).arg("layout").arg(6).query_async(&mut conn).await.unwrap();
+    let upgraded = run(&path, &url, &["upgrade", "--json"], "");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&upgraded)).expect("one JSON object");
+    assert_eq!(report, serde_json::json!({"upgraded_from": 6, "layout": 8, "audience_subscribers": null}));
+    assert!(String::from_utf8_lossy(&upgraded.stderr).contains("upgraded from key layout 6 to 8"));
+    let again = run(&path, &url, &["upgrade", "--json"], "");
+    let report: serde_json::Value = serde_json::from_str(&stdout(&again)).expect("one JSON object");
+    assert_eq!(report["upgraded_from"], serde_json::Value::Null, "{report}");
     let _ = std::fs::remove_file(ndjson);
 }
 

@@ -365,7 +365,14 @@ async fn subscriptions_come_by_the_ingest_api_and_the_cli_and_are_never_quoted()
     assert_eq!(VapidKey::parse(private.trim()).unwrap().public, public.trim());
     assert!(!public.contains(private.trim()));
     let again = common::cli::bin().args(["vapid-keys", "--out"]).arg(&file).output().unwrap();
-    assert!(!again.status.success(), "an existing key file is never overwritten");
+    assert_eq!(again.status.code(), Some(73), "an existing key file is never overwritten (EX_CANTCREAT)");
+    assert!(again.stdout.is_empty());
+    std::fs::remove_file(&file).unwrap();
+    let out = common::cli::bin().args(["vapid-keys", "--json", "--out"]).arg(&file).output().unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    let private = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(report["public_key"].as_str(), Some(VapidKey::parse(private.trim()).unwrap().public.as_str()));
+    assert_eq!(report["private_key_file"].as_str(), file.to_str());
     std::fs::remove_file(&file).unwrap();
 }
 

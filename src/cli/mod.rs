@@ -43,6 +43,12 @@ pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
     }
 }
 
+/// An output file that cannot be created (it exists, or its folder does not): the CLI
+/// exits 73, as sysexits.h's EX_CANTCREAT.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CannotCreate(pub String);
+
 /// Set once stdout's reader has gone (`| head -1`) or stdout cannot be written.
 static STDOUT_CLOSED: AtomicBool = AtomicBool::new(false);
 /// Set when a write to stdout failed otherwise (not a reader gone): the output is lost,
@@ -116,6 +122,7 @@ impl Report {
 /// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
 const AFTER_HELP: &str = "Exit codes: 0 done; 1 failed (or refused in part: see the message); \
 64 usage (an unknown command or flag, a bad value); 69 Redis unreachable or not answering; \
+73 an output file cannot be created; \
 78 configuration (unreadable or invalid config, a secret file that cannot be read, no deployment under the prefix). \
 `mailstream slo` exits 3 when an objective is breached and 4 when it cannot be evaluated.";
 
@@ -221,7 +228,15 @@ enum Command {
     /// builds the kick's audience index from the subscriber records; settled records of an
     /// earlier layout stay as they are and expire with the retention. Stop every instance
     /// first.
-    Upgrade(At),
+    Upgrade {
+        #[command(flatten)]
+        at: At,
+        /// One JSON object on stdout: `upgraded_from` (the layout before, or null when
+        /// there was nothing to upgrade), `layout`, `audience_subscribers` (when the
+        /// kick's audience was built, else null).
+        #[arg(long)]
+        json: bool,
+    },
     /// Look at, add and lift address suppressions (bounces, complaints, by hand).
     Suppressions {
         #[command(flatten)]
@@ -248,6 +263,10 @@ enum Command {
         /// Where the private key goes (refused if it exists).
         #[arg(long)]
         out: PathBuf,
+        /// One JSON object on stdout: `public_key` and `private_key_file` (without it,
+        /// only the public key is printed).
+        #[arg(long)]
+        json: bool,
     },
     /// Run the Resend emulator.
     Emulator(emulator::Args),
@@ -259,6 +278,7 @@ enum Command {
 mod exit {
     pub const USAGE: u8 = 64;
     pub const UNAVAILABLE: u8 = 69;
+    pub const CANNOT_CREATE: u8 = 73;
     pub const CONFIG: u8 = 78;
 }
 
@@ -267,8 +287,8 @@ impl Command {
     fn config_path(&self) -> Option<&PathBuf> {
         use Command::*;
         match self {
-            Run(at) | Upgrade(at) => Some(&at.config),
-            CheckConfig { at, .. } | Resume { at, .. } => Some(&at.config),
+            Run(at) => Some(&at.config),
+            CheckConfig { at, .. } | Resume { at, .. } | Upgrade { at, .. } => Some(&at.config),
             Subscribe { at, .. }
             | Enqueue { at, .. }
             | Kick { at, .. }
@@ -301,7 +321,7 @@ impl Command {
             DeadLetters { action, .. } => matches!(action, dead_letters::Command::List { .. }),
             Suppressions { action, .. } => matches!(action, suppressions::Command::List { .. }),
             Slo { args, .. } => !args.mail,
-            Run(_) | Subscribe { .. } | Enqueue { .. } | Resume { .. } | Upgrade(_) | VapidKeys { .. } => false,
+            Run(_) | Subscribe { .. } | Enqueue { .. } | Resume { .. } | Upgrade { .. } | VapidKeys { .. } => false,
             Emulator(_) | Demo(_) => false,
         }
     }
@@ -367,6 +387,8 @@ pub fn main() -> ExitCode {
                 || e.downcast_ref::<BadValue>().is_some()
             {
                 ExitCode::from(exit::USAGE)
+            } else if e.downcast_ref::<CannotCreate>().is_some() {
+                ExitCode::from(exit::CANNOT_CREATE)
             } else if crate::store::unavailable(&e) {
                 ExitCode::from(exit::UNAVAILABLE)
             } else {
@@ -401,11 +423,11 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
         Command::DeadLetters { action, .. } => dead_letters::command(&config(), action).await,
         Command::Deliveries { args, .. } => deliveries::command(&config(), args).await,
         Command::Resume { json, .. } => resume::command(&config(), json).await,
-        Command::Upgrade(_) => upgrade::command(&config()).await,
+        Command::Upgrade { json, .. } => upgrade::command(&config(), json).await,
         Command::Suppressions { action, .. } => suppressions::command(&config(), action).await,
         Command::Slo { args, .. } if args.mail => slo::mail(&config(), args.json).await,
         Command::Slo { args, .. } => slo::command(&config(), args).await,
-        Command::VapidKeys { out } => vapid_keys::command(&out),
+        Command::VapidKeys { out, json } => vapid_keys::command(&out, json),
         Command::Emulator(args) => emulator::command(args).await,
         Command::Demo(args) => demo::command(args).await,
     }
