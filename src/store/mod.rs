@@ -7,6 +7,7 @@
 
 pub mod conn;
 mod counts;
+mod deployment;
 pub mod history;
 pub mod keys;
 pub mod redis_server;
@@ -21,6 +22,7 @@ use redis::aio::ConnectionLike;
 use self::conn::Backend;
 pub use self::conn::Conn;
 pub use self::counts::Counts;
+pub use self::deployment::NoDeployment;
 use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
 
@@ -57,25 +59,10 @@ pub struct Store {
     wait_replicas: u32,
 }
 
-/// A prefix with no deployment, met by a command that only reads or maintains one (a
-/// configuration mistake: the CLI exits 78).
-#[derive(Debug, thiserror::Error)]
-#[error("no deployment under prefix {prefix} (no {prefix}:meta): is redis.prefix or redis.url mistyped?")]
-pub struct NoDeployment {
-    pub prefix: String,
-}
-
 impl Store {
     /// Connects and checks that Redis answers, in one clear error if not.
     pub async fn connect(config: &Config) -> anyhow::Result<Store> {
         Store::connect_for(config, Access::Write).await
-    }
-
-    /// [`Store::connect`] of a deployment that exists, whatever its layout (`upgrade`'s):
-    /// [`NoDeployment`] otherwise, and nothing written.
-    pub async fn connect_deployed(config: &Config) -> anyhow::Result<Store> {
-        Store::connect_for(config, Access::Read).await?.require_deployed().await?;
-        Store::connect(config).await
     }
 
     /// [`Store::connect`]; a reader makes no salt where the deployment has none yet
@@ -178,49 +165,11 @@ impl Store {
         Ok(store)
     }
 
-    /// [`Store::open_read`] of a deployment that exists, for a command that only reads or
-    /// maintains one: on a prefix with none (a mistyped `redis.prefix` or `redis.url`)
-    /// it is refused with [`NoDeployment`], and nothing is written.
-    pub async fn open_deployed(config: &Config) -> anyhow::Result<Store> {
-        let store = Store::open_read(config).await?;
-        store.require_deployed().await?;
-        Ok(store)
-    }
-
-    /// [`NoDeployment`] unless this prefix holds a deployment.
-    pub async fn require_deployed(&self) -> anyhow::Result<()> {
-        match self.deployed().await? {
-            true => Ok(()),
-            false => Err(NoDeployment { prefix: self.keys.prefix().to_string() }.into()),
-        }
-    }
-
-    /// Whether this prefix holds a deployment (its `meta` exists).
-    pub async fn deployed(&self) -> anyhow::Result<bool> {
-        let mut conn = self.conn().await?;
-        Ok(conn.exists(self.keys.meta()).await?)
-    }
-
     /// Redis's clock (`TIME`): the one clock for leases, pauses, periods and releases.
     pub async fn time(&self) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
         let mut conn = self.conn().await?;
         let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
         chrono::DateTime::from_timestamp(secs, (micros * 1000) as u32).context("Redis TIME is out of range")
-    }
-
-    /// When this deployment's scheduler first looked (`<prefix>:meta` `first_run_ms`,
-    /// Redis-clock ms): `at` if no `run` had looked before, else what the first one
-    /// recorded. A fire before it was never a daemon's to send, so it is not "missed".
-    pub async fn first_run(&self, at: chrono::DateTime<chrono::Utc>) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
-        let mut conn = self.conn().await?;
-        let meta = self.keys.meta();
-        let (_, first): (bool, i64) = redis::pipe()
-            .atomic()
-            .hset_nx(&meta, "first_run_ms", at.timestamp_millis())
-            .hget(&meta, "first_run_ms")
-            .query_async(&mut conn)
-            .await?;
-        chrono::DateTime::from_timestamp_millis(first).context("first_run_ms is out of range")
     }
 
     /// Refuses a Redis older than 7.0 (the scripts use `EXPIRE … NX`, `XAUTOCLAIM`'s
