@@ -4,7 +4,9 @@
 //! `sh`, against the shipped `config.toml`, with the variables the README exports set,
 //! a private Redis (append-only, as production runs it) and the Resend emulator.
 //! `mailstream run` is started in the background where the README starts it and
-//! stopped at the end.
+//! stopped at the end. A line that pipes into `mailstream` runs too, with the program
+//! it reads from defined where the document defines it, as a one-line shell function
+//! (`app_export() { … }`) that the lines after it see.
 //!
 //! What a reader fills in, and only that, is filled in here: the config's path
 //! (`/etc/mailstream/config.toml`) and the credentials' folder, the public listener's address
@@ -42,11 +44,19 @@ const DOCS: [&str; 7] = [
     "docs/architecture.md",
 ];
 
-/// One command line of a document.
+/// One command line of a document, or a shell function it defines for the lines after.
 #[derive(Debug)]
 struct Documented {
     at: String,
     line: String,
+    definition: bool,
+}
+
+/// Whether `command` defines a shell function on one line: `name() { …; }`.
+fn defines_a_function(command: &str) -> bool {
+    command.split_once("() {").is_some_and(|(name, _)| {
+        !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
 /// The command lines of `file`'s fenced code blocks. In a block that shows a
@@ -71,10 +81,15 @@ fn documented(file: &str) -> Vec<Documented> {
                         let Some((_, more)) = lines.next() else { break };
                         command = format!("{command}\n{more}");
                     }
-                    // After any `NAME=value` assignments, as in `CREDENTIALS_DIRECTORY=… mailstream …`.
-                    let program = command.split_whitespace().find(|w| !w.contains('=')).unwrap_or("");
-                    if program == "mailstream" || program == "curl" {
-                        found.push(Documented { at: format!("{file}:{}", n + 1), line: command });
+                    // After any `NAME=value` assignments, as in `CREDENTIALS_DIRECTORY=… mailstream …`,
+                    // in any stage of a pipe (`app_export | mailstream kick …`).
+                    let runs = command.split(" | ").any(|stage| {
+                        let program = stage.split_whitespace().find(|w| !w.contains('=')).unwrap_or("");
+                        program == "mailstream" || program == "curl"
+                    });
+                    let definition = defines_a_function(&command);
+                    if runs || definition {
+                        found.push(Documented { at: format!("{file}:{}", n + 1), line: command, definition });
                     }
                 }
             }
@@ -187,9 +202,19 @@ async fn every_documented_command_line_runs_as_written() {
         cmd
     };
 
+    assert!(
+        lines.iter().any(|l| l.line.starts_with("app_export | mailstream")),
+        "the line that pipes an export into a kick is found"
+    );
     let mut daemon: Option<Logged> = None;
-    for Documented { at, line } in &lines {
+    let mut functions = String::new();
+    for Documented { at, line, definition } in &lines {
         if line.contains("needs systemd") || line.contains("needs the real provider") {
+            continue;
+        }
+        if *definition {
+            functions.push_str(line);
+            functions.push('\n');
             continue;
         }
         let line = filled(line);
@@ -202,7 +227,7 @@ async fn every_documented_command_line_runs_as_written() {
             continue;
         }
         let out = tokio::task::spawn_blocking({
-            let mut cmd = shell(&line);
+            let mut cmd = shell(&format!("{functions}{line}"));
             move || cmd.output().unwrap()
         })
         .await
