@@ -27,8 +27,9 @@ pub struct Listeners {
 impl Listeners {
     /// Binds what the config asks for.
     pub async fn bind(config: &Config) -> anyhow::Result<Listeners> {
-        let metrics = server::bind(config.http.metrics_listen, "metrics").await?;
-        Ok(Listeners { metrics, public: server::bind(config.http.public_listen, "public").await? })
+        let retry = Duration::from_secs(config.http.bind_retry_seconds);
+        let metrics = server::bind(config.http.metrics_listen, "metrics", retry).await?;
+        Ok(Listeners { metrics, public: server::bind(config.http.public_listen, "public", retry).await? })
     }
 }
 
@@ -54,12 +55,42 @@ pub async fn run(config: Config, listeners: Listeners, shutdown: Shutdown) -> an
 
 /// [`run`] with options.
 pub async fn run_with(config: Config, listeners: Listeners, shutdown: Shutdown, o: RunOptions) -> anyhow::Result<()> {
+    let checked = check(&config, o.seed).await?;
+    serve(config, checked, listeners, shutdown, o).await
+}
+
+/// What the checks a daemon starts with found, and what they built.
+pub struct Checked {
+    /// Redis's persistence may lose a seal, and `redis.durability = "relaxed"` accepts it.
+    relaxed: bool,
+    renderer: crate::audience::render::Renderer,
+    sender: crate::send::request::Sender,
+}
+
+/// Everything a daemon refuses to start on, checked before it writes anything (a
+/// refused start leaves Redis as it was): the config, Redis's version and persistence,
+/// the deployment's layout and partition count, the templates, the Resend key.
+pub async fn check(config: &Config, seed: Option<u64>) -> anyhow::Result<Checked> {
     config.validate()?;
-    let (store, relaxed) = store::Store::open_for_daemon(&config).await?;
+    let relaxed = store::Store::check_for_daemon(config).await?;
+    let renderer = crate::audience::render::Renderer::of(config).context("compiling templates")?;
+    let sender = crate::send::request::Sender::from_config(config, seed)?;
+    Ok(Checked { relaxed, renderer, sender })
+}
+
+/// Runs the daemon a [`check`] passed: claims the deployment (its meta, its streams'
+/// groups), loads the scripts, and serves until `shutdown`.
+pub async fn serve(
+    config: Config,
+    checked: Checked,
+    listeners: Listeners,
+    shutdown: Shutdown,
+    o: RunOptions,
+) -> anyhow::Result<()> {
+    let Checked { relaxed, renderer, sender } = checked;
+    let store = store::Store::open_for_daemon(&config).await?;
     let scripts =
         store::scripts::load_all(&mut store.conn().await?).await.context("loading the Lua scripts into Redis")?;
-    let renderer = crate::audience::render::Renderer::of(&config).context("compiling templates")?;
-    let sender = crate::send::request::Sender::from_config(&config, o.seed)?;
     let batcher = Arc::new(queue::Batcher::from_config(&config));
     let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
     let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));

@@ -17,9 +17,12 @@ use mailstream::tools::emulator::{EmulatorConfig, Faults};
 #[test]
 fn check_config_accepts_the_shipped_file() {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config.toml");
-    let out = bin().args(["check-config", "--config"]).arg(&path).output().unwrap();
+    // With the secrets the README exports; `--offline` without the Resend key.
+    let out = bin().args(["check-config", "--config"]).arg(&path).env("RESEND_API_KEY", "re_x").output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout(&out).contains(": ok"));
+    let out = bin().args(["check-config", "--offline", "--config"]).arg(&path).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 #[test]
@@ -69,9 +72,11 @@ async fn a_redis_that_may_lose_writes_is_refused_unless_relaxed() {
     let redis = RedisServer::start(RedisOptions::default()).await.unwrap();
     let strict = config_file("strict.toml", &[ANY_METRICS_PORT]);
     let out = run(&strict, &redis.url(), &["run"], "");
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(78), "a configuration refusal: {}", String::from_utf8_lossy(&out.stderr));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("appendonly no") && err.contains("redis.durability = \"relaxed\""), "{err}");
+    let last: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).expect("the last log line is JSON");
+    let said = last["message"].as_str().unwrap();
+    assert!(said.contains("appendonly no") && said.contains("redis.durability = \"relaxed\""), "{err}");
 
     // The same Redis with append-only persistence and fsync always is accepted.
     let durable = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await.unwrap();
@@ -116,9 +121,9 @@ async fn subscribe_and_kick_from_the_command_line() {
     );
     assert!(stdout(&out).contains("1 new, 1 duplicates"), "{}", stdout(&out));
 
-    // A failed export is not a silent success.
+    // A failed export is not a silent success: refused input data (65).
     let out = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--audience", "-"], "");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(65));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is empty"), "{}", String::from_utf8_lossy(&out.stderr));
     let out = run(&path, &url, &["kick", "--campaign", "weekly_digest", "--audience", "-", "--allow-empty"], "");
     assert!(out.status.success() && stdout(&out).contains("0 new"), "{}", stdout(&out));
@@ -242,7 +247,8 @@ async fn the_operator_commands_do_what_the_readme_says() {
     let preview = run(&path, &url, &["preview", "--campaign", "weekly_digest", "--subscriber", "u43"], "");
     assert!(stdout(&preview).contains("subject: Your weekly digest"), "{}", stdout(&preview));
     let not_entitled = run(&path, &url, &["preview", "--campaign", "weekly_digest", "--subscriber", "u42"], "");
-    assert!(stdout(&not_entitled).contains("would not be sent: not_entitled"), "{}", stdout(&not_entitled));
+    let refusal = String::from_utf8_lossy(&not_entitled.stderr);
+    assert!(refusal.contains("would not be sent: not_entitled") && not_entitled.stdout.is_empty(), "{refusal}");
     let kicked = run(&path, &url, &["kick", "--campaign", "weekly_digest"], "");
     assert!(stdout(&kicked).contains("1 new"), "{}", stdout(&kicked));
 

@@ -185,6 +185,7 @@ fn a_campaign_without_an_unsubscribe_link_is_refused_unless_it_says_so() {
         if !secret {
             cmd.env_remove("MAILSTREAM_UNSUBSCRIBE_SECRET");
         }
+        cmd.env("RESEND_API_KEY", "re_operator_test");
         cmd.args(args).arg("--config").arg(path).env("MAILSTREAM_REDIS_URL", "redis://127.0.0.1:1").output().unwrap()
     };
     // What makes email refuses it too, before it reaches Redis (here unreachable): nothing
@@ -201,7 +202,9 @@ fn a_campaign_without_an_unsubscribe_link_is_refused_unless_it_says_so() {
     // With --json, the object still says what is on, and why it is refused.
     let report = one_object(&[], &check(&path, false, &["check-config", "--json"]));
     assert_eq!((report["ok"].as_bool(), report["features"]["unsubscribe"]["on"].as_bool()), (Some(false), Some(false)));
-    assert!(report["errors"][0].as_str().unwrap().contains("one_click_unsubscribe = false"), "{report}");
+    assert_eq!(report["errors"][0]["key"], "campaign[0]", "{report}");
+    assert!(report["errors"][0]["message"].as_str().unwrap().contains("one_click_unsubscribe = false"), "{report}");
+    assert!(report["errors"][0]["line"].as_u64().is_some(), "the line of its [[campaign]]: {report}");
 
     // One-click on: the feature names where its secret came from; http is a warning.
     let out = check(&path, true, &["check-config", "--json"]);

@@ -65,8 +65,13 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
             let out = crate::cli::Report { json };
             let mut refused = 0;
             for (id, result) in &results {
-                out.line(format_args!("{id}: {result}"));
-                refused += usize::from(*result != Requeue::Requeued);
+                if *result == Requeue::Requeued {
+                    out.line(format_args!("{id}: {result}"));
+                } else {
+                    // A refusal: on stderr, with or without --json.
+                    eprintln!("{id}: {result}");
+                    refused += 1;
+                }
             }
             let results: Vec<_> = results
                 .iter()

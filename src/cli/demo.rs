@@ -30,7 +30,10 @@ pub struct Args {
 /// Runs the demo on stdout; exit 1 if it found a problem.
 pub async fn command(args: Args) -> anyhow::Result<std::process::ExitCode> {
     let Args { subscribers, rps, json, redis_url, scheduled, channels } = args;
-    let channels = channels.map(|c| channels::parse(&c)).transpose().map_err(|e| anyhow::anyhow!("--channels: {e}"))?;
+    let channels = channels
+        .map(|c| channels::parse(&c))
+        .transpose()
+        .map_err(|e| crate::cli::BadValue(format!("--channels: {e}")))?;
     let opts = DemoOptions { subscribers, rps, redis_url, scheduled, channels, ..Default::default() };
     // With --json, stdout holds the one object and the progress goes to stderr.
     let report =

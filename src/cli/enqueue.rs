@@ -41,25 +41,31 @@ pub struct Args {
 
 /// Enqueues the items `args` name, in chunks of `MAX_ITEMS`; exit 1 if any was refused.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
-    use anyhow::Context;
     let Args { key, to, subscriber, template, subject, html, text, data, ndjson, json } = args;
     let items: Vec<serde_json::Value> = match ndjson {
         Some(source) => crate::cli::read_source(&source)?
             .lines()
             .enumerate()
             .filter(|(_, l)| !l.trim().is_empty())
-            .map(|(n, l)| serde_json::from_str(l).with_context(|| format!("line {}: not JSON", n + 1)))
-            .collect::<anyhow::Result<_>>()?,
+            .map(|(n, l)| {
+                serde_json::from_str(l).map_err(|e| crate::model::BadData(format!("line {}: not JSON: {e}", n + 1)))
+            })
+            .collect::<Result<_, _>>()?,
         None => {
-            let data: Option<serde_json::Value> =
-                data.map(|d| serde_json::from_str(&d).context("--data: not JSON")).transpose()?;
+            let data: Option<serde_json::Value> = data
+                .map(|d| serde_json::from_str(&d).map_err(|e| crate::cli::BadValue(format!("--data: not JSON: {e}"))))
+                .transpose()?;
             let mut item = serde_json::json!({ "idempotency_key": key, "to": to, "subscriber": subscriber,
                 "template": template, "subject": subject, "html": html, "text": text, "data": data });
             item.as_object_mut().expect("an object").retain(|_, v| !v.is_null());
             vec![item]
         }
     };
-    anyhow::ensure!(items.len() <= MAX_ITEMS * 100, "at most {} items per call", MAX_ITEMS * 100);
+    if items.len() > MAX_ITEMS * 100 {
+        return Err(
+            crate::model::BadData(format!("{} items: at most {} per call", items.len(), MAX_ITEMS * 100)).into()
+        );
+    }
     let store = Store::open(config).await?;
     let mut results = Vec::with_capacity(items.len());
     let mut items = items.into_iter().peekable();
@@ -72,13 +78,20 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
         }
     }
     let refused = results.iter().filter(|r| r.is_refused()).count();
+    // Refusals on stderr; with --json the results are in the object, else a line each.
     for r in &results {
-        match (json, r.is_refused()) {
-            (false, _) => {
-                let _ = crate::cli::outln!("{}", serde_json::to_string(r)?);
+        match r {
+            ItemResult::Accepted { index, delivery } if !json => {
+                let _ = crate::cli::outln!("item {}: accepted, delivery {delivery}", index + 1);
             }
-            (true, true) => eprintln!("{}", serde_json::to_string(r)?),
-            (true, false) => {}
+            ItemResult::Duplicate { index, delivery } if !json => {
+                let _ = crate::cli::outln!("item {}: duplicate of delivery {delivery}, nothing new", index + 1);
+            }
+            ItemResult::Conflict { index, delivery, error } => {
+                eprintln!("item {}: refused: {error} (delivery {delivery})", index + 1);
+            }
+            ItemResult::Invalid { index, field, error } => eprintln!("item {}: refused: {field}: {error}", index + 1),
+            ItemResult::Accepted { .. } | ItemResult::Duplicate { .. } => {}
         }
     }
     let accepted = results.iter().filter(|r| matches!(r, ItemResult::Accepted { .. })).count();

@@ -48,19 +48,23 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         Some(source) => {
             let list = subscribers::parse_ndjson(&crate::cli::read_source(&source)?)?;
             if list.is_empty() && !allow_empty {
-                anyhow::bail!(
+                return Err(crate::model::BadData(format!(
                     "the audience on {source} is empty (a failed export?); nothing was enqueued. \
                      Pass --allow-empty if an empty audience is expected"
-                );
+                ))
+                .into());
             }
             Some(list)
         }
         None => None,
     };
-    let store = if dry_run { Store::open_deployed(config).await? } else { Store::open(config).await? };
-    let out = crate::cli::Report { json };
+    // The period is judged before anything is written: a refused kick leaves a fresh
+    // prefix as it was.
+    let reader = if dry_run { Store::open_deployed(config).await? } else { Store::open_read(config).await? };
     let rule = if allow_any_period { PeriodRule::AnyWithinRetention } else { PeriodRule::NearNow };
-    let period = kick::period_for(&store, c, period.as_deref(), rule).await?;
+    let period = kick::period_for(&reader, c, period.as_deref(), rule).await?;
+    let store = if dry_run { reader } else { Store::open(config).await? };
+    let out = crate::cli::Report { json };
     if dry_run {
         let d = kick::dry_run(&store, config, &campaign, &period).await?;
         out.line(format_args!(

@@ -9,6 +9,8 @@ mod deliveries;
 mod demo;
 mod emulator;
 mod enqueue;
+pub mod exit;
+mod generate;
 mod kick;
 mod preview;
 mod resume;
@@ -25,23 +27,33 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, LogConfig, LogFormat};
 
 pub use crate::model::BadValue;
 
-/// Reads a file, or stdin for `-`.
+/// Reads a file, or stdin for `-`: [`NoInput`] when it cannot be read, [`BadData`]
+/// when it is not UTF-8.
 pub(crate) fn read_source(source: &str) -> anyhow::Result<String> {
-    if source == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).context("reading stdin")?;
-        Ok(text)
+    let mut bytes = Vec::new();
+    let read = if source == "-" {
+        std::io::stdin().read_to_end(&mut bytes).map(|_| ())
     } else {
-        std::fs::read_to_string(Path::new(source)).with_context(|| format!("reading {source}"))
-    }
+        std::fs::File::open(Path::new(source)).and_then(|mut f| f.read_to_end(&mut bytes)).map(|_| ())
+    };
+    let name = if source == "-" { "stdin" } else { source };
+    read.map_err(|e| NoInput(format!("cannot read {name}: {e}")))?;
+    String::from_utf8(bytes).map_err(|e| {
+        crate::model::BadData(format!("{name}: not UTF-8 (byte {} is not)", e.utf8_error().valid_up_to())).into()
+    })
 }
+
+/// An input file that cannot be read (it does not exist, or may not be read): the CLI
+/// exits 66, as sysexits.h's EX_NOINPUT.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NoInput(pub String);
 
 /// An output file that cannot be created (it exists, or its folder does not): the CLI
 /// exits 73, as sysexits.h's EX_CANTCREAT.
@@ -119,19 +131,12 @@ impl Report {
     }
 }
 
-/// Exit codes, after sysexits.h (`mailstream slo` adds its own 3 and 4).
-const AFTER_HELP: &str = "Exit codes: 0 done; 1 failed (or refused in part: see the message); \
-64 usage (an unknown command or flag, a bad value); 69 Redis unreachable or not answering; \
-73 an output file cannot be created; \
-78 configuration (unreadable or invalid config, a secret file that cannot be read, no deployment under the prefix). \
-`mailstream slo` exits 3 when an objective is breached and 4 when it cannot be evaluated.";
-
 #[derive(Parser)]
 #[command(
     name = "mailstream",
     version,
     about = "Delivers scheduled and transactional email through Resend, exactly once in effect, on Redis Streams.",
-    after_help = AFTER_HELP
+    after_help = exit::TABLE
 )]
 struct Cli {
     #[command(subcommand)]
@@ -158,13 +163,19 @@ struct AtAny {
 enum Command {
     /// Run the daemon: read, batch, send, settle, recover; stop on SIGTERM or SIGINT.
     Run(At),
-    /// Validate a config file, say which features it turns on, and exit.
+    /// Validate a config file and the secrets `run` needs, say which features it turns
+    /// on, and exit.
     CheckConfig {
         #[command(flatten)]
         at: At,
-        /// One JSON object on stdout: `ok`, the counts, and `features`.
+        /// One JSON object on stdout: `ok`, `errors` (each `key`, `line`, `message`), the
+        /// counts, `features` and `warnings`; printed on a refusal too.
         #[arg(long)]
         json: bool,
+        /// Skip the secrets only `run` needs (the Resend API key): for a host that only
+        /// kicks, subscribes or enqueues.
+        #[arg(long)]
+        offline: bool,
     },
     /// Add subscribers to the registry, or change the fields given of one.
     Subscribe {
@@ -268,18 +279,22 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Print the shell completion script (`mailstream completions bash >
+    /// /etc/bash_completion.d/mailstream`).
+    Completions {
+        /// The shell: bash, elvish, fish, powershell or zsh.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page, roff (`mailstream man | man -l -`), of mailstream or of one
+    /// of its commands.
+    Man {
+        /// A command (`kick`) for its own page, `mailstream-kick(1)`.
+        command: Option<String>,
+    },
     /// Run the Resend emulator.
     Emulator(emulator::Args),
     /// A full weekly run on the embedded default: private Redis, emulator, N subscribers.
     Demo(demo::Args),
-}
-
-/// Exit codes after sysexits.h.
-mod exit {
-    pub const USAGE: u8 = 64;
-    pub const UNAVAILABLE: u8 = 69;
-    pub const CANNOT_CREATE: u8 = 73;
-    pub const CONFIG: u8 = 78;
 }
 
 impl Command {
@@ -288,7 +303,7 @@ impl Command {
         use Command::*;
         match self {
             Run(at) => Some(&at.config),
-            CheckConfig { at, .. } | Resume { at, .. } | Upgrade { at, .. } => Some(&at.config),
+            Resume { at, .. } | Upgrade { at, .. } => Some(&at.config),
             Subscribe { at, .. }
             | Enqueue { at, .. }
             | Kick { at, .. }
@@ -297,7 +312,8 @@ impl Command {
             | Deliveries { at, .. }
             | Slo { at, .. } => Some(&at.config),
             DeadLetters { at, .. } | Suppressions { at, .. } => Some(&at.config),
-            Emulator(_) | Demo(_) | VapidKeys { .. } => None,
+            // check-config loads its config itself: it reports a refusal its own way.
+            CheckConfig { .. } | Emulator(_) | Demo(_) | VapidKeys { .. } | Completions { .. } | Man { .. } => None,
         }
     }
 }
@@ -317,6 +333,7 @@ impl Command {
         use Command::*;
         match self {
             CheckConfig { .. } | Schedule { .. } | Preview { .. } | Deliveries { .. } => true,
+            Completions { .. } | Man { .. } => true,
             Kick { args, .. } => args.dry_run,
             DeadLetters { action, .. } => matches!(action, dead_letters::Command::List { .. }),
             Suppressions { action, .. } => matches!(action, suppressions::Command::List { .. }),
@@ -325,6 +342,11 @@ impl Command {
             Emulator(_) | Demo(_) => false,
         }
     }
+}
+
+/// The command line's definition (every command and flag), for the tests that walk it.
+pub fn definition() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
 }
 
 /// The `mailstream` command: parses the arguments, sets up logging and runs the command.
@@ -336,23 +358,24 @@ pub fn main() -> ExitCode {
             return if e.use_stderr() { ExitCode::from(exit::USAGE) } else { ExitCode::SUCCESS };
         }
     };
-    // The daemon logs as its config says; the other commands print for people and
-    // log only warnings.
+    // The daemon logs as its config says (its refusals too, as log lines: JSON under
+    // systemd); the other commands print for people and log only warnings.
     // `run` reads its config once, here, and keeps it.
-    let (log, preloaded) = match &cli.command {
+    let daemon = matches!(cli.command, Command::Run(_));
+    let (log, preloaded, unloadable) = match &cli.command {
         Command::Run(at) => match Config::load(&at.config) {
-            Ok(config) => (config.log.clone(), Some(config)),
-            Err(e) => {
-                eprintln!("error: {e:#}");
-                return ExitCode::from(exit::CONFIG);
-            }
+            Ok(config) => (config.log.clone(), Some(config), None),
+            Err(e) => (LogConfig::default(), None, Some(e)),
         },
-        Command::Emulator { .. } => (LogConfig::default(), None),
-        _ => (LogConfig { level: "warn".into(), format: LogFormat::Text }, None),
+        Command::Emulator { .. } => (LogConfig::default(), None, None),
+        _ => (LogConfig { level: "warn".into(), format: LogFormat::Text }, None, None),
     };
     if let Err(e) = crate::ops::logging::init(&log, std::io::stderr, std::io::stderr().is_terminal()) {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
+    }
+    if let Some(e) = unloadable {
+        return fatal(daemon, &e.into());
     }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -377,25 +400,20 @@ pub fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
         }
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            if e.downcast_ref::<crate::config::ConfigError>().is_some()
-                || e.downcast_ref::<crate::store::NoDeployment>().is_some()
-            {
-                ExitCode::from(exit::CONFIG)
-            } else if e.downcast_ref::<crate::audience::kick::PeriodClosed>().is_some()
-                || e.downcast_ref::<BadValue>().is_some()
-            {
-                ExitCode::from(exit::USAGE)
-            } else if e.downcast_ref::<CannotCreate>().is_some() {
-                ExitCode::from(exit::CANNOT_CREATE)
-            } else if crate::store::unavailable(&e) {
-                ExitCode::from(exit::UNAVAILABLE)
-            } else {
-                ExitCode::FAILURE
-            }
-        }
+        Err(e) => fatal(daemon, &e),
     }
+}
+
+/// Says why a command failed, and its exit code: on stderr for people, or, for the
+/// daemon, as its last log line (JSON where its log is JSON).
+fn fatal(daemon: bool, e: &anyhow::Error) -> ExitCode {
+    let code = exit::code(e);
+    if daemon {
+        tracing::error!(exit_code = code, "{e:#}");
+    } else {
+        eprintln!("error: {e:#}");
+    }
+    ExitCode::from(code)
 }
 
 /// Loads the config (but for the emulator and the demo) and runs the command in its room.
@@ -414,7 +432,7 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
     let config = || config.expect("loaded for every command that reads it");
     match command {
         Command::Run(_) => run::command(config()).await,
-        Command::CheckConfig { at, json } => Ok(check_config::command(&at.config, &config(), json)?),
+        Command::CheckConfig { at, json, offline } => check_config::command(&at.config, json, offline),
         Command::Subscribe { args, .. } => subscribe::command(&config(), args).await,
         Command::Enqueue { args, .. } => enqueue::command(&config(), args).await,
         Command::Kick { args, .. } => kick::command(&config(), args).await,
@@ -428,6 +446,8 @@ async fn execute(command: Command, preloaded: Option<Config>) -> anyhow::Result<
         Command::Slo { args, .. } if args.mail => slo::mail(&config(), args.json).await,
         Command::Slo { args, .. } => slo::command(&config(), args).await,
         Command::VapidKeys { out, json } => vapid_keys::command(&out, json),
+        Command::Completions { shell } => generate::completions(shell),
+        Command::Man { command } => generate::man(command.as_deref()),
         Command::Emulator(args) => emulator::command(args).await,
         Command::Demo(args) => demo::command(args).await,
     }
@@ -458,14 +478,14 @@ mod tests {
         assert!(missing.is_empty(), "arguments without help text:\n{}", missing.join("\n"));
     }
 
-    /// The emulator, the demo and vapid-keys read no config file, so they do not offer
-    /// `--config`.
+    /// The emulator, the demo, vapid-keys, completions and man read no config file, so
+    /// they do not offer `--config`.
     #[test]
     fn only_commands_that_read_a_config_offer_it() {
         let cli = Cli::command();
         for sub in cli.get_subcommands() {
             let offers = sub.get_arguments().any(|a| a.get_id() == "config");
-            let reads = !["emulator", "demo", "vapid-keys"].contains(&sub.get_name());
+            let reads = !["emulator", "demo", "vapid-keys", "completions", "man"].contains(&sub.get_name());
             assert_eq!(offers, reads, "{}", sub.get_name());
         }
     }

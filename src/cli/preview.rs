@@ -62,7 +62,8 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     let email = match preview(&store, config, &delivery).await? {
         Ok(json) => json,
         Err(reason) => {
-            out.line(format_args!("{} would not be sent: {}", delivery.id(), reason.as_str()));
+            // A refusal: on stderr, whatever the format.
+            eprintln!("{} would not be sent: {}", delivery.id(), reason.as_str());
             let id = delivery.id();
             out.object(&serde_json::json!({ "delivery": id, "sent": false, "reason": reason.as_str() }))?;
             return Ok(std::process::ExitCode::FAILURE);

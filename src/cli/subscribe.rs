@@ -65,23 +65,29 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| crate::cli::BadValue(format!("--push-subscription #{}: {e}", i + 1)))?;
         push.push(s);
     }
-    let store = Store::open(config).await?;
-    let list = match &args.ndjson {
-        Some(source) => parse_ndjson(&crate::cli::read_source(source)?)?,
-        None => vec![from_flags(&store, &args).await?],
+    let records = match &args.ndjson {
+        Some(source) => Some(parse_ndjson(&crate::cli::read_source(source)?)?),
+        None => None,
     };
     // Every --off is read before anything is written.
     let mut off = Vec::new();
     for item in &args.off {
         let (campaign, channel) = match item.split_once(':') {
-            Some((campaign, channel)) => (campaign, channel.parse().map_err(|e| anyhow::anyhow!("--off {item}: {e}"))?),
+            Some((campaign, channel)) => {
+                (campaign, channel.parse().map_err(|e| crate::cli::BadValue(format!("--off {item}: {e}")))?)
+            }
             None => (item.as_str(), crate::model::work::Channel::Email),
         };
         if config.campaign(campaign).is_none() {
-            bail!("--off {item}: no campaign {campaign:?} in the config");
+            return Err(crate::cli::BadValue(format!("--off {item}: no campaign {campaign:?} in the config")).into());
         }
         off.push((campaign, channel));
     }
+    let store = Store::open(config).await?;
+    let list = match records {
+        Some(records) => records,
+        None => vec![from_flags(&store, &args).await?],
+    };
     // Flags alone that only add a subscription to a stored subscriber leave its record as is.
     let record_untouched = args.ndjson.is_none()
         && !push.is_empty()

@@ -148,7 +148,26 @@ impl Config {
         }
         if errors.is_empty() { Ok(warnings) } else { Err(ConfigError::Invalid(errors)) }
     }
+
+    /// What `run` refuses of the config beyond the file itself: [`Config::check_sending`]'s
+    /// refusals and the secrets it needs to start (the Resend API key). `check-config`
+    /// checks this too, but with `--offline`.
+    pub fn check_run(&self) -> Result<Vec<String>, ConfigError> {
+        let (warnings, mut errors) = match self.check_sending() {
+            Ok(warnings) => (warnings, Vec::new()),
+            Err(ConfigError::Invalid(errors)) => (Vec::new(), errors),
+            Err(e) => return Err(e),
+        };
+        if self.resend.api_key.is_none() {
+            errors.push(NO_API_KEY.into());
+        }
+        if errors.is_empty() { Ok(warnings) } else { Err(ConfigError::Invalid(errors)) }
+    }
 }
+
+/// What `run` says when no Resend API key is set.
+pub const NO_API_KEY: &str =
+    "resend.api_key: no Resend API key: set RESEND_API_KEY, resend.api_key_file or the credential resend_api_key";
 
 fn names(list: &[&str]) -> Option<String> {
     (!list.is_empty()).then(|| list.join(","))

@@ -37,6 +37,9 @@ pub struct HttpConfig {
     pub ingest_token_file: Option<PathBuf>,
     #[serde(skip)]
     pub ingest_tokens: Vec<Secret>,
+    /// How long `run` keeps trying a listen address that is in use (an instance still
+    /// draining holds it) before it gives up (exit 69).
+    pub bind_retry_seconds: u64,
 }
 
 /// Resend's webhooks: where their signing secret comes from and how events act.
@@ -88,6 +91,7 @@ impl Default for HttpConfig {
             admin_tokens: Vec::new(),
             ingest_token_file: None,
             ingest_tokens: Vec::new(),
+            bind_retry_seconds: 10,
         }
     }
 }
@@ -124,6 +128,10 @@ impl HttpConfig {
             }
         };
         let h = self;
+        check(
+            h.bind_retry_seconds <= 600,
+            format!("http.bind_retry_seconds: must be 0..=600 (got {})", h.bind_retry_seconds),
+        );
         check(
             (1024..=64 * 1024 * 1024).contains(&h.public_max_body_bytes),
             format!("http.public_max_body_bytes: must be 1024..=67108864 (got {})", h.public_max_body_bytes),

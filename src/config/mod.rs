@@ -10,6 +10,7 @@ mod features;
 mod http;
 mod log;
 mod operators;
+mod problems;
 mod redis;
 mod resend;
 mod slo;
@@ -25,10 +26,11 @@ use serde::Deserialize;
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
 pub use self::channels::{AppChannelConfig, ChannelsConfig, PushChannelConfig, Urgency};
 pub use self::delivery::DeliveryConfig;
-pub use self::features::{Feature, Features, SecretSource};
+pub use self::features::{Feature, Features, NO_API_KEY, SecretSource};
 pub use self::http::{HttpConfig, UnsubscribeConfig, WebhookConfig};
 pub use self::log::{LogConfig, LogFormat};
 pub use self::operators::OperatorsConfig;
+pub use self::problems::Problem;
 pub use self::redis::{Durability, RedisConfig};
 pub use self::resend::{LimiterMode, ResendConfig};
 pub use self::slo::{SloConfig, SloReportConfig};
@@ -99,6 +101,9 @@ pub enum ConfigError {
     Read { key: String, path: PathBuf, cause: std::io::Error },
     #[error("{0}")]
     Parse(String),
+    /// A TOML syntax or type error, at its line, on the key it names.
+    #[error("{}:{}: {}{message}", path.display(), line.map_or("?".into(), |l| l.to_string()), key.as_ref().map(|k| format!("{k}: ")).unwrap_or_default())]
+    Syntax { path: PathBuf, line: Option<usize>, key: Option<String>, message: String },
     #[error("invalid config:\n  {}", .0.join("\n  "))]
     Invalid(Vec<String>),
 }
@@ -118,7 +123,7 @@ impl Config {
             path: path.to_owned(),
             cause,
         })?;
-        let mut config = Config::parse(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))?;
+        let mut config: Config = toml::from_str(&text).map_err(|e| problems::syntax(path, &text, &e))?;
         if let Some(dir) = config.templates_dir.clone() {
             let dir = if dir.is_relative() { path.parent().unwrap_or(Path::new(".")).join(dir) } else { dir };
             config.load_templates(&dir)?;

@@ -61,13 +61,46 @@ impl Default for Limits {
     }
 }
 
+/// A listen address still in use after `http.bind_retry_seconds`: the CLI exits 69.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AddressInUse(pub String);
+
 /// Binds `http.<which>_listen` if one is configured, and logs the address bound (port 0
-/// picks a free one).
-pub async fn bind(addr: Option<std::net::SocketAddr>, which: &str) -> anyhow::Result<Option<TcpListener>> {
+/// picks a free one). An address in use (an instance still draining holds it) is tried
+/// again every 250 ms for `retry`, then refused with [`AddressInUse`]; any other refusal
+/// (a port the user may not bind, an address not on this host) is a config error.
+pub async fn bind(
+    addr: Option<std::net::SocketAddr>,
+    which: &str,
+    retry: Duration,
+) -> anyhow::Result<Option<TcpListener>> {
     let Some(addr) = addr else { return Ok(None) };
-    let listener = TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on http.{which}_listen {addr}: {e}"))?;
+    let deadline = tokio::time::Instant::now() + retry;
+    let mut said = false;
+    let listener = loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => break listener,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(AddressInUse(format!(
+                        "cannot listen on http.{which}_listen {addr}: still in use after {}s \
+                         (http.bind_retry_seconds): is another mailstream running?",
+                        retry.as_secs()
+                    ))
+                    .into());
+                }
+                if !std::mem::replace(&mut said, true) {
+                    tracing::warn!(%addr, "http.{which}_listen is in use; trying again for {}s", retry.as_secs());
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => {
+                let message = format!("http.{which}_listen: cannot listen on {addr}: {e}");
+                return Err(crate::config::ConfigError::Invalid(vec![message]).into());
+            }
+        }
+    };
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "{which} listening");
     }

@@ -16,3 +16,9 @@ pub mod work;
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadValue(pub String);
+
+/// Input data that is refused (an NDJSON line, a file's content): the CLI exits 65, and
+/// nothing of that input was written.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadData(pub String);

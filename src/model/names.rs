@@ -9,11 +9,13 @@ use std::fmt;
 pub struct Unknown {
     pub kind: &'static str,
     pub name: String,
+    /// The names there are.
+    pub known: &'static [&'static str],
 }
 
 impl fmt::Display for Unknown {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} is not a {}", self.name, self.kind)
+        write!(f, "{:?} is not one of {}", self.name, self.known.join(", "))
     }
 }
 
@@ -56,7 +58,11 @@ macro_rules! names {
             fn from_str(s: &str) -> Result<$name, Self::Err> {
                 match s {
                     $($text => Ok($name::$variant),)+
-                    _ => Err($crate::model::names::Unknown { kind: stringify!($name), name: s.to_string() }),
+                    _ => Err($crate::model::names::Unknown {
+                        kind: stringify!($name),
+                        name: s.to_string(),
+                        known: &[$($text),+],
+                    }),
                 }
             }
         }
@@ -82,6 +88,7 @@ mod tests {
             assert_eq!(c.to_string(), c.as_str());
         }
         let e = "green".parse::<Colour>().unwrap_err();
-        assert_eq!(e.to_string(), "\"green\" is not a Colour");
+        // The names there are, not a Rust type's name.
+        assert_eq!(e.to_string(), "\"green\" is not one of red, deep_blue");
     }
 }

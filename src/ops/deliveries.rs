@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::model::BadValue;
 use crate::model::outcome::DeliveryState;
 use crate::model::work::DeliveryRef;
 use crate::resend::error::mask;
@@ -165,7 +166,7 @@ enum Cursor {
 
 impl Cursor {
     fn parse(s: &str) -> anyhow::Result<Cursor> {
-        let bad = || anyhow::anyhow!("not a cursor this log gave out: {s:?}");
+        let bad = || anyhow::Error::new(BadValue(format!("not a cursor this log gave out: {s:?}")));
         let n = |v: &str| v.parse::<i64>().map_err(|_| bad());
         if let Some(rest) = s.strip_prefix("n.") {
             let [floor, until, ms, id] = rest.splitn(4, '.').collect::<Vec<_>>()[..] else { return Err(bad()) };
@@ -211,9 +212,11 @@ impl Cursor {
 
 /// One page of deliveries matching `filter`, from `cursor` (none: the start).
 pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyhow::Result<Page> {
-    anyhow::ensure!(filter.limit >= 1, "the limit must be at least 1");
-    for s in &filter.statuses {
-        anyhow::ensure!(STATUSES.contains(&s.as_str()), "no status {s:?}: one of {}", STATUSES.join(", "));
+    if filter.limit < 1 {
+        return Err(BadValue("the limit must be at least 1".into()).into());
+    }
+    if let Some(s) = filter.statuses.iter().find(|s| !STATUSES.contains(&s.as_str())) {
+        return Err(BadValue(format!("no status {s:?}: one of {}", STATUSES.join(", "))).into());
     }
     let keys = &store.keys;
     let partitions: Vec<u16> = match &filter.subscriber {
@@ -456,7 +459,7 @@ pub(crate) fn parse_since(s: &str, now: DateTime<Utc>) -> anyhow::Result<DateTim
         return Ok(t.with_timezone(&Utc));
     }
     let (n, unit) = s.split_at(s.len().saturating_sub(1));
-    let n: i64 = n.parse().map_err(|_| anyhow::anyhow!("--since: an RFC 3339 time or a span like 2h (got {s:?})"))?;
+    let n: i64 = n.parse().map_err(|_| BadValue(format!("--since: an RFC 3339 time or a span like 2h (got {s:?})")))?;
     let secs = match unit {
         "s" => n,
         "m" => n * 60,

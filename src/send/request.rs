@@ -7,12 +7,11 @@
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context;
 use chrono::Utc;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
 use crate::model::error_name::ErrorName;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::Sealed;
@@ -56,7 +55,7 @@ impl Sender {
     /// The sender `config` describes; `seed` fixes the retry jitter (tests).
     pub(crate) fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
         let r = &config.resend;
-        let key = r.api_key.clone().context("no Resend API key: set RESEND_API_KEY or resend.api_key_file")?;
+        let key = r.api_key.clone().ok_or_else(|| ConfigError::Invalid(vec![crate::config::NO_API_KEY.into()]))?;
         let client = Client::new(&r.base_url, key, Duration::from_secs(r.timeout_seconds))?;
         let rng = seed.map_or_else(rand::make_rng, StdRng::seed_from_u64);
         Ok(Sender::new(client, RetryPolicy::from_config(&config.delivery), rng, &r.base_url))

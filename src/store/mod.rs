@@ -36,6 +36,20 @@ enum Access {
     Write,
 }
 
+/// What Redis or the deployment under the prefix refuses of this config: a Redis too
+/// old, a key layout or partition count other than this config's, persistence that may
+/// lose a seal. A configuration problem: the CLI exits 78, and `run` starts nothing.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unfit(pub String);
+
+/// `return Err(Unfit(format!(…)))`.
+macro_rules! unfit {
+    ($($arg:tt)*) => {
+        return Err(Unfit(format!($($arg)*)).into())
+    };
+}
+
 /// Redis could not be reached or did not answer: the dependency failed, not the request.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -78,7 +92,9 @@ impl Store {
             .await
             .with_context(|| Unreachable(format!("Redis at {} does not answer PING", r.url.redacted_url())))?;
         if !conn.cluster_ok().await? {
-            bail!("Redis Cluster at {}: not every primary answers", r.url.redacted_url());
+            return Err(
+                Unreachable(format!("Redis Cluster at {}: not every primary answers", r.url.redacted_url())).into()
+            );
         }
         // The deployment's salt for address hashes: made once, kept in meta.
         if access == Access::Write {
@@ -137,13 +153,19 @@ impl Store {
         Ok(())
     }
 
-    /// Connects and makes the checks a daemon starts with: Redis version, layout and
-    /// partition count, consumer groups, durability. Returns whether durability is relaxed.
-    pub(crate) async fn open_for_daemon(config: &Config) -> anyhow::Result<(Store, bool)> {
+    /// A daemon's store, after [`Store::check_for_daemon`]: claims the prefix (its meta)
+    /// and creates the consumer group on every stream.
+    pub(crate) async fn open_for_daemon(config: &Config) -> anyhow::Result<Store> {
         let store = Store::open(config).await?;
         store.ensure_groups(&config.redis.group).await?;
-        let relaxed = store.check_durability(config).await?;
-        Ok((store, relaxed))
+        Ok(store)
+    }
+
+    /// The checks a daemon starts with, writing nothing: Redis reachable and recent, this
+    /// config's layout and partition count (or a fresh prefix), persistence that keeps a
+    /// seal (see `check_durability`; true when only `relaxed` lets it run).
+    pub(crate) async fn check_for_daemon(config: &Config) -> anyhow::Result<bool> {
+        Store::open_read(config).await?.check_durability(config).await
     }
 
     /// Connects and checks what every command relies on: Redis 7.0 or later, and a
@@ -223,7 +245,7 @@ impl Store {
             redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         // Every step below walks the partitions: with another count it would miss some.
         if let Some(have) = partitions.filter(|&have| have != self.keys.partitions()) {
-            bail!(
+            unfit!(
                 "redis.partitions is {} but this deployment ({meta}) was created with {have}; set it to {have} \
                  and run `mailstream upgrade` again",
                 self.keys.partitions()
@@ -233,7 +255,7 @@ impl Store {
             Some(LAYOUT) | None => return Ok(None),
             Some(from) if UPGRADABLE_LAYOUTS.contains(&from) => from,
             Some(other) => {
-                bail!("{meta} says key layout {other}; this mailstream upgrades layouts {UPGRADABLE_LAYOUTS:?} only")
+                unfit!("{meta} says key layout {other}; this mailstream upgrades layouts {UPGRADABLE_LAYOUTS:?} only")
             }
         };
         if from == SHARED_TAIL_LAYOUT {
@@ -341,43 +363,43 @@ impl Store {
             redis::cmd("HMGET").arg(&meta).arg("layout").arg("partitions").query_async(&mut conn).await?;
         match (layout, existing) {
             (Some(LAYOUT), _) | (None, None) => {}
-            (Some(AUDIENCE_LAYOUT), _) => bail!(
+            (Some(AUDIENCE_LAYOUT), _) => unfit!(
                 "{meta} says this deployment uses key layout {AUDIENCE_LAYOUT}, from before the kick's audience index; \
                  stop every instance, run `mailstream upgrade` once (it builds the index from the \
                  subscriber records; nothing else changes), then start this version"
             ),
-            (Some(SHARED_TAIL_LAYOUT), _) => bail!(
+            (Some(SHARED_TAIL_LAYOUT), _) => unfit!(
                 "{meta} says this deployment uses key layout {SHARED_TAIL_LAYOUT}, whose batches may share a request, \
                  which this version cannot send; stop kicks and ingest, let a layout-4 mailstream settle what it \
                  holds, stop every instance, run `mailstream upgrade` once, then start this version"
             ),
-            (Some(7), _) => bail!(
+            (Some(7), _) => unfit!(
                 "{meta} says this deployment uses key layout 7, whose settled deliveries' traces expire the \
                  retention after they settled, which can be before a period kicked early may still be kicked \
                  again; stop every instance, run `mailstream upgrade` once (it gives every live trace its \
                  period's expiry), then start this version"
             ),
-            (Some(6), _) => bail!(
+            (Some(6), _) => unfit!(
                 "{meta} says this deployment uses key layout 6, whose settled deliveries keep their whole record \
                  and whose dedup does not read the settled history; stop every instance, run `mailstream \
                  upgrade` once (it records the layout; records settled before it are read as they are until they \
                  expire), then start this version"
             ),
-            (Some(5), _) => bail!(
+            (Some(5), _) => unfit!(
                 "{meta} says this deployment uses key layout 5, from before deliveries of channels other than \
                  email; stop every instance, run `mailstream upgrade` once (it records the layout; an email \
                  delivery's keys are unchanged), then start this version"
             ),
-            (Some(from), _) if UPGRADABLE_LAYOUTS.contains(&from) => bail!(
+            (Some(from), _) if UPGRADABLE_LAYOUTS.contains(&from) => unfit!(
                 "{meta} says this deployment uses key layout {from}, from before every partition kept the \
                  suppressed addresses its last gate reads; stop every instance, run `mailstream upgrade` once \
                  (it copies the suppressions; nothing else changes), then start this version"
             ),
-            (Some(other), _) => bail!(
+            (Some(other), _) => unfit!(
                 "{meta} says this deployment uses key layout {other}, and this mailstream knows layout {LAYOUT}; \
                  run the mailstream version that wrote it"
             ),
-            (None, Some(_)) => bail!(
+            (None, Some(_)) => unfit!(
                 "this Redis holds a deployment ({meta}) in the key layout of mailstream 0.1 (a ULID per delivery); \
                  let that version drain it (every delivery settled), then delete its keys \
                  (redis-cli --scan --pattern '{}:*' | xargs redis-cli unlink) and start again",
@@ -390,7 +412,7 @@ impl Store {
         }
         let have: Option<u16> = conn.hget(&meta, "partitions").await?;
         if let Some(have) = have.filter(|have| *have != want) {
-            bail!(
+            unfit!(
                 "redis.partitions is {want} but this deployment ({meta}) was created with {have}; \
                  changing it would re-partition subscribers and break deduplication"
             );
@@ -447,7 +469,7 @@ impl Store {
                 );
                 Ok(true)
             }
-            (Some(problem), Durability::Strict) => bail!(
+            (Some(problem), Durability::Strict) => unfit!(
                 "{problem}. A lost seal can mean an email sent twice, so mailstream refuses to run: use \
                  appendonly yes with appendfsync always, or replicas with redis.wait_replicas, or accept the \
                  risk with redis.durability = \"relaxed\""
@@ -484,7 +506,7 @@ fn supported_version(info: &str) -> anyhow::Result<()> {
     let version = info_field(info, "redis_version").unwrap_or("unknown");
     let major: u32 = version.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
     if major < 7 {
-        bail!("Redis {version} is too old: mailstream needs Redis 7.0 or later");
+        unfit!("Redis {version} is too old: mailstream needs Redis 7.0 or later");
     }
     Ok(())
 }

@@ -427,9 +427,10 @@ pub(crate) fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
         if line.trim().is_empty() {
             continue;
         }
-        let s: Subscriber = serde_json::from_str(line)
-            .map_err(|e| anyhow::anyhow!("line {}: not a subscriber record ({})", n + 1, e.classify_name()))?;
-        s.validate().with_context(|| format!("line {}", n + 1))?;
+        let bad = |why: String| crate::model::BadData(format!("line {}: {why}", n + 1));
+        let s: Subscriber =
+            serde_json::from_str(line).map_err(|e| bad(format!("not a subscriber record ({})", e.classify_name())))?;
+        s.validate().map_err(|e| bad(format!("{e:#}")))?;
         out.push(s);
     }
     Ok(out)
