@@ -470,3 +470,36 @@ fn check_config_json_says_every_refusal_with_its_key_and_line() {
     let offline = bin().args(["check-config", "--offline", "--config"]).arg(&shipped).output().unwrap();
     assert_eq!(offline.status.code(), Some(0), "{}", String::from_utf8_lossy(&offline.stderr));
 }
+
+/// stdout carries the result only: without `--json` the lines for people and no JSON,
+/// refusals on stderr (an enqueue item refused, a retry of what is not a dead letter);
+/// a `run` refused on a config that is not TOML says file, line and key on one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_on_stdout_refusals_on_stderr() {
+    let redis = RedisServer::start(RedisOptions::default()).await.unwrap();
+    let url = redis.url();
+    let config = config_file("contract-streams.toml", &[TEST_REDIS, ANY_METRICS_PORT]);
+    let item = |to: &str| ["enqueue", "--key", "k1", "--to", to, "--subject", "s", "--text", "t"].map(String::from);
+    let runs: Vec<(Vec<String>, i32, &str, &str)> = vec![
+        (item("a@acme.example").to_vec(), 0, "item 1: accepted", ""),
+        (item("a@acme.example").to_vec(), 0, "item 1: duplicate", ""),
+        (item("b@acme.example").to_vec(), 1, "0 accepted, 0 duplicates, 1 refused", "item 1: refused"),
+        (["dead-letters", "retry", "transactional:2026-12-05:-:k1"].map(String::from).to_vec(), 1, "", "transactional"),
+    ];
+    for (args, code, out_says, err_says) in runs {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = common::cli::run(&config, &url, &args, "");
+        let (o, e) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {e}");
+        assert!(o.contains(out_says) && e.contains(err_says), "{args:?}\nstdout: {o}\nstderr: {e}");
+        assert!(!o.contains('{') && !o.contains("refused:"), "{args:?}: no JSON, no refusal on stdout: {o}");
+    }
+    let bad = config_file("contract-toml.toml", &[("[redis]", "[redis")]);
+    let out = bin().arg("run").arg("--config").arg(&bad).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let line: serde_json::Value = serde_json::from_str(err.trim()).unwrap();
+    let message = line["message"].as_str().unwrap();
+    assert!(message.contains("contract-toml.toml:16: redis: "), "{message}");
+}
