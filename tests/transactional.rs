@@ -90,6 +90,7 @@ async fn the_ingest_api_refuses_whole_bodies_and_reports_each_bad_item() {
         {"idempotency_key": "r-3", "subscriber": "user-000001", "template": "no_such_template"},
         {"to": "delivered@resend.dev", "subject": "s", "text": "t"},
         {"idempotency_key": "r-5", "subscriber": "user-000001", "template": "weekly_digest", "bcc": "x"},
+        {"idempotency_key": "r-6", "subscriber": "nosuch", "subject": "s", "text": "t"},
     ]});
     let (status, body) = post(&url, Some(TOKEN), mixed.to_string()).await;
     assert_eq!(status, 207, "{body}");
@@ -103,9 +104,12 @@ async fn the_ingest_api_refuses_whole_bodies_and_reports_each_bad_item() {
             ("invalid", "to"),
             ("invalid", "template"),
             ("invalid", "idempotency_key"),
-            ("invalid", "bcc")
+            ("invalid", "bcc"),
+            ("refused", "subscriber")
         ]
     );
+    // A subscriber the registry does not hold is refused at the door, not skipped later.
+    assert_eq!((results[5]["error"].as_str(), body["refused"].as_u64()), (Some("unknown_subscriber"), Some(5)));
     assert!(!body.to_string().contains("not an address"), "values are never echoed: {body}");
     assert_eq!(results[0]["delivery"], format!("transactional:{}:-:r-1", today(&world.store).await));
     let (status, body) = post(&url, Some(TOKEN), good).await;
@@ -174,7 +178,10 @@ async fn transactional_sends_reach_addresses_and_subscribers_and_keep_addresses_
         receipt("gone-1", "bounced+gone@resend.dev"),
         json!({"idempotency_key": "nobody-1", "subscriber": "no-such-user", "subject": "s", "text": "t"}),
     ];
-    let results = ingest::enqueue(&world.store, &world.config, items).await.unwrap();
+    // `nobody-1` names no subscriber: let in (as `enqueue --allow-unknown` does), it is
+    // skipped at send, as one deleted after its enqueue is.
+    let allow = ingest::Unknown::Allow;
+    let results = ingest::enqueue_with(&world.store, &world.config, items, allow).await.unwrap();
     assert!(results.iter().all(|r| !r.is_refused()), "{results:?}");
     let daemon = world.daemon();
     let counts = tx_settled(&world.store, 4).await;

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::audience::subscribers::is_plain_address;
 use crate::config::{Config, is_name};
 use crate::model::work::{Audience, Channel, DeliveryRef, Lane, TRANSACTIONAL};
 use crate::store::Store;
@@ -90,7 +89,10 @@ impl Request {
             return Err(refuse("idempotency_key", "required: 1-128 of letters, digits, '_', '-', '.'"));
         }
         match (&self.to, &self.subscriber) {
-            (Some(to), None) if !is_plain_address(to) => return Err(refuse("to", "not a plain address")),
+            (Some(to), None) if !crate::model::address::is_valid(to) => {
+                let why = crate::model::address::check(to).err().unwrap_or_default();
+                return Err(refuse("to", &format!("the address {why}")));
+            }
             (None, Some(s)) if !is_name(s) => {
                 return Err(refuse("subscriber", "1-128 of letters, digits, '_', '-', '.'"));
             }
@@ -164,6 +166,9 @@ pub enum ItemResult {
     Conflict { index: usize, delivery: String, error: String },
     /// Refused: a field is missing or wrong.
     Invalid { index: usize, field: String, error: String },
+    /// Refused: well-formed, but what it names is not there (`unknown_subscriber`: no
+    /// such subscriber in the registry).
+    Refused { index: usize, field: String, error: String },
 }
 
 impl ItemResult {
@@ -173,12 +178,13 @@ impl ItemResult {
             ItemResult::Accepted { index, .. }
             | ItemResult::Duplicate { index, .. }
             | ItemResult::Conflict { index, .. }
-            | ItemResult::Invalid { index, .. } => *index += by,
+            | ItemResult::Invalid { index, .. }
+            | ItemResult::Refused { index, .. } => *index += by,
         }
     }
 
     pub fn is_refused(&self) -> bool {
-        matches!(self, ItemResult::Conflict { .. } | ItemResult::Invalid { .. })
+        matches!(self, ItemResult::Conflict { .. } | ItemResult::Invalid { .. } | ItemResult::Refused { .. })
     }
 }
 
@@ -187,8 +193,29 @@ impl ItemResult {
 /// An item to enqueue: its index, delivery, request, hash, and its event's request if any.
 type Stored = (usize, DeliveryRef, String, String, Option<String>);
 
-/// Checks `items` and enqueues the valid ones; one result per item, in order.
+/// Checks `items` and enqueues the valid ones; one result per item, in order. An item
+/// naming a subscriber the registry does not hold is refused (`unknown_subscriber`).
 pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Value>) -> anyhow::Result<Vec<ItemResult>> {
+    enqueue_with(store, config, items, Unknown::Refuse).await
+}
+
+/// What becomes of an item naming a subscriber the registry does not hold.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Unknown {
+    /// Refused at the door (`unknown_subscriber`).
+    Refuse,
+    /// Enqueued: skipped at send as `unknown_subscriber` unless the subscriber is added
+    /// before (`enqueue --allow-unknown`).
+    Allow,
+}
+
+/// [`enqueue`], choosing what becomes of an unknown subscriber.
+pub async fn enqueue_with(
+    store: &Store,
+    config: &Config,
+    items: Vec<serde_json::Value>,
+    unknown: Unknown,
+) -> anyhow::Result<Vec<ItemResult>> {
     let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
     let mut valid: Vec<(usize, Request)> = Vec::new();
     for (index, value) in items.into_iter().enumerate() {
@@ -196,6 +223,21 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
             Ok(r) => valid.push((index, r)),
             Err(e) => results[index] = Some(ItemResult::Invalid { index, field: e.field, error: e.error }),
         }
+    }
+    if unknown == Unknown::Refuse {
+        let known = known_subscribers(store, &valid).await?;
+        valid = valid
+            .into_iter()
+            .zip(known)
+            .filter_map(|((index, r), known)| {
+                if known {
+                    return Some((index, r));
+                }
+                let (field, error) = ("subscriber".into(), "unknown_subscriber".into());
+                results[index] = Some(ItemResult::Refused { index, field, error });
+                None
+            })
+            .collect();
     }
     let day = store.time().await?.format("%Y-%m-%d").to_string();
     let keys = &store.keys;
@@ -239,6 +281,32 @@ pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Valu
         store.durable(&mut conn, &keys.lane_stream(*p, Lane::Transactional)).await?;
     }
     Ok(results.into_iter().map(|r| r.expect("every item has a result")).collect())
+}
+
+/// For each item, whether the subscriber it names is in the registry (true for an
+/// item that names an address).
+async fn known_subscribers(store: &Store, items: &[(usize, Request)]) -> anyhow::Result<Vec<bool>> {
+    let keys = &store.keys;
+    // One pipeline per partition (a cluster takes a pipeline within one slot only).
+    let mut by_partition: BTreeMap<u16, Vec<(usize, &str)>> = BTreeMap::new();
+    for (i, (_, r)) in items.iter().enumerate() {
+        if let Some(id) = &r.subscriber {
+            by_partition.entry(keys.partition_of(id)).or_default().push((i, id));
+        }
+    }
+    let mut known = vec![true; items.len()];
+    let mut conn = store.conn().await?;
+    for (p, list) in by_partition {
+        let mut pipe = redis::pipe();
+        for (_, id) in &list {
+            pipe.exists(keys.subscriber(p, id));
+        }
+        let found: Vec<bool> = pipe.query_async(&mut conn).await?;
+        for ((i, _), found) in list.into_iter().zip(found) {
+            known[i] = found;
+        }
+    }
+    Ok(known)
 }
 
 #[cfg(test)]

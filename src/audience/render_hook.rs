@@ -17,7 +17,6 @@ use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use crate::audience::subscribers::is_plain_address;
 use crate::config::{RenderHookConfig, Secret};
 use crate::model::outcome::Reason;
 use crate::model::work::DeliveryRef;
@@ -116,7 +115,7 @@ fn read_item(item: &serde_json::Value) -> Option<(String, Answer)> {
     match (item.get("send"), item.get("skip")) {
         (Some(send), None) => {
             let send: SendAnswer = serde_json::from_value(send.clone()).ok()?;
-            if !is_plain_address(&send.to) {
+            if !crate::model::address::is_valid(&send.to) {
                 return None;
             }
             Some((id, Answer::Send { to: send.to, data: send.data, variant: send.variant }))

@@ -60,6 +60,12 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
             }
         }
         Command::Retry { ids, allow_unknown, json } => {
+            // Every id is a delivery id before anything is read or written.
+            if let Some(bad) = ids.iter().find(|id| crate::model::work::DeliveryRef::parse(id).is_none()) {
+                let bad: String = bad.chars().take(64).collect();
+                let why = format!("{bad:?} is not a delivery id (campaign:period:subscriber:target)");
+                return Err(crate::cli::BadValue(why).into());
+            }
             let store = Store::open_deployed(config).await?;
             let results = retry(&store, &ids, allow_unknown).await?;
             let out = crate::cli::Report { json };

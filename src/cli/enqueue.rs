@@ -1,6 +1,6 @@
 //! `mailstream enqueue`: transactional items from flags or NDJSON, each at most once per idempotency key.
 
-use crate::audience::ingest::{ItemResult, MAX_ITEMS, enqueue};
+use crate::audience::ingest::{ItemResult, MAX_ITEMS, Unknown, enqueue_with};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -34,6 +34,10 @@ pub struct Args {
     /// Read NDJSON items (the ingest API's item shape) from this file, or `-` for stdin.
     #[arg(long, conflicts_with_all = ["key", "to", "subscriber", "template", "subject", "html", "text", "data"])]
     ndjson: Option<String>,
+    /// Enqueue an item whose `--subscriber` is not in the registry (it is skipped at
+    /// send as unknown_subscriber unless added before); without it such an item is refused.
+    #[arg(long)]
+    allow_unknown: bool,
     /// One JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -41,7 +45,8 @@ pub struct Args {
 
 /// Enqueues the items `args` name, in chunks of `MAX_ITEMS`; exit 1 if any was refused.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process::ExitCode> {
-    let Args { key, to, subscriber, template, subject, html, text, data, ndjson, json } = args;
+    let Args { key, to, subscriber, template, subject, html, text, data, ndjson, allow_unknown, json } = args;
+    let from_flags = ndjson.is_none();
     let items: Vec<serde_json::Value> = match ndjson {
         Some(source) => crate::cli::read_source(&source)?
             .lines()
@@ -72,9 +77,24 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     while items.peek().is_some() {
         let chunk: Vec<_> = items.by_ref().take(MAX_ITEMS).collect();
         let offset = results.len();
-        for mut r in enqueue(&store, config, chunk).await? {
+        let unknown = if allow_unknown { Unknown::Allow } else { Unknown::Refuse };
+        for mut r in enqueue_with(&store, config, chunk, unknown).await? {
             r.shift(offset);
             results.push(r);
+        }
+    }
+    // The one item of the flags, refused: a bad value (64), or a subscriber that is not
+    // there (65); nothing was written.
+    if from_flags {
+        match results.first() {
+            Some(ItemResult::Invalid { field, error, .. }) => {
+                return Err(crate::cli::BadValue(format!("--{}: {error}", field.replace('_', "-"))).into());
+            }
+            Some(ItemResult::Refused { field, error, .. }) => {
+                let why = format!("--{field}: {error} (add it with `mailstream subscribe`, or pass --allow-unknown)");
+                return Err(crate::model::BadData(why).into());
+            }
+            _ => {}
         }
     }
     let refused = results.iter().filter(|r| r.is_refused()).count();
@@ -90,7 +110,9 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
             ItemResult::Conflict { index, delivery, error } => {
                 eprintln!("item {}: refused: {error} (delivery {delivery})", index + 1);
             }
-            ItemResult::Invalid { index, field, error } => eprintln!("item {}: refused: {field}: {error}", index + 1),
+            ItemResult::Invalid { index, field, error } | ItemResult::Refused { index, field, error } => {
+                eprintln!("item {}: refused: {field}: {error}", index + 1)
+            }
             ItemResult::Accepted { .. } | ItemResult::Duplicate { .. } => {}
         }
     }

@@ -46,7 +46,8 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| crate::cli::BadValue(format!("no [[campaign]] named {campaign:?} in the config")))?;
     let list = match audience {
         Some(source) => {
-            let list = subscribers::parse_ndjson(&crate::cli::read_source(&source)?)?;
+            let list =
+                subscribers::parse_ndjson(&crate::cli::read_source(&source)?, config.subscribers.max_data_bytes)?;
             if list.is_empty() && !allow_empty {
                 return Err(crate::model::BadData(format!(
                     "the audience on {source} is empty (a failed export?); nothing was enqueued. \

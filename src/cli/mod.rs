@@ -12,6 +12,7 @@ mod enqueue;
 pub mod exit;
 mod generate;
 mod kick;
+mod ndjson;
 mod preview;
 mod resume;
 mod run;
@@ -408,7 +409,8 @@ pub fn main() -> ExitCode {
 /// daemon, as its last log line (JSON where its log is JSON).
 fn fatal(daemon: bool, e: &anyhow::Error) -> ExitCode {
     let code = exit::code(e);
-    if daemon {
+    // (A log filtered to nothing still gets its refusal said.)
+    if daemon && tracing::enabled!(tracing::Level::ERROR) {
         tracing::error!(exit_code = code, "{e:#}");
     } else {
         eprintln!("error: {e:#}");

@@ -3,9 +3,9 @@
 
 use std::process::ExitCode;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 
-use crate::audience::subscribers::{Subscriber, field, is_set, parse_ndjson, targets, upsert};
+use crate::audience::subscribers::{Subscriber, field, is_set, record, targets, upsert};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -56,6 +56,7 @@ pub struct Args {
 
 /// Adds or updates the subscribers `args` name.
 pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
+    check_flags(&args)?;
     // A browser subscription is checked before anything is written.
     let mut push = Vec::new();
     let allowed = config.push_allowed_hosts();
@@ -65,8 +66,14 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
             .map_err(|e| crate::cli::BadValue(format!("--push-subscription #{}: {e}", i + 1)))?;
         push.push(s);
     }
+    // Every line of a file is checked before anything is written.
+    let max_data_bytes = config.subscribers.max_data_bytes;
     let records = match &args.ndjson {
-        Some(source) => Some(parse_ndjson(&crate::cli::read_source(source)?)?),
+        Some(source) => {
+            let input = crate::cli::ndjson::Input::open(source)?;
+            let count = check_records(&input, max_data_bytes)?;
+            Some((input, count))
+        }
         None => None,
     };
     // Every --off is read before anything is written.
@@ -84,13 +91,16 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         off.push((campaign, channel));
     }
     let store = Store::open(config).await?;
-    let list = match records {
-        Some(records) => records,
-        None => vec![from_flags(&store, &args).await?],
-    };
+    let out = crate::cli::Report { json: args.json };
+    if let Some((input, count)) = records {
+        import(&store, &input, max_data_bytes, count).await?;
+        out.line(format_args!("{count} subscribers written"));
+        out.object(&serde_json::json!({ "written": count, "turned_off": [], "push_subscriptions": [] }))?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let list = vec![from_flags(&store, &args).await?];
     // Flags alone that only add a subscription to a stored subscriber leave its record as is.
-    let record_untouched = args.ndjson.is_none()
-        && !push.is_empty()
+    let record_untouched = !push.is_empty()
         && args.email.is_none()
         && args.targets.is_empty()
         && args.entitled.is_none()
@@ -99,7 +109,6 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         && !args.replace;
     let list = if record_untouched { Vec::new() } else { list };
     upsert(&store, &list).await?;
-    let out = crate::cli::Report { json: args.json };
     out.line(format_args!("{} subscribers written", list.len()));
     let id = args.id.as_deref().unwrap_or_default();
     let mut conn = store.conn().await?;
@@ -121,13 +130,89 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Records written per batch by an NDJSON import: what it holds in memory at once.
+const IMPORT_BATCH: usize = 1000;
+
+/// Checks every record of `input` (the first pass: nothing is kept); their count.
+fn check_records(input: &crate::cli::ndjson::Input, max_data_bytes: usize) -> anyhow::Result<u64> {
+    let mut count = 0;
+    for line in input.lines()? {
+        let (n, line) = line?;
+        record(&line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {n}: {why}")))?;
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// Writes the records of `input` (checked) a batch at a time, with a progress bar on a
+/// terminal (nothing when stderr is not one).
+async fn import(
+    store: &Store,
+    input: &crate::cli::ndjson::Input,
+    max_data_bytes: usize,
+    count: u64,
+) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    let bar = (std::io::stderr().is_terminal() && count >= IMPORT_BATCH as u64).then(|| {
+        let bar = indicatif::ProgressBar::new(count);
+        let style =
+            indicatif::ProgressStyle::with_template("subscribe [{bar:40}] {pos}/{len} records, {per_sec}, ETA {eta}");
+        bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()).progress_chars("=> "));
+        bar
+    });
+    let mut batch = Vec::with_capacity(IMPORT_BATCH);
+    let mut lines = input.lines()?.peekable();
+    while lines.peek().is_some() {
+        batch.clear();
+        for line in lines.by_ref().take(IMPORT_BATCH) {
+            let (n, line) = line?;
+            // Checked in the first pass; a file changed since is refused here, mid-way.
+            let s = record(&line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {n}: {why}")))?;
+            batch.push(s);
+        }
+        upsert(store, &batch).await?;
+        if let Some(bar) = &bar {
+            bar.inc(batch.len() as u64);
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    Ok(())
+}
+
+/// The values of the flags, checked before anything is read or written: each refusal
+/// names its flag (and never echoes an address).
+fn check_flags(args: &Args) -> Result<(), crate::cli::BadValue> {
+    let bad = |flag: &str, why: String| Err(crate::cli::BadValue(format!("--{flag}: {why}")));
+    if args.id.as_deref().is_some_and(|id| !crate::config::is_name(id)) {
+        return bad("id", "a subscriber id must be 1-128 of letters, digits, '_', '-', '.'".into());
+    }
+    if let Some(Err(why)) = args.email.as_deref().map(crate::model::address::check) {
+        return bad("email", format!("the address {why}"));
+    }
+    if args.targets.iter().any(|t| !crate::config::is_name(t)) {
+        return bad("target", "a target id must be 1-128 of letters, digits, '_', '-', '.'".into());
+    }
+    if let Some(zone) = args.time_zone.as_deref().filter(|z| z.parse::<chrono_tz::Tz>().is_err()) {
+        return bad(
+            "time-zone",
+            format!("{zone:?} is not an IANA time zone this build knows (such as \"Europe/Berlin\")"),
+        );
+    }
+    Ok(())
+}
+
 /// The record the flags describe: over the stored one, unless `--replace`.
 async fn from_flags(store: &Store, args: &Args) -> anyhow::Result<Subscriber> {
     let id = args.id.clone().unwrap_or_default();
     let stored = if args.replace { None } else { stored(store, &id).await? };
     let Some(stored) = stored else {
         let Some(email) = args.email.clone() else {
-            bail!("subscriber {id} is not in the registry: --email is needed to add it");
+            return Err(crate::cli::BadValue(format!(
+                "subscriber {id} is not in the registry: --email is needed to add it"
+            ))
+            .into());
         };
         return Ok(Subscriber {
             id,

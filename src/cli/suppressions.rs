@@ -64,6 +64,7 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
             }
         }
         Command::Add { email, json } => {
+            check_email(&email)?;
             let store = Store::open(config).await?;
             let state = apply(&store, config, &email, Act::Suppress(Why::Manual), None).await?;
             let out = crate::cli::Report { json };
@@ -80,4 +81,10 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `--email` passes the address rule, before anything is written (the refusal never
+/// echoes it).
+fn check_email(email: &str) -> Result<(), crate::cli::BadValue> {
+    crate::model::address::check(email).map_err(|why| crate::cli::BadValue(format!("--email: the address {why}")))
 }

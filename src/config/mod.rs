@@ -14,6 +14,7 @@ mod problems;
 mod redis;
 mod resend;
 mod slo;
+mod subscribers;
 pub mod templates;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ pub use self::problems::Problem;
 pub use self::redis::{Durability, RedisConfig};
 pub use self::resend::{LimiterMode, ResendConfig};
 pub use self::slo::{SloConfig, SloReportConfig};
+pub use self::subscribers::SubscribersConfig;
 pub use self::templates::{TemplateConfig, VariantConfig};
 
 /// The documented example config, shipped inside the binary (the demo runs on it).
@@ -74,6 +76,8 @@ pub struct Config {
     pub slo: SloConfig,
     #[serde(default)]
     pub operators: OperatorsConfig,
+    #[serde(default)]
+    pub subscribers: SubscribersConfig,
     #[serde(default)]
     pub log: LogConfig,
     #[serde(default, rename = "campaign")]
@@ -263,6 +267,7 @@ impl Config {
         }
         self.resend.validate(&mut errors);
         self.delivery.validate(&mut errors);
+        self.subscribers.validate(&mut errors);
         self.log.validate(&mut errors);
         self.http.validate_admin_tokens(&mut errors);
         slo::validate(self, &mut errors);

@@ -1,6 +1,7 @@
 //! The vocabulary every floor shares: values and the pure rules over them, with no I/O
 //! and nothing else of the crate imported, so any room may use them.
 
+pub mod address;
 pub mod error_name;
 pub mod id;
 pub mod names;

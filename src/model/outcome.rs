@@ -79,6 +79,9 @@ pub enum Reason {
     TooManyAttempts,
     /// The subscriber's `data` is not JSON.
     InvalidSubscriberData,
+    /// The subscriber's stored address fails the address rule (`model::address`): a
+    /// record written before the rule, or by hand.
+    InvalidAddress,
     /// Retried until the delivery deadline without the provider accepting it.
     Expired,
     /// A maybe-sent batch outlived the provider's idempotency window.
@@ -121,7 +124,7 @@ pub enum Reason {
 }
 
 impl Reason {
-    const LOCAL: [Reason; 25] = [
+    const LOCAL: [Reason; 26] = [
         Reason::UnknownSubscriber,
         Reason::NotEntitled,
         Reason::Unsubscribed,
@@ -130,6 +133,7 @@ impl Reason {
         Reason::RenderError,
         Reason::TooManyAttempts,
         Reason::InvalidSubscriberData,
+        Reason::InvalidAddress,
         Reason::Expired,
         Reason::IdempotencyWindowPassed,
         Reason::RecordLost,
@@ -160,6 +164,7 @@ impl Reason {
             Reason::RenderError => "render_error",
             Reason::TooManyAttempts => "too_many_attempts",
             Reason::InvalidSubscriberData => "invalid_subscriber_data",
+            Reason::InvalidAddress => "invalid_address",
             Reason::Expired => "expired",
             Reason::IdempotencyWindowPassed => "idempotency_window_passed",
             Reason::RecordLost => "record_lost",

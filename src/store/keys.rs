@@ -347,7 +347,7 @@ pub fn normalized(email: &str) -> String {
         (Some(open), Some(close)) if open < close => &email[open + 1..close],
         _ => email,
     };
-    inner.trim().to_ascii_lowercase()
+    crate::model::address::comparable(inner)
 }
 
 /// The part of `key` Redis Cluster hashes: the first `{…}` if it is not empty, else

@@ -39,30 +39,28 @@ pub struct Subscriber {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Map<String, serde_json::Value>>,
     /// An IANA zone (`Europe/Berlin`) for campaigns delivered at a local hour; a
-    /// missing or unknown one means the campaign's zone.
+    /// missing one means the campaign's zone. An unknown one is refused where it enters
+    /// (one stored before that rule means the campaign's zone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_zone: Option<String>,
 }
 
-/// Whether `s` is one plain address (`local@domain.tld`, no display name, no list).
-pub(crate) fn is_plain_address(s: &str) -> bool {
-    s.len() <= 320
-        && s.split_once('@').is_some_and(|(l, d)| !l.is_empty() && d.contains('.'))
-        && !s.contains(|c: char| c.is_whitespace() || c == '<' || c == '>' || c == ',')
-}
-
 impl Subscriber {
-    /// Checks ids and address; the message names the field, never the address.
+    /// Checks ids, address and zone; the message names the field, never the address.
     pub fn validate(&self) -> anyhow::Result<()> {
         if !is_name(&self.id) {
             // The id is not quoted: an address mistaken for an id must not be echoed.
-            bail!("subscriber id must be 1-128 of letters, digits, '_', '-', '.'");
+            bail!("id: a subscriber id must be 1-128 of letters, digits, '_', '-', '.'");
         }
-        if !is_plain_address(&self.email) {
-            bail!("subscriber {}: email is not a plain address", self.id);
+        if let Err(why) = crate::model::address::check(&self.email) {
+            bail!("email: the address {why}");
         }
         if self.targets.iter().any(|t| !is_name(t)) {
-            bail!("subscriber {}: a target id must be 1-128 of letters, digits, '_', '-', '.'", self.id);
+            bail!("targets: a target id must be 1-128 of letters, digits, '_', '-', '.'");
+        }
+        if let Some(zone) = self.time_zone.as_deref().filter(|z| z.parse::<chrono_tz::Tz>().is_err()) {
+            let zone: String = zone.chars().take(64).collect();
+            bail!("time_zone: {zone:?} is not an IANA time zone this build knows (such as \"Europe/Berlin\")");
         }
         Ok(())
     }
@@ -405,6 +403,9 @@ pub fn resolve(row: Row) -> Resolved {
     }
     let Some(email) = email else { return Resolved::Skip(Reason::UnknownSubscriber) };
     let Ok(email) = String::from_utf8(email) else { return Resolved::Fail(Reason::InvalidSubscriberData) };
+    if !crate::model::address::is_valid(&email) {
+        return Resolved::Skip(Reason::InvalidAddress);
+    }
     match data.map(|d| serde_json::from_slice::<serde_json::Value>(&d)) {
         None => Resolved::Send { email, data: serde_json::Value::Null },
         Some(Ok(data)) => Resolved::Send { email, data },
@@ -420,20 +421,58 @@ pub(crate) fn resolve_transactional(row: Row) -> Resolved {
     resolve((email, Some(b"1".to_vec()), Some(b"1".to_vec()), suppressed, data, None))
 }
 
-/// Parses NDJSON subscriber records; errors name the line, never its content.
-pub(crate) fn parse_ndjson(text: &str) -> anyhow::Result<Vec<Subscriber>> {
+/// Parses NDJSON subscriber records (a `data` of at most `max_data_bytes`); an error
+/// names the line and the field, never a value.
+pub(crate) fn parse_ndjson(text: &str, max_data_bytes: usize) -> Result<Vec<Subscriber>, crate::model::BadData> {
     let mut out = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |why: String| crate::model::BadData(format!("line {}: {why}", n + 1));
-        let s: Subscriber =
-            serde_json::from_str(line).map_err(|e| bad(format!("not a subscriber record ({})", e.classify_name())))?;
-        s.validate().map_err(|e| bad(format!("{e:#}")))?;
-        out.push(s);
+        let record =
+            record(line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {}: {why}", n + 1)))?;
+        out.push(record);
     }
     Ok(out)
+}
+
+/// The fields of a record, in the order the docs give them.
+const FIELDS: [&str; 7] = ["id", "email", "targets", "entitled", "subscribed", "data", "time_zone"];
+
+/// One NDJSON line as a record: each field checked on its own, so the error names it.
+pub(crate) fn record(line: &str, max_data_bytes: usize) -> Result<Subscriber, String> {
+    let value: serde_json::Value =
+        serde_json::from_str(line).map_err(|e| format!("not a subscriber record ({})", e.classify_name()))?;
+    let Some(object) = value.as_object() else { return Err("not a subscriber record (not a JSON object)".into()) };
+    for (name, v) in object {
+        let (ok, wanted) = match name.as_str() {
+            "id" | "email" => (v.is_string(), "a string"),
+            "time_zone" => (v.is_string() || v.is_null(), "a string"),
+            "targets" => (v.as_array().is_some_and(|a| a.iter().all(|t| t.is_string())), "an array of strings"),
+            "entitled" | "subscribed" => (v.is_boolean(), "true or false"),
+            "data" => (v.is_object() || v.is_null(), "a JSON object"),
+            _ => {
+                let name: String = name.chars().take(64).collect();
+                return Err(format!("unknown field {name:?}; expected one of {}", FIELDS.join(", ")));
+            }
+        };
+        if !ok {
+            return Err(format!("{name}: must be {wanted}"));
+        }
+    }
+    if let Some(missing) = ["id", "email"].into_iter().find(|f| !object.contains_key(*f)) {
+        return Err(format!("missing field {missing:?}"));
+    }
+    if let Some(data) = object.get("data").filter(|d| !d.is_null()) {
+        let size = serde_json::to_vec(data).map_or(usize::MAX, |d| d.len());
+        if size > max_data_bytes {
+            return Err(format!("data: {size} bytes, more than subscribers.max_data_bytes ({max_data_bytes})"));
+        }
+    }
+    let s: Subscriber =
+        serde_json::from_value(value).map_err(|e| format!("not a subscriber record ({})", e.classify_name()))?;
+    s.validate().map_err(|e| format!("{e:#}"))?;
+    Ok(s)
 }
 
 /// serde_json errors quote input; this names only the kind of problem.
@@ -459,7 +498,7 @@ mod tests {
     #[test]
     fn ndjson_records_parse_with_defaults() {
         let text = "{\"id\":\"u1\",\"email\":\"a@b.example\"}\n\n{\"id\":\"u2\",\"email\":\"c@d.example\",\"targets\":[\"t1\",\"t2\"],\"entitled\":false}\n";
-        let subs = parse_ndjson(text).unwrap();
+        let subs = parse_ndjson(text, 65_536).unwrap();
         assert_eq!(subs.len(), 2);
         assert!(subs[0].entitled && subs[0].subscribed);
         assert_eq!(subs[0].targets_or_default(), vec![DEFAULT_TARGET]);
@@ -482,6 +521,8 @@ mod tests {
         let mut garbled = row(Some("a@b.example"), "1", "1", None);
         garbled.0 = Some(vec![0xff, 0xfe, b'@']);
         assert_eq!(resolve(garbled), Resolved::Fail(Reason::InvalidSubscriberData));
+        // A stored address that fails the address rule (written by hand, or before it).
+        assert_eq!(resolve(row(Some("a b@b.example"), "1", "1", None)), Resolved::Skip(Reason::InvalidAddress));
         assert_eq!(resolve(row(Some("a@b.example"), "0", "1", None)), Resolved::Skip(Reason::NotEntitled));
         assert_eq!(resolve(row(Some("a@b.example"), "1", "0", None)), Resolved::Skip(Reason::Unsubscribed));
         assert_eq!(
@@ -496,12 +537,21 @@ mod tests {
 
     #[test]
     fn bad_lines_are_named_without_their_content() {
-        let err = parse_ndjson("{\"id\":\"u1\",\"email\":\"secret@person.example\",\"oops\":1}").unwrap_err();
-        let msg = format!("{err:#}");
-        assert!(msg.contains("line 1") && !msg.contains("secret@person"), "{msg}");
-        let err = parse_ndjson("{\"id\":\"u 1\",\"email\":\"a@b.example\"}").unwrap_err();
-        assert!(format!("{err:#}").contains("subscriber id"));
-        let err = parse_ndjson("{\"id\":\"u1\",\"email\":\"not-an-address\"}").unwrap_err();
-        assert!(format!("{err:#}").contains("email is not a plain address"));
+        let parse = |text: &str| format!("{:#}", parse_ndjson(text, 100).unwrap_err());
+        let msg = parse("{\"id\":\"u1\",\"email\":\"secret@person.example\",\"oops\":1}");
+        assert!(msg.contains("line 1: unknown field \"oops\"; expected one of id, email"), "{msg}");
+        assert!(!msg.contains("secret@person"), "{msg}");
+        assert!(parse("{\"id\":\"u 1\",\"email\":\"a@b.example\"}").contains("id: a subscriber id"));
+        let msg = parse("{\"id\":\"u1\",\"email\":\"not-an-address\"}");
+        assert!(msg.contains("email: the address has no @"), "{msg}");
+        let msg = parse(
+            "{\"id\":\"u1\",\"email\":\"a@b.example\"}\n{\"id\":\"u2\",\"email\":\"a@b.example\",\"entitled\":\"secret\"}",
+        );
+        assert!(msg.contains("line 2: entitled: must be true or false") && !msg.contains("secret"), "{msg}");
+        assert!(parse("{\"id\":\"u1\"}").contains("missing field \"email\""));
+        let msg = parse("{\"id\":\"u1\",\"email\":\"a@b.example\",\"time_zone\":\"Mars/Olympus\"}");
+        assert!(msg.contains("time_zone: \"Mars/Olympus\" is not an IANA time zone"), "{msg}");
+        let big = format!("{{\"id\":\"u1\",\"email\":\"a@b.example\",\"data\":{{\"x\":\"{}\"}}}}", "y".repeat(200));
+        assert!(parse(&big).contains("data: 208 bytes, more than subscribers.max_data_bytes (100)"), "{}", parse(&big));
     }
 }

@@ -137,20 +137,27 @@ impl Ingest {
         let duplicates = count(|r| matches!(r, ItemResult::Duplicate { .. }));
         let conflicts = count(|r| matches!(r, ItemResult::Conflict { .. }));
         let invalid = count(|r| matches!(r, ItemResult::Invalid { .. }));
-        for (result, n) in
-            [("accepted", accepted), ("duplicate", duplicates), ("conflict", conflicts), ("invalid", invalid)]
-        {
+        let unknown = count(|r| matches!(r, ItemResult::Refused { .. }));
+        let counted = [
+            ("accepted", accepted),
+            ("duplicate", duplicates),
+            ("conflict", conflicts),
+            ("invalid", invalid),
+            ("refused", unknown),
+        ];
+        for (result, n) in counted {
             if n > 0 {
                 self.metrics.ingested(result, n as u64);
             }
         }
-        let status = if conflicts + invalid == 0 { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
+        let refused = conflicts + invalid + unknown;
+        let status = if refused == 0 { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
         server::json(
             status,
             &json!({
                 "accepted": accepted,
                 "duplicates": duplicates,
-                "refused": conflicts + invalid,
+                "refused": refused,
                 "results": results,
             }),
         )
