@@ -503,3 +503,24 @@ async fn results_on_stdout_refusals_on_stderr() {
     let message = line["message"].as_str().unwrap();
     assert!(message.contains("contract-toml.toml:16: redis: "), "{message}");
 }
+
+/// `mailstream man` is a roff page from the same definitions as the parser (a command's
+/// own page too), and `completions` a script that knows every command.
+#[test]
+fn the_manual_and_the_completions_come_from_the_definitions() {
+    let page = bin().arg("man").output().unwrap();
+    let roff = String::from_utf8_lossy(&page.stdout);
+    assert!(page.status.success() && roff.contains(".TH mailstream 1") && roff.contains("check\\-config"), "{roff}");
+    let kick = bin().args(["man", "kick"]).output().unwrap();
+    let roff = String::from_utf8_lossy(&kick.stdout);
+    assert!(roff.contains(".TH mailstream-kick 1") && roff.contains("allow\\-any\\-period"), "{roff}");
+    let mut commands = Vec::new();
+    leaves(&mailstream::cli::definition(), &[], &mut commands);
+    for shell in ["bash", "zsh", "fish"] {
+        let script = bin().args(["completions", shell]).output().unwrap();
+        let script = String::from_utf8_lossy(&script.stdout);
+        for command in commands.iter().filter_map(|c| c.last()) {
+            assert!(script.contains(command.as_str()), "{shell} completes {command}");
+        }
+    }
+}

@@ -105,6 +105,14 @@ async fn a_long_import_is_checked_whole_then_written_in_batches() {
     let lines: String = (0..n)
         .map(|i| format!("{{\"id\":\"imp-{i}\",\"email\":\"delivered+imp-{i}@resend.dev\",\"data\":{{\"i\":{i}}}}}\n"))
         .collect();
+    // The shipped limit (64 KiB) refuses a record of 70 KB data, naming size and limit.
+    let heavy =
+        format!("{{\"id\":\"z1\",\"email\":\"z@acme.example\",\"data\":{{\"x\":\"{}\"}}}}\n", "y".repeat(70_000));
+    let out = run(&config, &url, &["subscribe", "--ndjson", "-"], &heavy);
+    let (_, e) = said(&out);
+    assert_eq!(out.status.code(), Some(65), "{e}");
+    assert!(e.contains("line 1: data: 70008 bytes, more than subscribers.max_data_bytes (65536)"), "{e}");
+    assert!(keys(&url).await.is_empty());
     let spoiled = format!("{lines}{{\"id\":\"imp-x\",\"email\":\"nope\"}}\n");
     let out = run(&config, &url, &["subscribe", "--ndjson", "-"], &spoiled);
     let (_, e) = said(&out);
