@@ -146,6 +146,22 @@ async fn a_long_import_is_checked_whole_then_written_in_batches() {
     assert_eq!(subscribers.len(), n, "every record written");
     let left: Vec<_> = std::fs::read_dir(&scratch).unwrap().collect();
     assert!(left.is_empty(), "the scratch copy of stdin is removed: {left:?}");
+
+    // A kick's audience the same way: checked whole (a bad last line: nothing written),
+    // then upserted and enqueued a batch at a time, counted as one kick.
+    let audience: String =
+        (0..2500).map(|i| format!("{{\"id\":\"aud-{i}\",\"email\":\"delivered+aud-{i}@resend.dev\"}}\n")).collect();
+    let before = keys(&url).await;
+    let kick = ["kick", "--campaign", "weekly_digest", "--audience", "-", "--json"];
+    let out = run(&config, &url, &kick, &format!("{audience}{{\"id\":\"aud-x\"}}\n"));
+    assert_eq!(out.status.code(), Some(65), "{:?}", said(&out));
+    assert!(said(&out).1.contains("line 2501: missing field \"email\""), "{:?}", said(&out));
+    assert_eq!(keys(&url).await, before, "a refused audience wrote nothing");
+    let out = run(&config, &url, &kick, &audience);
+    let (o, e) = said(&out);
+    assert!(out.status.success(), "{e}");
+    let report: serde_json::Value = serde_json::from_str(o.trim()).unwrap();
+    assert_eq!((report["new"].as_u64(), report["duplicates"].as_u64()), (Some(2500), Some(0)), "{report}");
 }
 
 /// A record written by hand (or before the rule) whose address fails it is skipped at

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use crate::audience::kick::{self, FanoutOptions, PeriodRule};
-use crate::audience::subscribers;
 use crate::config::Config;
 use crate::store::Store;
 
@@ -44,18 +43,20 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let c = config
         .campaign(&campaign)
         .ok_or_else(|| crate::cli::BadValue(format!("no [[campaign]] named {campaign:?} in the config")))?;
+    // An audience is checked whole, and never held whole, before anything is written.
+    let max_data_bytes = config.subscribers.max_data_bytes;
     let list = match audience {
         Some(source) => {
-            let list =
-                subscribers::parse_ndjson(&crate::cli::read_source(&source)?, config.subscribers.max_data_bytes)?;
-            if list.is_empty() && !allow_empty {
+            let input = crate::cli::ndjson::Input::open(&source)?;
+            let count = input.check_records(max_data_bytes)?;
+            if count == 0 && !allow_empty {
                 return Err(crate::model::BadData(format!(
                     "the audience on {source} is empty (a failed export?); nothing was enqueued. \
                      Pass --allow-empty if an empty audience is expected"
                 ))
                 .into());
             }
-            Some(list)
+            Some((input, count))
         }
         None => None,
     };
@@ -87,7 +88,18 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let report = match list {
-        Some(list) => kick::kick_list(&store, config, &campaign, &period, &list).await?,
+        Some((input, count)) => {
+            // A batch at a time: each upserted, then its eligible subscribers enqueued.
+            let mut total =
+                kick::KickReport { campaign: campaign.clone(), period: period.clone(), ..Default::default() };
+            input
+                .in_batches(max_data_bytes, count, "kick", async |batch| {
+                    total.add(&kick::kick_list(&store, config, &campaign, &period, batch).await?);
+                    Ok(())
+                })
+                .await?;
+            total
+        }
         None => {
             let scanned = Arc::new(AtomicU64::new(0));
             let options = FanoutOptions { scanned: Some(scanned.clone()), ..Default::default() };

@@ -7,6 +7,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 
+use crate::audience::subscribers::{Subscriber, record};
 use crate::model::BadData;
 
 use super::NoInput;
@@ -79,6 +80,61 @@ impl Input {
                 }
             }
         }))
+    }
+}
+
+/// Subscriber records handed on per batch by [`Input::in_batches`]: what an import holds
+/// in memory at once.
+const BATCH: usize = 1000;
+
+impl Input {
+    /// Checks every subscriber record (the first pass: nothing is kept); their count.
+    pub fn check_records(&self, max_data_bytes: usize) -> anyhow::Result<u64> {
+        let mut count = 0;
+        for line in self.lines()? {
+            let (n, line) = line?;
+            record(&line, max_data_bytes).map_err(|why| BadData(format!("line {n}: {why}")))?;
+            count += 1;
+        }
+        Ok(count)
+    }
+
+    /// Hands the records (checked by [`Input::check_records`], `count` of them) to
+    /// `write` a batch at a time, with a progress bar named `what` when stderr is a
+    /// terminal (nothing otherwise).
+    pub async fn in_batches(
+        &self,
+        max_data_bytes: usize,
+        count: u64,
+        what: &str,
+        mut write: impl AsyncFnMut(&[Subscriber]) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        use std::io::IsTerminal;
+        let bar = (std::io::stderr().is_terminal() && count >= BATCH as u64).then(|| {
+            let bar = indicatif::ProgressBar::new(count);
+            let template = format!("{what} [{{bar:40}}] {{pos}}/{{len}} records, {{per_sec}}, ETA {{eta}}");
+            let style = indicatif::ProgressStyle::with_template(&template);
+            bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()).progress_chars("=> "));
+            bar
+        });
+        let mut batch = Vec::with_capacity(BATCH);
+        let mut lines = self.lines()?.peekable();
+        while lines.peek().is_some() {
+            batch.clear();
+            for line in lines.by_ref().take(BATCH) {
+                let (n, line) = line?;
+                // Checked in the first pass; a file changed since is refused here, mid-way.
+                batch.push(record(&line, max_data_bytes).map_err(|why| BadData(format!("line {n}: {why}")))?);
+            }
+            write(&batch).await?;
+            if let Some(bar) = &bar {
+                bar.inc(batch.len() as u64);
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 
-use crate::audience::subscribers::{Subscriber, field, is_set, record, targets, upsert};
+use crate::audience::subscribers::{Subscriber, field, is_set, targets, upsert};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -71,7 +71,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let records = match &args.ndjson {
         Some(source) => {
             let input = crate::cli::ndjson::Input::open(source)?;
-            let count = check_records(&input, max_data_bytes)?;
+            let count = input.check_records(max_data_bytes)?;
             Some((input, count))
         }
         None => None,
@@ -93,7 +93,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
     let store = Store::open(config).await?;
     let out = crate::cli::Report { json: args.json };
     if let Some((input, count)) = records {
-        import(&store, &input, max_data_bytes, count).await?;
+        input.in_batches(max_data_bytes, count, "subscribe", async |batch| upsert(&store, batch).await).await?;
         out.line(format_args!("{count} subscribers written"));
         out.object(&serde_json::json!({ "written": count, "turned_off": [], "push_subscriptions": [] }))?;
         return Ok(ExitCode::SUCCESS);
@@ -128,57 +128,6 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
         &serde_json::json!({ "written": list.len(), "turned_off": args.off, "push_subscriptions": registered }),
     )?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// Records written per batch by an NDJSON import: what it holds in memory at once.
-const IMPORT_BATCH: usize = 1000;
-
-/// Checks every record of `input` (the first pass: nothing is kept); their count.
-fn check_records(input: &crate::cli::ndjson::Input, max_data_bytes: usize) -> anyhow::Result<u64> {
-    let mut count = 0;
-    for line in input.lines()? {
-        let (n, line) = line?;
-        record(&line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {n}: {why}")))?;
-        count += 1;
-    }
-    Ok(count)
-}
-
-/// Writes the records of `input` (checked) a batch at a time, with a progress bar on a
-/// terminal (nothing when stderr is not one).
-async fn import(
-    store: &Store,
-    input: &crate::cli::ndjson::Input,
-    max_data_bytes: usize,
-    count: u64,
-) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    let bar = (std::io::stderr().is_terminal() && count >= IMPORT_BATCH as u64).then(|| {
-        let bar = indicatif::ProgressBar::new(count);
-        let style =
-            indicatif::ProgressStyle::with_template("subscribe [{bar:40}] {pos}/{len} records, {per_sec}, ETA {eta}");
-        bar.set_style(style.unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()).progress_chars("=> "));
-        bar
-    });
-    let mut batch = Vec::with_capacity(IMPORT_BATCH);
-    let mut lines = input.lines()?.peekable();
-    while lines.peek().is_some() {
-        batch.clear();
-        for line in lines.by_ref().take(IMPORT_BATCH) {
-            let (n, line) = line?;
-            // Checked in the first pass; a file changed since is refused here, mid-way.
-            let s = record(&line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {n}: {why}")))?;
-            batch.push(s);
-        }
-        upsert(store, &batch).await?;
-        if let Some(bar) = &bar {
-            bar.inc(batch.len() as u64);
-        }
-    }
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
-    Ok(())
 }
 
 /// The values of the flags, checked before anything is read or written: each refusal

@@ -57,7 +57,8 @@ pub struct KickReport {
 }
 
 impl KickReport {
-    fn add(&mut self, other: &KickReport) {
+    /// Adds what `other` (a kick of another part of the same period) did.
+    pub fn add(&mut self, other: &KickReport) {
         self.new += other.new;
         self.duplicates += other.duplicates;
         self.not_eligible += other.not_eligible;

@@ -421,21 +421,6 @@ pub(crate) fn resolve_transactional(row: Row) -> Resolved {
     resolve((email, Some(b"1".to_vec()), Some(b"1".to_vec()), suppressed, data, None))
 }
 
-/// Parses NDJSON subscriber records (a `data` of at most `max_data_bytes`); an error
-/// names the line and the field, never a value.
-pub(crate) fn parse_ndjson(text: &str, max_data_bytes: usize) -> Result<Vec<Subscriber>, crate::model::BadData> {
-    let mut out = Vec::new();
-    for (n, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let record =
-            record(line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {}: {why}", n + 1)))?;
-        out.push(record);
-    }
-    Ok(out)
-}
-
 /// The fields of a record, in the order the docs give them.
 const FIELDS: [&str; 7] = ["id", "email", "targets", "entitled", "subscribed", "data", "time_zone"];
 
@@ -494,6 +479,21 @@ impl ClassifyName for serde_json::Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NDJSON records as the CLI's two passes read them (`cli/ndjson.rs`), one text at a
+    /// time: a `data` of at most `max_data_bytes`; an error names the line and the field.
+    fn parse_ndjson(text: &str, max_data_bytes: usize) -> Result<Vec<Subscriber>, crate::model::BadData> {
+        let mut out = Vec::new();
+        for (n, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let record =
+                record(line, max_data_bytes).map_err(|why| crate::model::BadData(format!("line {}: {why}", n + 1)))?;
+            out.push(record);
+        }
+        Ok(out)
+    }
 
     #[test]
     fn ndjson_records_parse_with_defaults() {
