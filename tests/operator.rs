@@ -42,9 +42,9 @@ async fn a_subscribe_changes_only_the_fields_it_is_given() {
     assert_eq!(r["targets"], "default", "{r:?}");
     assert!(!r.contains_key("data") && !r.contains_key("time_zone"), "{r:?}");
 
-    // A subscriber not yet in the registry needs an address.
+    // A subscriber not yet in the registry needs an address: a usage error (64).
     let out = run(&path, &url, &["subscribe", "--id", "u10", "--entitled", "false"], "");
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--email is needed"), "{out:?}");
 }
 
