@@ -89,9 +89,10 @@ impl Request {
             return Err(refuse("idempotency_key", "required: 1-128 of letters, digits, '_', '-', '.'"));
         }
         match (&self.to, &self.subscriber) {
-            (Some(to), None) if !crate::model::address::is_valid(to) => {
-                let why = crate::model::address::check(to).err().unwrap_or_default();
-                return Err(refuse("to", &format!("the address {why}")));
+            (Some(to), None) => {
+                if let Err(why) = crate::model::address::check(to) {
+                    return Err(refuse("to", &format!("the address {why}")));
+                }
             }
             (None, Some(s)) if !is_name(s) => {
                 return Err(refuse("subscriber", "1-128 of letters, digits, '_', '-', '.'"));

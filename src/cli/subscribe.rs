@@ -133,23 +133,15 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<ExitCode> {
 /// The values of the flags, checked before anything is read or written: each refusal
 /// names its flag (and never echoes an address).
 fn check_flags(args: &Args) -> Result<(), crate::cli::BadValue> {
-    let bad = |flag: &str, why: String| Err(crate::cli::BadValue(format!("--{flag}: {why}")));
-    if args.id.as_deref().is_some_and(|id| !crate::config::is_name(id)) {
-        return bad("id", "a subscriber id must be 1-128 of letters, digits, '_', '-', '.'".into());
-    }
-    if let Some(Err(why)) = args.email.as_deref().map(crate::model::address::check) {
-        return bad("email", format!("the address {why}"));
-    }
-    if args.targets.iter().any(|t| !crate::config::is_name(t)) {
-        return bad("target", "a target id must be 1-128 of letters, digits, '_', '-', '.'".into());
-    }
-    if let Some(zone) = args.time_zone.as_deref().filter(|z| z.parse::<chrono_tz::Tz>().is_err()) {
-        return bad(
-            "time-zone",
-            format!("{zone:?} is not an IANA time zone this build knows (such as \"Europe/Berlin\")"),
-        );
-    }
-    Ok(())
+    let (id, email, zone) = (args.id.as_deref(), args.email.as_deref(), args.time_zone.as_deref());
+    crate::audience::subscribers::check_fields(id, email, &args.targets, zone).map_err(|(field, why)| {
+        let flag = match field {
+            "targets" => "target",
+            "time_zone" => "time-zone",
+            other => other,
+        };
+        crate::cli::BadValue(format!("--{flag}: {why}"))
+    })
 }
 
 /// The record the flags describe: over the stored one, unless `--replace`.

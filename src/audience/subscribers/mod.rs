@@ -48,21 +48,8 @@ pub struct Subscriber {
 impl Subscriber {
     /// Checks ids, address and zone; the message names the field, never the address.
     pub fn validate(&self) -> anyhow::Result<()> {
-        if !is_name(&self.id) {
-            // The id is not quoted: an address mistaken for an id must not be echoed.
-            bail!("id: a subscriber id must be 1-128 of letters, digits, '_', '-', '.'");
-        }
-        if let Err(why) = crate::model::address::check(&self.email) {
-            bail!("email: the address {why}");
-        }
-        if self.targets.iter().any(|t| !is_name(t)) {
-            bail!("targets: a target id must be 1-128 of letters, digits, '_', '-', '.'");
-        }
-        if let Some(zone) = self.time_zone.as_deref().filter(|z| z.parse::<chrono_tz::Tz>().is_err()) {
-            let zone: String = zone.chars().take(64).collect();
-            bail!("time_zone: {zone:?} is not an IANA time zone this build knows (such as \"Europe/Berlin\")");
-        }
-        Ok(())
+        let (id, email, zone) = (Some(self.id.as_str()), Some(self.email.as_str()), self.time_zone.as_deref());
+        check_fields(id, email, &self.targets, zone).map_err(|(field, why)| anyhow::anyhow!("{field}: {why}"))
     }
 
     /// A made-up subscriber for the demo, tests and benchmarks: `user-000042` at
@@ -83,6 +70,34 @@ impl Subscriber {
     pub fn targets_or_default(&self) -> Vec<String> {
         if self.targets.is_empty() { vec![DEFAULT_TARGET.to_string()] } else { self.targets.clone() }
     }
+}
+
+/// Checks the fields of a record that are given (flags give some): the first wrong one,
+/// named as the record names it, and why, never echoing an address.
+pub(crate) fn check_fields(
+    id: Option<&str>,
+    email: Option<&str>,
+    targets: &[String],
+    time_zone: Option<&str>,
+) -> Result<(), (&'static str, String)> {
+    if id.is_some_and(|id| !is_name(id)) {
+        // The id is not quoted: an address mistaken for an id must not be echoed.
+        return Err(("id", "a subscriber id must be 1-128 of letters, digits, '_', '-', '.'".into()));
+    }
+    if let Some(Err(why)) = email.map(crate::model::address::check) {
+        return Err(("email", format!("the address {why}")));
+    }
+    if targets.iter().any(|t| !is_name(t)) {
+        return Err(("targets", "a target id must be 1-128 of letters, digits, '_', '-', '.'".into()));
+    }
+    if let Some(zone) = time_zone.filter(|z| z.parse::<chrono_tz::Tz>().is_err()) {
+        let zone: String = zone.chars().take(64).collect();
+        return Err((
+            "time_zone",
+            format!("{zone:?} is not an IANA time zone this build knows (such as \"Europe/Berlin\")"),
+        ));
+    }
+    Ok(())
 }
 
 /// Writes (upserts) subscribers into the registry, one pipeline per partition per
