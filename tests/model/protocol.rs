@@ -289,7 +289,15 @@ pub struct Data {
     /// Per delivery: its stream entry is not acknowledged (pending or unread).
     pub unacked: u8,
     pub batches: Vec<Batch>,
-    /// Per delivery: its subscriber record says unsubscribed (campaign turned off).
+    /// Per delivery: its subscriber record says unsubscribed (campaign turned off). It
+    /// stands for every reason the one rule (`Unwanted::of`, prelude.lua's `unwanted`)
+    /// reads off the record at the claim and again at the gate. The claim's `resolve`
+    /// also skips a stored address that fails the address rule (`invalid_address`), and
+    /// the gate does not: no door lets such an address in, so only a record edited by
+    /// hand holds one, and the sealed body keeps the address it was sealed with (as for
+    /// any address changed after the seal). Its only reachable effect is a skip at the
+    /// claim, a transition this bit already takes there (an unsubscribe before the
+    /// claim), so it needs no state of its own.
     pub unsubscribed: u8,
     /// Per delivery: the cascade marked its subscriber record suppressed.
     pub subscriber_suppressed: u8,

@@ -309,6 +309,8 @@ impl Walker {
                                 .arg(subscribers::field::channel_opted_out(CAMPAIGN, dref.channel))
                                 .query_async(conn)
                                 .await?;
+                            // The real resolve: the one rule, and the address rule (see
+                            // `Data::unsubscribed` for why the model needs no state for it).
                             match subscribers::resolve(row) {
                                 subscribers::Resolved::Skip(reason) => Some(reason),
                                 _ => None,
