@@ -175,7 +175,7 @@ async fn run(n: u64, revoked_share: f64, receipts: u64, with_hook: bool) -> anyh
         let hook = shared.clone();
         async move { answer(&hook, req).await }
     };
-    tokio::spawn(server::serve(app, handler, app_down, server::Limits::default()));
+    tokio::spawn(server::serve(app, handler, app_down, server::ListenerLimits::default()));
 
     let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(RPS), ..Default::default() });
     let (emulator_url, stop_emulator, _task) = emulator.spawn_local().await?;

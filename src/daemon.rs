@@ -92,8 +92,9 @@ pub async fn serve(
     let scripts =
         store::scripts::load_all(&mut store.conn().await?).await.context("loading the Lua scripts into Redis")?;
     let batcher = Arc::new(queue::Batcher::from_config(&config));
-    let consumer = o.owner.unwrap_or_else(ctx::consumer_from_env);
-    let ctx = Arc::new(ctx::Ctx::new(config, store, consumer, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
+    let consumer_name = o.owner.unwrap_or_else(ctx::consumer_from_env);
+    let ctx =
+        Arc::new(ctx::Ctx::new(config, store, consumer_name, o.metrics.unwrap_or_default(), o.failpoints, &shutdown));
     ctx.metrics.set_durability_relaxed(relaxed);
     ctx.metrics.configure(&ctx.config);
     let (c, owner) = (&ctx.config, &ctx.owner);
@@ -114,13 +115,13 @@ pub async fn serve(
     if let Some(listener) = listeners.metrics {
         tasks.spawn(private::serve(&ctx, listener, shutdown.clone()));
     }
-    let consumer = Arc::new(read::Consumer::new(ctx.clone(), renderer, batcher.clone())?);
+    let email_reader = Arc::new(read::EmailReader::new(ctx.clone(), renderer, batcher.clone())?);
     let app = crate::channels::app::AppChannel::from_ctx(&ctx)?;
     let push = crate::channels::push::PushChannel::from_ctx(&ctx)?;
     for p in 0..c.redis.partitions {
         for lane in Lane::EMAIL {
             let reader = tracing::info_span!("reader", partition = p, lane = lane.as_str());
-            tasks.spawn(consumer.clone().read_partition(p, lane).instrument(reader));
+            tasks.spawn(email_reader.clone().read_partition(p, lane).instrument(reader));
         }
         // The application channel's own readers, with their own connections and requests.
         if let Some(app) = &app {
@@ -134,7 +135,7 @@ pub async fn serve(
         }
     }
     let tick = o.reclaim_every.unwrap_or((c.lease() / 4).clamp(Duration::from_millis(100), Duration::from_secs(1)));
-    let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), consumer, batcher: batcher.clone() };
+    let reclaimer = reclaim::Reclaimer { ctx: ctx.clone(), reader: email_reader, batcher: batcher.clone() };
     tasks.spawn(reclaimer.run(tick));
     tasks.spawn(schedule::Scheduler::new(ctx.clone()).run(Duration::from_secs(1)));
     tasks.spawn(Arc::new(dispatch::Dispatcher::new(&ctx, batcher, sender)).run(ctx.clone()));

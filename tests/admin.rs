@@ -49,7 +49,7 @@ async fn seeded() -> World {
 }
 
 /// Every page of `f`, in order: the rows (each id once) and how many pages.
-async fn every_page(store: &mailstream::store::Store, f: &Filter) -> (Vec<deliveries::Row>, usize) {
+async fn every_page(store: &mailstream::store::Store, f: &Filter) -> (Vec<deliveries::DeliveryRow>, usize) {
     let (mut rows, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
     let mut seen = BTreeSet::new();
     loop {
@@ -82,7 +82,9 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     assert_eq!(failed.rows.len() as u64, counts.failed);
     assert!(failed.rows.iter().all(|r| r.status == "failed" && r.why.as_deref() == Some("validation_error")));
     // What Resend said of each, not only its error's name.
-    let said = |r: &deliveries::Row| r.said.as_deref().is_some_and(|s| s.contains("example.com domain is not allowed"));
+    let said = |r: &deliveries::DeliveryRow| {
+        r.said.as_deref().is_some_and(|s| s.contains("example.com domain is not allowed"))
+    };
     assert!(failed.rows.iter().all(said), "{:?}", failed.rows[0]);
     let skipped = page(filter(&["skipped"])).await;
     assert_eq!(skipped.rows.len() as u64, counts.skipped);
@@ -120,7 +122,7 @@ async fn the_delivery_log_filters_a_seeded_redis() {
     }
     let _: () = zadd.query_async(&mut conn).await.unwrap();
     let (again, _) = every_page(store, &period).await;
-    let ids = |rows: &[deliveries::Row]| rows.iter().map(|r| r.id.clone()).collect::<BTreeSet<_>>();
+    let ids = |rows: &[deliveries::DeliveryRow]| rows.iter().map(|r| r.id.clone()).collect::<BTreeSet<_>>();
     assert_eq!(ids(&again), ids(&rows));
     assert_eq!(again.len(), 60, "every delivery once");
 

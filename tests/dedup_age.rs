@@ -135,7 +135,7 @@ async fn every_trace_of_a_period_is_kept_until_its_kick_window_ends_however_earl
                 let entries: Vec<String> = redis::cmd("HVALS").arg(&bucket).query_async(&mut conn).await.unwrap();
                 let Some(last) = entries
                     .iter()
-                    .map(|e| mailstream::store::history::Entry::parse(e).expect("an entry").settled_ms)
+                    .map(|e| mailstream::store::history::HistoryEntry::parse(e).expect("an entry").settled_ms)
                     .max()
                 else {
                     continue;

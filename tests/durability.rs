@@ -15,7 +15,7 @@ use mailstream::audience::suppression::{self, Act};
 use mailstream::config::Secret;
 use mailstream::model::outcome::Failpoint;
 use mailstream::model::outcome::Why;
-use mailstream::resend::{Client, ItemResult};
+use mailstream::resend::{AcceptedEmail, Client};
 use mailstream::store::redis_server::{RedisOptions, RedisServer};
 use mailstream::store::scripts::{self, Gate, GateRequest, Settlement, Settler, Take, Verdict};
 use mailstream::tools::emulator::EmulatorConfig;
@@ -86,7 +86,7 @@ async fn a_gate_write_lost_before_its_wait_is_not_followed_by_its_old_holders_re
         .iter()
         .zip(answer.items)
         .map(|(&i, item)| {
-            let ItemResult::Sent(id) = item else { panic!("sent") };
+            let AcceptedEmail::Sent(id) = item else { panic!("sent") };
             Settlement { member: &members[i], verdict: Verdict::Sent(id) }
         })
         .collect();

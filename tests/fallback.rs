@@ -135,9 +135,10 @@ async fn a_fallback_refused_too_records_the_first_refusal() {
     assert_eq!(seen.len(), 2, "the refused request and its one fallback, no more: {seen:?}");
     assert!(seen[1].0.ends_with(".fallback") && seen.iter().all(|(_, s)| *s == 403), "{seen:?}");
     assert_eq!(metric(&metrics, "mailstream_sender_fallbacks_total", "template=\"new_lead\""), 0.0);
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 10)
+            .await
+            .unwrap();
     assert_eq!(dead.iter().map(|d| d.error.as_str()).collect::<Vec<_>>(), ["validation_error"]);
 }
 

@@ -329,9 +329,10 @@ async fn records_do_not_expire_while_unsettled_and_a_lost_one_is_a_dead_letter()
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
     assert_eq!((counts.sent, counts.failed), (19, 1));
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 10)
+            .await
+            .unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!((dead[0].delivery.as_str(), dead[0].error.as_str()), (lost.id().as_str(), "record_lost"));
     // The failed one keeps its record, the sent ones their entries in the period's
@@ -373,9 +374,10 @@ async fn a_dead_letter_counts_the_requests_made() {
     let settlements: Vec<Settlement<'_>> =
         members.iter().map(|m| Settlement { member: m, verdict: verdict.clone() }).collect();
     scripts::settle(&mut conn, keys, 0, &batch, Settler::Holder("holder"), &settlements, 3600).await.unwrap();
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 10)
+            .await
+            .unwrap();
     assert_eq!(dead.len(), 2);
     assert!(dead.iter().all(|d| d.attempts == "3" && d.error == "invalid_api_key"), "{dead:?}");
 }
@@ -546,9 +548,10 @@ async fn a_delivery_sent_and_kept_compactly_is_never_enqueued_again() {
     assert!(drained.is_some(), "the stale entry was read and acknowledged");
     let counts = world.counts().await;
     assert_eq!((counts.sent, counts.failed), (30, 0), "{counts:?}");
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 10)
+            .await
+            .unwrap();
     assert!(dead.is_empty(), "no record_lost dead letter: {dead:?}");
     assert_eq!(emulator.stats().emails_accepted, 30);
 
@@ -566,7 +569,7 @@ async fn a_delivery_sent_and_kept_compactly_is_never_enqueued_again() {
     // Past the newest-first index (gone here), page by page through the history's buckets.
     let _: () = redis::cmd("DEL").arg(keys.recent(0)).query_async(&mut conn).await.unwrap();
     let again = mailstream::ops::deliveries::every(&world.store, &filter).await.unwrap();
-    let ids = |rows: &[mailstream::ops::deliveries::Row]| {
+    let ids = |rows: &[mailstream::ops::deliveries::DeliveryRow]| {
         let mut ids: Vec<String> = rows.iter().map(|r| r.id.clone()).collect();
         ids.sort();
         ids

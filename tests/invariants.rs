@@ -170,9 +170,10 @@ async fn invariant_6_every_script_call_touches_one_hash_slot() {
     .await
     .expect("settled");
     assert_eq!(settled.failed, 1, "{settled:?}");
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 10)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 10)
+            .await
+            .unwrap();
     mailstream::ops::dead_letters::retry(&world.store, &[dead[0].delivery.clone()], false).await.unwrap();
     daemon.stop().await;
     monitor.kill().unwrap();

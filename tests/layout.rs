@@ -339,3 +339,95 @@ fn lib_rs_stays_a_wiring_file() {
     let lib = std::fs::read_to_string(src().join("lib.rs")).unwrap();
     assert!(lib.lines().count() < 120, "lib.rs has {} lines", lib.lines().count());
 }
+
+/// The types a source text defines (structs, enums, traits, type aliases, those a macro
+/// like `names!` wraps included), by name, with their line; a trait's associated type
+/// (`type Error = …;` in an impl) is the trait's name, not one of ours.
+fn types_defined(text: &str) -> Vec<(String, usize)> {
+    const ASSOCIATED: [&str; 5] = ["Error", "Err", "Output", "Target", "Item"];
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(at) = words.iter().position(|w| matches!(*w, "struct" | "enum" | "trait" | "type")) else { continue };
+        // Only a definition: nothing but visibility before the keyword.
+        if !words[..at].iter().all(|w| w.starts_with("pub")) {
+            continue;
+        }
+        let Some(name) = words.get(at + 1) else { continue };
+        let name: String = name.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+        if name.chars().next().is_some_and(char::is_uppercase)
+            && !(words[at] == "type" && ASSOCIATED.contains(&name.as_str()))
+        {
+            out.push((name, i + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_two_types_of_the_crate_share_a_name() {
+    let mut found = Vec::new();
+    sources(&src(), &mut found);
+    let mut by_name: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for file in &found {
+        let text = std::fs::read_to_string(file).unwrap();
+        let in_cli = file.strip_prefix(src()).unwrap().starts_with("cli");
+        for (name, line) in types_defined(&text) {
+            // Each command's clap arguments are its `Args`, as clap's own examples have them.
+            if in_cli && name == "Args" {
+                continue;
+            }
+            by_name.entry(name).or_default().push(format!("{}:{line}", file.display()));
+        }
+    }
+    let shared: BTreeMap<&String, &Vec<String>> = by_name.iter().filter(|(_, at)| at.len() > 1).collect();
+    assert!(shared.is_empty(), "types sharing a name: {shared:#?}");
+}
+
+#[test]
+fn the_type_finder_sees_what_it_should() {
+    let text =
+        "pub struct A {\n    pub(crate) enum B,\n    type Error = X;\n  type Local = (u8, u8);\nlet struct_ = 1;\n";
+    let names: Vec<String> = types_defined(text).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, vec!["A", "B", "Local"]);
+}
+
+/// The ways a file sends Redis a command of its own.
+const RAW_REDIS: [&str; 4] = ["redis::cmd(", "redis::pipe(", ".cmd(\"", "AsyncCommands"];
+
+#[test]
+fn raw_redis_commands_live_in_the_store_or_say_why_not() {
+    let mut found = Vec::new();
+    sources(&src(), &mut found);
+    let mut unexplained = Vec::new();
+    for file in &found {
+        if file.strip_prefix(src()).unwrap().starts_with("store") {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        if !RAW_REDIS.iter().any(|raw| text.contains(raw)) {
+            continue;
+        }
+        // The file's opening comment says why these commands are its own.
+        let header: String = text.lines().take_while(|l| l.starts_with("//!")).collect::<Vec<_>>().join("\n");
+        if !header.contains("Raw Redis here:") {
+            unexplained.push(file.display().to_string());
+        }
+    }
+    assert!(
+        unexplained.is_empty(),
+        "raw Redis commands outside store/ with no `Raw Redis here:` reason: {unexplained:#?}"
+    );
+    // The send core and the channels read and write only through store/.
+    for file in &found {
+        let rel = file.strip_prefix(src()).unwrap();
+        if rel.starts_with("send") || rel.starts_with("channels") {
+            let text = std::fs::read_to_string(file).unwrap();
+            assert!(
+                !RAW_REDIS.iter().any(|raw| text.contains(raw)),
+                "{} sends Redis a command of its own",
+                rel.display()
+            );
+        }
+    }
+}

@@ -17,7 +17,7 @@ use mailstream::audience::subscribers::{self, Subscriber};
 use mailstream::audience::tokens::Tokens;
 use mailstream::config::{EXAMPLE, Secret};
 use mailstream::model::work::{Channel, DeliveryRef};
-use mailstream::send::stuck::{self, Kind, Limits};
+use mailstream::send::stuck::{self, StuckKind, StuckLimits};
 use mailstream::store::scripts;
 use mailstream::tools::emulator::{EmulatorConfig, Faults, Storm, WebhookTarget};
 use mailstream::{Listeners, RunOptions};
@@ -354,18 +354,18 @@ async fn the_stuck_scan_finds_unclaimed_expired_and_overdue_work_and_clears_once
     let tally = stuck::look_everywhere(&world.store, &world.config).await.unwrap();
     assert!(tally.is_empty(), "{tally:?}");
     // With tight limits each kind is found, and only it.
-    let tight = Limits { stuck_after_ms: 1, lease_ms: 1, deadline_ms: 1, maybe_sent_deadline_ms: 1 };
+    let tight = StuckLimits { stuck_after_ms: 1, lease_ms: 1, deadline_ms: 1, maybe_sent_deadline_ms: 1 };
     let look = |store: mailstream::store::Store| async move {
         let mut tally = stuck::Tally::new();
         stuck::look(&store, "mailstream", 0, &tight, &mut tally).await.unwrap();
         tally
     };
     let mut want: stuck::Tally =
-        [(Kind::Unclaimed, 4), (Kind::LeaseExpired, 1), (Kind::PastDeadline, sealed.len() as u64)]
+        [(StuckKind::Unclaimed, 4), (StuckKind::LeaseExpired, 1), (StuckKind::PastDeadline, sealed.len() as u64)]
             .into_iter()
             .map(|(k, n)| ((CAMPAIGN.to_string(), PERIOD.to_string(), Channel::Email, k), n))
             .collect();
-    want.insert(("transactional".to_string(), day.clone(), Channel::Email, Kind::Unclaimed), 1);
+    want.insert(("transactional".to_string(), day.clone(), Channel::Email, StuckKind::Unclaimed), 1);
     let found = eventually(Duration::from_secs(10), || {
         let store = world.store.clone();
         let want = want.clone();

@@ -196,10 +196,13 @@ async fn a_batch_older_than_the_idempotency_window_is_not_resent_blind() {
     daemon.stop().await;
     assert_eq!((counts.outcome_unknown, counts.sent), (4, 0));
     assert_eq!(emulator.stats().requests, 0, "never resent");
-    let unknown =
-        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::OutcomeUnknown, 10)
-            .await
-            .unwrap();
+    let unknown = mailstream::ops::dead_letters::list(
+        &world.store,
+        mailstream::ops::dead_letters::DeadLetterKind::OutcomeUnknown,
+        10,
+    )
+    .await
+    .unwrap();
     assert_eq!(unknown.len(), 4);
     assert!(unknown.iter().all(|u| u.error == "idempotency_window_passed" && u.state_now == "outcome_unknown"));
     // The operator checked in Resend: not delivered. Requeueing needs saying so.
@@ -263,9 +266,10 @@ async fn a_fatal_answer_is_one_attempt_and_a_dead_letter() {
     let seen = emulator.seen();
     assert_eq!(seen.len(), 2, "one request per batch, no retry: {seen:?}");
     assert!(seen.iter().all(|s| s.status == 403));
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 500)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 500)
+            .await
+            .unwrap();
     assert_eq!(dead.len(), 150);
     assert!(dead.iter().all(|d| d.error == "invalid_api_key"));
 
@@ -299,9 +303,10 @@ async fn a_rejected_sender_fails_at_once() {
     daemon.stop().await;
     assert_eq!(counts.failed, 20);
     assert_eq!(emulator.seen().len(), 1, "no retry, no backoff sleep");
-    let dead = mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::Kind::Failed, 50)
-        .await
-        .unwrap();
+    let dead =
+        mailstream::ops::dead_letters::list(&world.store, mailstream::ops::dead_letters::DeadLetterKind::Failed, 50)
+            .await
+            .unwrap();
     assert!(dead.iter().all(|d| d.error == "validation_error"));
 }
 

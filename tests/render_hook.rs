@@ -82,7 +82,7 @@ impl App {
             let state = shared.clone();
             async move { App::answer(&state, req).await }
         };
-        tokio::spawn(server::serve(listener, handler, down, server::Limits::default()));
+        tokio::spawn(server::serve(listener, handler, down, server::ListenerLimits::default()));
         App { state, url, _stop: Arc::new(stop) }
     }
 

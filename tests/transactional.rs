@@ -180,7 +180,7 @@ async fn transactional_sends_reach_addresses_and_subscribers_and_keep_addresses_
     ];
     // `nobody-1` names no subscriber: let in (as `enqueue --allow-unknown` does), it is
     // skipped at send, as one deleted after its enqueue is.
-    let allow = ingest::Unknown::Allow;
+    let allow = ingest::UnknownSubscriber::Allow;
     let results = ingest::enqueue_with(&world.store, &world.config, items, allow).await.unwrap();
     assert!(results.iter().all(|r| !r.is_refused()), "{results:?}");
     let daemon = world.daemon();

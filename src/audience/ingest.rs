@@ -7,6 +7,9 @@
 //! item is reported with its field, the others go on) and enqueued in the
 //! transactional lane (`lua/ingest.lua`), on the same exactly-once path as
 //! campaigns. An address given inline is kept in the delivery's record only.
+//!
+//! Raw Redis here: one read-only pipeline, whether the subscribers an ingest names exist; the items
+//! are written by ingest.lua.
 
 use std::collections::BTreeMap;
 
@@ -61,6 +64,12 @@ fn refuse(field: &str, error: &str) -> FieldError {
 }
 
 impl Request {
+    /// A request as a delivery record keeps it (`stored`), read back; `None` if it is not
+    /// one (a record written by hand, or damaged).
+    pub fn from_stored(json: &str) -> Option<Request> {
+        serde_json::from_str(json).ok()
+    }
+
     /// Reads and checks one item (a JSON object) against the config's templates.
     fn from_json(value: serde_json::Value, config: &Config) -> Result<Request, FieldError> {
         let Some(object) = value.as_object() else {
@@ -192,17 +201,17 @@ impl ItemResult {
 /// A valid item as ingest.lua takes it: its index, delivery, stored request, the
 /// request's hash, and whether its template lists the application channel.
 /// An item to enqueue: its index, delivery, request, hash, and its event's request if any.
-type Stored = (usize, DeliveryRef, String, String, Option<String>);
+type StoredItem = (usize, DeliveryRef, String, String, Option<String>);
 
 /// Checks `items` and enqueues the valid ones; one result per item, in order. An item
 /// naming a subscriber the registry does not hold is refused (`unknown_subscriber`).
 pub async fn enqueue(store: &Store, config: &Config, items: Vec<serde_json::Value>) -> anyhow::Result<Vec<ItemResult>> {
-    enqueue_with(store, config, items, Unknown::Refuse).await
+    enqueue_with(store, config, items, UnknownSubscriber::Refuse).await
 }
 
 /// What becomes of an item naming a subscriber the registry does not hold.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Unknown {
+pub enum UnknownSubscriber {
     /// Refused at the door (`unknown_subscriber`).
     Refuse,
     /// Enqueued: skipped at send as `unknown_subscriber` unless the subscriber is added
@@ -215,7 +224,7 @@ pub async fn enqueue_with(
     store: &Store,
     config: &Config,
     items: Vec<serde_json::Value>,
-    unknown: Unknown,
+    unknown: UnknownSubscriber,
 ) -> anyhow::Result<Vec<ItemResult>> {
     let mut results: Vec<Option<ItemResult>> = vec![None; items.len()];
     let mut valid: Vec<(usize, Request)> = Vec::new();
@@ -225,7 +234,7 @@ pub async fn enqueue_with(
             Err(e) => results[index] = Some(ItemResult::Invalid { index, field: e.field, error: e.error }),
         }
     }
-    if unknown == Unknown::Refuse {
+    if unknown == UnknownSubscriber::Refuse {
         let known = known_subscribers(store, &valid).await?;
         valid = valid
             .into_iter()
@@ -243,7 +252,7 @@ pub async fn enqueue_with(
     let day = store.time().await?.format("%Y-%m-%d").to_string();
     let keys = &store.keys;
     // By the partition of the key, so the key's guard and its delivery share a slot.
-    let mut by_partition: BTreeMap<u16, Vec<Stored>> = BTreeMap::new();
+    let mut by_partition: BTreeMap<u16, Vec<StoredItem>> = BTreeMap::new();
     for (index, r) in &valid {
         let d = r.delivery(&day);
         let (request, hash) = r.stored();

@@ -95,7 +95,7 @@ impl<'a> Email<'a> {
 
 /// Ready content of a transactional send (not a template: sent as given).
 #[derive(Debug, Clone, Copy)]
-pub struct Ready<'a> {
+pub struct ReadyContent<'a> {
     pub subject: &'a str,
     pub html: Option<&'a str>,
     pub text: Option<&'a str>,
@@ -119,7 +119,7 @@ impl Renderer {
     }
 
     /// A transactional email from ready content.
-    pub fn ready(from: &str, to: &str, content: Ready<'_>, delivery: &DeliveryRef) -> String {
+    pub fn ready(from: &str, to: &str, content: ReadyContent<'_>, delivery: &DeliveryRef) -> String {
         let email = Email {
             from,
             to: [to],
@@ -313,7 +313,7 @@ mod tests {
         let json = Renderer::ready(
             "a@b.example",
             "c@d.example",
-            Ready { subject: " Receipt {{ x }} ", html: None, text: Some("t") },
+            ReadyContent { subject: " Receipt {{ x }} ", html: None, text: Some("t") },
             &d,
         );
         let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -6,6 +6,9 @@
 //! marked suppressed and unsubscribed in their own partitions. Transient bounces are counted, and
 //! suppress at a threshold within a window. Used by the webhook listener and by
 //! `mailstream suppressions`.
+//!
+//! Raw Redis here: the suppression records' read for `mailstream suppressions` (a suppression is
+//! written by `store::scripts`).
 
 use std::collections::BTreeMap;
 
@@ -59,7 +62,7 @@ pub(crate) async fn apply_to(
         source: if event.is_some() { "webhook" } else { "operator" },
         event: event.unwrap_or(""),
         seen_ttl_secs: w.seen_ttl().as_secs(),
-        transient_window_ms: w.transient_bounce_window().as_millis() as u64,
+        transient_window_ms: crate::model::ms(w.transient_bounce_window()),
         transient_threshold: w.transient_bounces_to_suppress,
     };
     let mut conn = store.waited_conn().await?;
@@ -103,7 +106,7 @@ pub(crate) async fn apply_to(
 
 /// One suppression as `mailstream suppressions list` shows it (no address: its hash).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Entry {
+pub struct SuppressionEntry {
     pub address_hash: String,
     pub reason: String,
     pub at_ms: u64,
@@ -125,7 +128,7 @@ pub(crate) async fn of_the_last_day(store: &Store) -> anyhow::Result<BTreeMap<St
 }
 
 /// Every suppression (a scan of the suppression records), or only `email`'s.
-pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Entry>> {
+pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<SuppressionEntry>> {
     let keys = match email {
         Some(email) => vec![store.keys.suppression(&store.keys.address(email))],
         None => store.scan(&store.keys.suppressions_pattern()).await?,
@@ -137,7 +140,7 @@ pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Entr
             redis::cmd("HMGET").arg(&key).arg(&["reason", "at_ms", "source", "event"]).query_async(&mut conn).await?;
         let Some(reason) = reason else { continue };
         let address_hash = key.rsplit(':').next().unwrap_or_default().to_string();
-        out.push(Entry {
+        out.push(SuppressionEntry {
             address_hash,
             reason,
             at_ms: at_ms.unwrap_or(0),

@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use crate::channels::{self, Claimed, Sender, Slots};
+use crate::channels::{self, ChannelSender, Slots};
 use crate::config::AppChannelConfig;
 use crate::model::outcome::{Outcome, Reason};
 use crate::model::svix::SigningKey;
 use crate::model::work::{Channel, DeliveryRef};
 use crate::send::ctx::Ctx;
+use crate::send::read::{self, Claimed};
 use crate::store::scripts::Decision;
 
 /// The record field holding the event's body, fixed before its first request.
@@ -28,7 +29,7 @@ pub const BODY_FIELD: &str = "app_body";
 
 /// What one request's answer means for its delivery.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answered {
+pub enum AppAnswer {
     /// 2xx: settled `sent`.
     Taken,
     /// 410: settled `failed`, not asked again.
@@ -68,12 +69,12 @@ pub fn signed_headers(key: &SigningKey, id: &str, timestamp: i64, body: &[u8]) -
 }
 
 /// How a status (and its `Retry-After`, ms) is read (`None`: no answer came).
-pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> Answered {
+pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> AppAnswer {
     match status {
-        Some(200..=299) => Answered::Taken,
-        Some(410) => Answered::Gone,
-        Some(429) => Answered::Again(retry_after_ms.unwrap_or(0)),
-        _ => Answered::Again(0),
+        Some(200..=299) => AppAnswer::Taken,
+        Some(410) => AppAnswer::Gone,
+        Some(429) => AppAnswer::Again(retry_after_ms.unwrap_or(0)),
+        _ => AppAnswer::Again(0),
     }
 }
 
@@ -102,7 +103,7 @@ impl AppChannel {
     }
 }
 
-impl Sender for AppChannel {
+impl ChannelSender for AppChannel {
     const CHANNEL: Channel = Channel::App;
     const BODY_FIELD: &'static str = BODY_FIELD;
     const MAYBE_TAKEN_FIELD: &'static str = "app_maybe_taken";
@@ -144,9 +145,13 @@ impl Sender for AppChannel {
         let decide =
             |outcome, reason| Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost: false };
         match answered(status, retry_after) {
-            Answered::Taken => channels::decide(&*self, &mut conn, p, &[decide(Outcome::Sent, Reason::Accepted)]).await,
-            Answered::Gone => channels::decide(&*self, &mut conn, p, &[decide(Outcome::Failed, Reason::AppGone)]).await,
-            Answered::Again(at_least_ms) => channels::put_off(&*self, &mut conn, p, &item, at_least_ms, None).await,
+            AppAnswer::Taken => {
+                read::decide(self.ctx(), &mut conn, p, &[decide(Outcome::Sent, Reason::Accepted)]).await
+            }
+            AppAnswer::Gone => {
+                read::decide(self.ctx(), &mut conn, p, &[decide(Outcome::Failed, Reason::AppGone)]).await
+            }
+            AppAnswer::Again(at_least_ms) => channels::put_off(&*self, &mut conn, p, &item, at_least_ms, None).await,
         }
     }
 }
@@ -157,15 +162,15 @@ mod tests {
 
     #[test]
     fn answers_are_read_as_the_channel_promises() {
-        assert_eq!(answered(Some(200), None), Answered::Taken);
-        assert_eq!(answered(Some(204), None), Answered::Taken);
-        assert_eq!(answered(Some(410), None), Answered::Gone);
+        assert_eq!(answered(Some(200), None), AppAnswer::Taken);
+        assert_eq!(answered(Some(204), None), AppAnswer::Taken);
+        assert_eq!(answered(Some(410), None), AppAnswer::Gone);
         for again in [Some(429), Some(500), Some(503), Some(400), Some(401), Some(404), None] {
-            assert_eq!(answered(again, None), Answered::Again(0), "{again:?}");
+            assert_eq!(answered(again, None), AppAnswer::Again(0), "{again:?}");
         }
         // A 429's Retry-After is a floor; another status's is not read.
-        assert_eq!(answered(Some(429), Some(4000)), Answered::Again(4000));
-        assert_eq!(answered(Some(503), Some(4000)), Answered::Again(0));
+        assert_eq!(answered(Some(429), Some(4000)), AppAnswer::Again(4000));
+        assert_eq!(answered(Some(503), Some(4000)), AppAnswer::Again(0));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! Push, `push/`): one reader per partition of the channel's own stream, which claims each
 //! delivery (claim.lua), checks the subscriber still wants it, fixes its message in the
 //! record before the first request (first writer wins, waited for by the replicas), and
-//! hands it to the channel's [`Sender`] to send and settle (decide.lua) or put off
+//! hands it to the channel's [`ChannelSender`] to send and settle (decide.lua) or put off
 //! (defer.lua, into the channel's due set); it takes over the channel's expired leases
 //! itself. Nothing here touches an email's stream, batch or limiter, so a channel that is
 //! down holds no email, and an email outage holds no other channel.
@@ -14,20 +14,20 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::AsyncCommands;
-use redis::streams::StreamAutoClaimReply;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::audience::subscribers::{self, Resolved};
 use crate::model::outcome::{Outcome, Reason};
 use crate::model::work::{Channel, DeliveryRef, Lane, TRANSACTIONAL};
 use crate::send::ctx::Ctx;
+use crate::send::read::{self, Claimed, ClaimedRead, NotSent, OverClaimed};
 use crate::store::conn::Conn;
-use crate::store::scripts::{self, Backoff, Claim, Decision, Deferred};
-use crate::store::streams::{self, Entry, entry_of};
+use crate::store::records::{self, SubscriberRead};
+use crate::store::scripts::{self, Backoff, Decision, Deferred};
+use crate::store::streams::{self, StreamEntry};
 
 /// A channel's sending: what its message is, and one delivery's requests.
-pub(crate) trait Sender: Send + Sync + Sized + 'static {
+pub(crate) trait ChannelSender: Send + Sync + Sized + 'static {
     const CHANNEL: Channel;
     /// The record field holding the message, fixed before its first request.
     const BODY_FIELD: &'static str;
@@ -56,12 +56,6 @@ pub const MAX_RETRY_AFTER_SECONDS: u64 = 3600;
 pub fn retry_after_ms(headers: &reqwest::header::HeaderMap) -> Option<u64> {
     let seconds: u64 = headers.get("retry-after")?.to_str().ok()?.trim().parse().ok()?;
     Some(seconds.min(MAX_RETRY_AFTER_SECONDS) * 1000)
-}
-
-/// A claimed delivery on its way.
-pub(crate) struct Claimed {
-    pub entry: String,
-    pub delivery: DeliveryRef,
 }
 
 /// How a delivery that will not be sent again ends: `failed`, or `outcome_unknown` when a
@@ -134,22 +128,18 @@ pub async fn fix_bodies(
     if items.is_empty() {
         return Ok(Vec::new());
     }
-    let mut read = redis::pipe();
-    let mut write = Vec::new();
-    for (d, body) in items {
-        let key = store.keys.delivery(p, &d.id());
-        read.hget(&key, field);
-        write.push((key, body.as_str()));
-    }
+    let write: Vec<(String, &str)> =
+        items.iter().map(|(d, body)| (store.keys.delivery(p, &d.id()), body.as_str())).collect();
     // Never onto a record settled (and gone) meanwhile: that delivery is not sent again.
     scripts::note(conn, field, &write).await?;
     store.durable(conn, &store.keys.lane_stream(p, lane)).await?;
-    Ok(read.query_async(conn).await?)
+    let ids: Vec<String> = items.iter().map(|(d, _)| d.id()).collect();
+    records::deliveries_field(conn, &store.keys, p, &ids, field).await
 }
 
 /// Reads partition `p`'s stream of `S`'s channel until shutdown, taking over its expired
 /// leases every half lease.
-pub(crate) async fn read_partition<S: Sender>(sender: Arc<S>, p: u16) {
+pub(crate) async fn read_partition<S: ChannelSender>(sender: Arc<S>, p: u16) {
     let ctx = sender.ctx().clone();
     let lane = Lane::of("", S::CHANNEL);
     let mut shutdown = ctx.shutdown.clone();
@@ -192,23 +182,16 @@ pub(crate) async fn read_partition<S: Sender>(sender: Arc<S>, p: u16) {
 
 /// XAUTOCLAIMs entries of partition `p`'s stream idle longer than a lease and processes
 /// them like new ones (claim.lua decides whether the lease really expired).
-async fn take_over<S: Sender>(sender: &Arc<S>, p: u16, conn: &mut Conn) -> anyhow::Result<()> {
+async fn take_over<S: ChannelSender>(sender: &Arc<S>, p: u16, conn: &mut Conn) -> anyhow::Result<()> {
     let ctx = sender.ctx();
     let permits = sender.slots().take(p, false).await;
     if permits.is_empty() {
         return Ok(());
     }
-    let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-        .arg(ctx.store.keys.lane_stream(p, Lane::of("", S::CHANNEL)))
-        .arg(&ctx.config.redis.group)
-        .arg(&ctx.consumer)
-        .arg(ctx.config.lease().as_millis() as u64)
-        .arg("0-0")
-        .arg("COUNT")
-        .arg(permits.len())
-        .query_async(conn)
-        .await?;
-    let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
+    let stream = ctx.store.keys.lane_stream(p, Lane::of("", S::CHANNEL));
+    let from = (stream.as_str(), ctx.config.redis.group.as_str(), ctx.consumer.as_str());
+    let lease_ms = crate::model::ms(ctx.config.lease());
+    let entries = streams::take_over_idle(conn, from, lease_ms, "0-0", permits.len()).await?.entries;
     if !entries.is_empty() {
         tracing::info!(
             partition = p,
@@ -222,63 +205,24 @@ async fn take_over<S: Sender>(sender: &Arc<S>, p: u16, conn: &mut Conn) -> anyho
 
 /// Claims `entries`, settles what will not be sent, and starts a request for each of the
 /// rest (with a slot taken for it).
-async fn process<S: Sender>(
+async fn process<S: ChannelSender>(
     sender: Arc<S>,
     p: u16,
     conn: &mut Conn,
-    entries: Vec<Entry>,
+    entries: Vec<StreamEntry>,
     mut permits: Vec<OwnedSemaphorePermit>,
 ) -> anyhow::Result<()> {
     if entries.is_empty() {
         return Ok(());
     }
     let ctx = sender.ctx().clone();
-    let keys = &ctx.store.keys;
     let lane = Lane::of("", S::CHANNEL);
-    let group = &ctx.config.redis.group;
-    let mut wellformed = Vec::new();
-    let mut ack = Vec::new();
-    for (entry, id) in entries {
-        match id.as_deref().and_then(DeliveryRef::parse).filter(|d| d.lane() == lane) {
-            Some(d) => wellformed.push(Claimed { entry, delivery: d }),
-            None => ack.push(entry),
-        }
-    }
-    let ids: Vec<String> = wellformed.iter().map(|c| c.delivery.id()).collect();
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    let claims = scripts::claim(conn, keys, p, &ids, &ctx.owner, ctx.config.lease().as_millis() as u64).await?;
-    let mut live = Vec::new();
-    let mut decisions: Vec<(usize, Outcome, Reason, bool)> = Vec::new();
-    for (i, claim) in claims.into_iter().enumerate() {
-        match claim {
-            Claim::Claimed { claims } if claims > ctx.config.delivery.max_claims => {
-                // A request of it may have been taken once its message is written.
-                let written: bool = conn.hexists(keys.delivery(p, ids[i]), S::BODY_FIELD).await?;
-                decisions.push((i, fails(written), Reason::TooManyAttempts, false));
-            }
-            Claim::Claimed { .. } => live.push(i),
-            Claim::Held => {}
-            Claim::Done(_) => ack.push(wellformed[i].entry.clone()),
-            Claim::Gone => decisions.push((i, Outcome::Failed, Reason::RecordLost, true)),
-        }
-    }
-    if !ack.is_empty() {
-        let _: () = redis::cmd("XACK").arg(keys.lane_stream(p, lane)).arg(group).arg(&ack).query_async(conn).await?;
-    }
-    let send = messages(&*sender, p, conn, &wellformed, live, &mut decisions).await?;
-    if !decisions.is_empty() {
-        let list: Vec<Decision<'_>> = decisions
-            .iter()
-            .map(|(i, outcome, reason, lost)| Decision {
-                entry: &wellformed[*i].entry,
-                delivery: &wellformed[*i].delivery,
-                outcome: *outcome,
-                reason: reason.clone(),
-                lost: *lost,
-            })
-            .collect();
-        decide(&*sender, conn, p, &list).await?;
-    }
+    // Claimed too often: a request of it may have been taken once its message is written.
+    let over = OverClaimed::UnknownIfWritten(S::BODY_FIELD);
+    let ClaimedRead { items: wellformed, live, mut decided } =
+        read::claim_read(&ctx, (p, lane), conn, entries, over).await?;
+    let send = messages(&*sender, p, conn, &wellformed, live, &mut decided).await?;
+    read::settle_decided(&ctx, conn, p, &wellformed, &decided).await?;
     // The message is fixed before the first request: a retry, by anyone, sends the same.
     let items: Vec<(&DeliveryRef, String)> =
         send.iter().map(|(i, body)| (&wellformed[*i].delivery, body.clone())).collect();
@@ -304,13 +248,13 @@ async fn process<S: Sender>(
 /// The message each live delivery (of `wellformed`, by index) is to carry: from the
 /// request its record keeps (a transactional one) or from its subscriber's record, if
 /// still wanted; what will not be sent goes to `decisions`.
-async fn messages<S: Sender>(
+async fn messages<S: ChannelSender>(
     sender: &S,
     p: u16,
     conn: &mut Conn,
     wellformed: &[Claimed],
     live: Vec<usize>,
-    decisions: &mut Vec<(usize, Outcome, Reason, bool)>,
+    decided: &mut Vec<NotSent>,
 ) -> anyhow::Result<Vec<(usize, String)>> {
     let ctx = sender.ctx();
     let keys = &ctx.store.keys;
@@ -320,54 +264,54 @@ async fn messages<S: Sender>(
     let (transactional, live): (Vec<usize>, Vec<usize>) =
         live.into_iter().partition(|&i| wellformed[i].delivery.campaign == TRANSACTIONAL);
     let mut send: Vec<(usize, String)> = Vec::new();
-    let mut body_of = |i: usize, template: &str, data: &serde_json::Value, decisions: &mut Vec<_>| match sender.body(
-        &wellformed[i].delivery,
-        template,
-        data,
-    ) {
+    let mut body_of = |i: usize, template: &str, data: &serde_json::Value, decided: &mut Vec<NotSent>| match sender
+        .body(&wellformed[i].delivery, template, data)
+    {
         Ok(body) => send.push((i, body)),
-        Err(reason) => decisions.push((i, Outcome::Failed, reason, false)),
+        Err(reason) => decided.push(NotSent::new(i, Outcome::Failed, reason)),
     };
-    let mut pipe = redis::pipe();
-    for &i in &transactional {
-        let d = &wellformed[i].delivery;
-        pipe.hget(keys.delivery(p, &d.id()), "request");
-        pipe.hget(keys.delivery(p, &d.clone().on(Channel::Email).id()), "request");
-    }
-    let requests: Vec<(Option<String>, Option<String>)> =
-        if transactional.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    let requests = requests.into_iter().map(|(own, email)| own.or(email));
-    for (&i, request) in transactional.iter().zip(requests) {
-        match request.and_then(|r| serde_json::from_str::<crate::audience::ingest::Request>(&r).ok()) {
+    // Its own record's request, else its email's (two ids per delivery, in that order).
+    let ids: Vec<String> = transactional
+        .iter()
+        .flat_map(|&i| {
+            let d = &wellformed[i].delivery;
+            [d.id(), d.clone().on(Channel::Email).id()]
+        })
+        .collect();
+    let requests = records::stored_requests(conn, keys, p, &ids).await?;
+    for (&i, pair) in transactional.iter().zip(requests.chunks(2)) {
+        let request = pair.iter().flatten().next().map(String::as_str);
+        match request.and_then(crate::audience::ingest::Request::from_stored) {
             Some(r) => {
                 let data: serde_json::Map<String, serde_json::Value> = r.data.into_iter().flatten().collect();
-                body_of(i, &r.template.unwrap_or_default(), &serde_json::Value::Object(data), decisions);
+                body_of(i, &r.template.unwrap_or_default(), &serde_json::Value::Object(data), decided);
             }
-            None => decisions.push((i, Outcome::Failed, Reason::RecordLost, false)),
+            None => decided.push(NotSent::new(i, Outcome::Failed, Reason::RecordLost)),
         }
     }
     // Still wanted? The subscriber's record, with this channel's opt-out; and whether a
     // request of it may have left already (its message is written).
-    let mut pipe = redis::pipe();
-    for &i in &live {
-        let d = &wellformed[i].delivery;
-        pipe.cmd("HMGET")
-            .arg(keys.subscriber(p, &d.subscriber))
-            .arg(&subscribers::RESOLVE_FIELDS)
-            .arg(subscribers::field::channel_opted_out(&d.campaign, S::CHANNEL));
-        pipe.hexists(keys.delivery(p, &d.id()), S::BODY_FIELD);
-    }
-    let rows: Vec<(subscribers::Row, bool)> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
-    for (&i, (row, written)) in live.iter().zip(rows) {
+    let reads: Vec<SubscriberRead<'_>> = live
+        .iter()
+        .map(|&i| {
+            let d = &wellformed[i].delivery;
+            let opted_out = subscribers::field::channel_opted_out(&d.campaign, S::CHANNEL);
+            SubscriberRead { partition: p, id: &d.subscriber, opted_out }
+        })
+        .collect();
+    let rows = records::subscriber_rows(conn, keys, &reads).await?;
+    let ids: Vec<String> = live.iter().map(|&i| wellformed[i].delivery.id()).collect();
+    let written = records::deliveries_marked(conn, keys, p, &ids, S::BODY_FIELD).await?;
+    for ((&i, row), written) in live.iter().zip(rows).zip(written) {
         let d = &wellformed[i].delivery;
         let Some(campaign) = ctx.config.campaign(&d.campaign) else {
-            decisions.push((i, Outcome::Failed, Reason::UnknownCampaign, false));
+            decided.push(NotSent::new(i, Outcome::Failed, Reason::UnknownCampaign));
             continue;
         };
         match subscribers::resolve(row) {
-            Resolved::Send { data, .. } => body_of(i, &campaign.template, &data, decisions),
-            Resolved::Skip(reason) => decisions.push((i, unwanted_outcome(written), reason, false)),
-            Resolved::Fail(reason) => decisions.push((i, Outcome::Failed, reason, false)),
+            Resolved::Send { data, .. } => body_of(i, &campaign.template, &data, decided),
+            Resolved::Skip(reason) => decided.push(NotSent::new(i, unwanted_outcome(written), reason)),
+            Resolved::Fail(reason) => decided.push(NotSent::new(i, Outcome::Failed, reason)),
         }
     }
     Ok(send)
@@ -375,7 +319,12 @@ async fn messages<S: Sender>(
 
 /// Marks that a request of `item` got no answer: the far end may have taken it. Marked
 /// before it is put off, so an outcome given later does not say it was never sent.
-pub(crate) async fn maybe_taken<S: Sender>(sender: &S, conn: &mut Conn, p: u16, item: &Claimed) -> anyhow::Result<()> {
+pub(crate) async fn maybe_taken<S: ChannelSender>(
+    sender: &S,
+    conn: &mut Conn,
+    p: u16,
+    item: &Claimed,
+) -> anyhow::Result<()> {
     let key = sender.ctx().store.keys.delivery(p, &item.delivery.id());
     scripts::note(conn, S::MAYBE_TAKEN_FIELD, &[(key, "1")]).await?;
     Ok(())
@@ -385,7 +334,7 @@ pub(crate) async fn maybe_taken<S: Sender>(sender: &S, conn: &mut Conn, p: u16, 
 /// past the delivery deadline, settles it: `outcome_unknown` after a lost answer, else
 /// `failed`, or `past_deadline` when the caller has an outcome for that (something of
 /// it was taken).
-pub(crate) async fn put_off<S: Sender>(
+pub(crate) async fn put_off<S: ChannelSender>(
     sender: &S,
     conn: &mut Conn,
     p: u16,
@@ -398,7 +347,7 @@ pub(crate) async fn put_off<S: Sender>(
     let backoff = Backoff {
         base_ms: d.retry_base_ms.max(at_least_ms),
         max_ms: d.retry_max_ms.max(at_least_ms),
-        deadline_ms: d.deadline().as_millis() as u64,
+        deadline_ms: crate::model::ms(d.deadline()),
         jitter_percent: if at_least_ms > 0 { 0 } else { rand::random_range(0..=20) },
     };
     let group = &ctx.config.redis.group;
@@ -409,13 +358,13 @@ pub(crate) async fn put_off<S: Sender>(
             let (outcome, reason) = match past_deadline {
                 Some(given) => given,
                 None => {
-                    let key = ctx.store.keys.delivery(p, &item.delivery.id());
-                    let maybe: bool = conn.hexists(&key, S::MAYBE_TAKEN_FIELD).await?;
-                    (fails(maybe), S::UNAVAILABLE)
+                    let id = [item.delivery.id()];
+                    let maybe = records::deliveries_marked(conn, &ctx.store.keys, p, &id, S::MAYBE_TAKEN_FIELD).await?;
+                    (fails(maybe[0]), S::UNAVAILABLE)
                 }
             };
             let decision = Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost: false };
-            decide(sender, conn, p, &[decision]).await
+            read::decide(ctx, conn, p, &[decision]).await
         }
         Some(Deferred::For(ms)) => {
             tracing::debug!(partition = p, channel = S::CHANNEL.as_str(), delay_ms = ms, "delivery put off");
@@ -423,23 +372,6 @@ pub(crate) async fn put_off<S: Sender>(
         }
         _ => Ok(()),
     }
-}
-
-/// Settles what will not be (or was) sent, and counts it.
-pub(crate) async fn decide<S: Sender>(
-    sender: &S,
-    conn: &mut Conn,
-    p: u16,
-    decisions: &[Decision<'_>],
-) -> anyhow::Result<()> {
-    let ctx = sender.ctx();
-    let (group, retention) = (&ctx.config.redis.group, ctx.config.retention().as_secs());
-    let decided = scripts::decide(conn, &ctx.store.keys, p, group, &ctx.owner, decisions, retention).await?;
-    for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
-        let reason = (d.outcome != Outcome::Sent).then_some(&d.reason);
-        ctx.metrics.settled(&d.delivery.campaign, S::CHANNEL, d.outcome, reason, 1);
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -1,12 +1,12 @@
 //! `mailstream dead-letters`: list the failed (or outcome unknown) deliveries, requeue some by id.
 
 use crate::model::outcome::Requeue;
-use crate::ops::dead_letters::{Kind, list, retry};
+use crate::ops::dead_letters::{DeadLetterKind, list, retry};
 use crate::store::Store;
 
 /// `mailstream dead-letters`.
 #[derive(clap::Subcommand)]
-pub enum Command {
+pub enum DeadLettersCommand {
     /// The newest dead letters, oldest first, with each delivery's state now.
     List {
         /// List deliveries whose outcome is unknown instead of failed ones.
@@ -34,11 +34,14 @@ pub enum Command {
 }
 
 /// Lists or requeues dead letters; exit 1 if a requeue was refused.
-pub async fn command(config: &crate::config::Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
+pub async fn command(
+    config: &crate::config::Config,
+    command: DeadLettersCommand,
+) -> anyhow::Result<std::process::ExitCode> {
     match command {
-        Command::List { unknown, limit, json } => {
+        DeadLettersCommand::List { unknown, limit, json } => {
             let store = Store::open_deployed(config).await?;
-            let kind = if unknown { Kind::OutcomeUnknown } else { Kind::Failed };
+            let kind = if unknown { DeadLetterKind::OutcomeUnknown } else { DeadLetterKind::Failed };
             let entries = list(&store, kind, limit).await?;
             for d in &entries {
                 if json {
@@ -59,7 +62,7 @@ pub async fn command(config: &crate::config::Config, command: Command) -> anyhow
                 eprintln!("{} entries", entries.len());
             }
         }
-        Command::Retry { ids, allow_unknown, json } => {
+        DeadLettersCommand::Retry { ids, allow_unknown, json } => {
             // Every id is a delivery id before anything is read or written.
             if let Some(bad) = ids.iter().find(|id| crate::model::work::DeliveryRef::parse(id).is_none()) {
                 let bad: String = bad.chars().take(64).collect();

@@ -1,6 +1,6 @@
 //! `mailstream enqueue`: transactional items from flags or NDJSON, each at most once per idempotency key.
 
-use crate::audience::ingest::{ItemResult, MAX_ITEMS, Unknown, enqueue_with};
+use crate::audience::ingest::{ItemResult, MAX_ITEMS, UnknownSubscriber, enqueue_with};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -77,7 +77,7 @@ pub async fn command(config: &Config, args: Args) -> anyhow::Result<std::process
     while items.peek().is_some() {
         let chunk: Vec<_> = items.by_ref().take(MAX_ITEMS).collect();
         let offset = results.len();
-        let unknown = if allow_unknown { Unknown::Allow } else { Unknown::Refuse };
+        let unknown = if allow_unknown { UnknownSubscriber::Allow } else { UnknownSubscriber::Refuse };
         for mut r in enqueue_with(&store, config, chunk, unknown).await? {
             r.shift(offset);
             results.push(r);

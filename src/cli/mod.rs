@@ -219,7 +219,7 @@ enum Command {
         #[command(flatten)]
         at: AtAny,
         #[command(subcommand)]
-        action: dead_letters::Command,
+        action: dead_letters::DeadLettersCommand,
     },
     /// The delivery log: who got what, and why not (addresses masked).
     Deliveries {
@@ -254,7 +254,7 @@ enum Command {
         #[command(flatten)]
         at: AtAny,
         #[command(subcommand)]
-        action: suppressions::Command,
+        action: suppressions::SuppressionsCommand,
     },
     /// Report the delivery SLO per campaign period (failure rate against slo.failure_rate,
     /// outcome unknown, stuck). Exit 0: within; 3: objective breached (a warning; stuck
@@ -336,8 +336,8 @@ impl Command {
             CheckConfig { .. } | Schedule { .. } | Preview { .. } | Deliveries { .. } => true,
             Completions { .. } | Man { .. } => true,
             Kick { args, .. } => args.dry_run,
-            DeadLetters { action, .. } => matches!(action, dead_letters::Command::List { .. }),
-            Suppressions { action, .. } => matches!(action, suppressions::Command::List { .. }),
+            DeadLetters { action, .. } => matches!(action, dead_letters::DeadLettersCommand::List { .. }),
+            Suppressions { action, .. } => matches!(action, suppressions::SuppressionsCommand::List { .. }),
             Slo { args, .. } => !args.mail,
             Run(_) | Subscribe { .. } | Enqueue { .. } | Resume { .. } | Upgrade { .. } | VapidKeys { .. } => false,
             Emulator(_) | Demo(_) => false,

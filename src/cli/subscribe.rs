@@ -3,9 +3,7 @@
 
 use std::process::ExitCode;
 
-use anyhow::Context;
-
-use crate::audience::subscribers::{Subscriber, field, is_set, targets, upsert};
+use crate::audience::subscribers::{self, Subscriber, upsert};
 use crate::config::Config;
 use crate::store::Store;
 
@@ -147,7 +145,7 @@ fn check_flags(args: &Args) -> Result<(), crate::cli::BadValue> {
 /// The record the flags describe: over the stored one, unless `--replace`.
 async fn from_flags(store: &Store, args: &Args) -> anyhow::Result<Subscriber> {
     let id = args.id.clone().unwrap_or_default();
-    let stored = if args.replace { None } else { stored(store, &id).await? };
+    let stored = if args.replace { None } else { subscribers::stored(store, &id).await? };
     let Some(stored) = stored else {
         let Some(email) = args.email.clone() else {
             return Err(crate::cli::BadValue(format!(
@@ -174,34 +172,4 @@ async fn from_flags(store: &Store, args: &Args) -> anyhow::Result<Subscriber> {
         data: stored.data,
         time_zone: args.time_zone.clone().or(stored.time_zone),
     })
-}
-
-/// Subscriber `id` as stored, if there is one.
-async fn stored(store: &Store, id: &str) -> anyhow::Result<Option<Subscriber>> {
-    let p = store.keys.partition_of(id);
-    let mut conn = store.conn().await?;
-    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
-    let fields = [field::EMAIL, field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::DATA, field::TIME_ZONE];
-    let (email, stored_targets, entitled, subscribed, data, time_zone): Row = redis::cmd("HMGET")
-        .arg(store.keys.subscriber(p, id))
-        .arg(&fields)
-        .query_async(&mut conn)
-        .await
-        .context("reading the subscriber")?;
-    let Some(email) = email else { return Ok(None) };
-    let data = match data {
-        Some(text) => Some(serde_json::from_str(&text).with_context(|| {
-            format!("subscriber {id}: its stored data is not a JSON object; write the whole record with --replace")
-        })?),
-        None => None,
-    };
-    Ok(Some(Subscriber {
-        id: id.to_string(),
-        email,
-        targets: targets(stored_targets.as_deref()).map(str::to_string).collect(),
-        entitled: is_set(entitled.as_deref()),
-        subscribed: is_set(subscribed.as_deref()),
-        data,
-        time_zone,
-    }))
 }

@@ -8,7 +8,7 @@ use crate::store::scripts::Suppressed;
 
 /// `mailstream suppressions`.
 #[derive(clap::Subcommand)]
-pub enum Command {
+pub enum SuppressionsCommand {
     /// Every suppression, oldest first (addresses are kept as salted hashes), or one address's.
     List {
         /// Only this address (it is hashed, not stored).
@@ -39,9 +39,9 @@ pub enum Command {
 }
 
 /// Lists, adds or lifts suppressions.
-pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::process::ExitCode> {
+pub async fn command(config: &Config, command: SuppressionsCommand) -> anyhow::Result<std::process::ExitCode> {
     match command {
-        Command::List { email, json } => {
+        SuppressionsCommand::List { email, json } => {
             let store = Store::open_deployed(config).await?;
             let entries = list(&store, email.as_deref()).await?;
             for e in &entries {
@@ -63,7 +63,7 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
                 eprintln!("{} suppressed", entries.len());
             }
         }
-        Command::Add { email, json } => {
+        SuppressionsCommand::Add { email, json } => {
             check_email(&email)?;
             let store = Store::open(config).await?;
             let state = apply(&store, config, &email, Act::Suppress(Why::Manual), None).await?;
@@ -72,7 +72,7 @@ pub async fn command(config: &Config, command: Command) -> anyhow::Result<std::p
             out.line(if already { "already suppressed" } else { "suppressed" });
             out.object(&serde_json::json!({ "suppressed": true, "already": already }))?;
         }
-        Command::Remove { email, json } => {
+        SuppressionsCommand::Remove { email, json } => {
             let store = Store::open(config).await?;
             apply(&store, config, &email, Act::Lift, None).await?;
             let out = crate::cli::Report { json };

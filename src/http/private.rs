@@ -25,7 +25,7 @@ pub(crate) fn serve(
         let (ctx, admin) = (ctx.clone(), admin.clone());
         async move { route(&ctx, &admin, req).await }
     };
-    server::serve(listener, handler, shutdown, server::Limits::default())
+    server::serve(listener, handler, shutdown, server::ListenerLimits::default())
 }
 
 async fn route(ctx: &Ctx, admin: &Admin, req: HttpRequest) -> HttpResponse {

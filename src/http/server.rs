@@ -29,7 +29,7 @@ pub(crate) struct Arrived(pub std::time::Instant);
 
 /// How a listener treats its requests.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct ListenerLimits {
     /// Largest body read (413 beyond).
     pub max_body: usize,
     /// Longest a request may take, head to answer (408 after the head, 503 after).
@@ -46,11 +46,11 @@ pub struct Limits {
     pub connection_lifetime: Option<Duration>,
 }
 
-impl Default for Limits {
+impl Default for ListenerLimits {
     /// For private listeners (metrics) and the emulator: a full batch of 100 large
     /// emails fits easily.
     fn default() -> Self {
-        Limits {
+        ListenerLimits {
             max_body: 16 * 1024 * 1024,
             timeout: Duration::from_secs(120),
             per_source: None,
@@ -110,7 +110,7 @@ pub async fn bind(
 type SourceLimiter = governor::DefaultKeyedRateLimiter<std::net::IpAddr>;
 
 /// Serves `handler` on `listener` until `shutdown`, then drains for at most `limits.drain`.
-pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: Shutdown, limits: Limits)
+pub async fn serve<H, F>(listener: TcpListener, handler: H, mut shutdown: Shutdown, limits: ListenerLimits)
 where
     H: Fn(HttpRequest) -> F + Send + Sync + 'static,
     F: Future<Output = HttpResponse> + Send + 'static,

@@ -4,6 +4,9 @@
 //! retention): deliveries by state and duplicates offered; per partition: the
 //! stream, the group's lag and pending entries, sealed and due batches; dead
 //! letters and outcome-unknown entries; the shared pause.
+//!
+//! Raw Redis here: the read-only counts a scrape shows (XLEN, ZCARD, ZCOUNT, EXISTS), pipelined per
+//! partition.
 
 use std::time::Duration;
 
@@ -192,8 +195,7 @@ pub(crate) async fn partition(
         Some(g) => (g.lag, g.pending),
         None => (0, 0),
     };
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
-    let now = secs * 1000 + micros / 1000;
+    let now = crate::store::records::now_ms(conn).await?;
     type Figures = (u64, u64, u64, u64, u64, bool, u64);
     let (stream_length, sealed_batches, due_batches, dead, unknown, paused, scheduled): Figures = redis::pipe()
         .cmd("XLEN")

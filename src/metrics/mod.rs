@@ -73,7 +73,7 @@ impl Metrics {
     }
 
     /// A Web Push request not made: its subscription's endpoint is refused (`reason`).
-    pub fn push_endpoint_refused(&self, reason: crate::model::push_endpoint::Refusal) {
+    pub fn push_endpoint_refused(&self, reason: crate::model::push_endpoint::EndpointRefusal) {
         self.channels.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc();
     }
 
@@ -106,7 +106,7 @@ impl Metrics {
             for class in ["2xx", "3xx", "4xx", "5xx", "none"] {
                 self.channels.push_requests.with_label_values(&[class]).inc_by(0);
             }
-            for reason in crate::model::push_endpoint::Refusal::ALL {
+            for reason in crate::model::push_endpoint::EndpointRefusal::ALL {
                 self.channels.push_endpoints_refused.with_label_values(&[reason.as_str()]).inc_by(0);
             }
         }
@@ -145,7 +145,7 @@ impl Metrics {
     }
 
     pub(crate) fn retry_scheduled(&self, error: &ErrorName, attempts: u32, delay: Duration) {
-        tracing::info!(error = error.as_str(), attempts, delay_ms = delay.as_millis() as u64, "batch retry scheduled");
+        tracing::info!(error = error.as_str(), attempts, delay_ms = crate::model::ms(delay), "batch retry scheduled");
         self.sending.retries.with_label_values(&[error.label()]).inc();
     }
 
@@ -288,7 +288,7 @@ impl Metrics {
     }
 
     /// `n` deliveries were found without the record (or batch record) they should have.
-    pub(crate) fn lost_batch(&self, n: u64) {
+    pub(crate) fn records_lost(&self, n: u64) {
         self.sending.records_lost.inc_by(n);
     }
 

@@ -7,8 +7,7 @@ const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
 
 /// A new ULID for the current time.
 pub(crate) fn new_id() -> String {
-    let millis =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let millis = super::local_now_ms();
     ulid(millis, rand::rng().random::<u128>())
 }
 

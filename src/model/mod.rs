@@ -23,3 +23,16 @@ pub struct BadValue(pub String);
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct BadData(pub String);
+
+/// A duration in whole milliseconds, as Redis's arguments and the scripts take them
+/// (saturating: no duration of a config comes near `u64::MAX` ms).
+pub fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// This host's clock in milliseconds since the Unix epoch (0 before it): for ids and
+/// what only this process compares; leases, pauses and periods use Redis's clock
+/// (`store::records::now_ms`).
+pub fn local_now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(ms).unwrap_or(0)
+}

@@ -6,20 +6,20 @@ use std::fmt;
 
 /// A name that no variant of `kind` carries.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unknown {
+pub struct UnknownName {
     pub kind: &'static str,
     pub name: String,
     /// The names there are.
     pub known: &'static [&'static str],
 }
 
-impl fmt::Display for Unknown {
+impl fmt::Display for UnknownName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:?} is not one of {}", self.name, self.known.join(", "))
     }
 }
 
-impl std::error::Error for Unknown {}
+impl std::error::Error for UnknownName {}
 
 /// `names! { /// doc  #[derive(..)] pub enum E { /// doc  A = "a", B = "b", } }`
 macro_rules! names {
@@ -53,12 +53,12 @@ macro_rules! names {
         }
 
         impl ::std::str::FromStr for $name {
-            type Err = $crate::model::names::Unknown;
+            type Err = $crate::model::names::UnknownName;
 
             fn from_str(s: &str) -> Result<$name, Self::Err> {
                 match s {
                     $($text => Ok($name::$variant),)+
-                    _ => Err($crate::model::names::Unknown {
+                    _ => Err($crate::model::names::UnknownName {
                         kind: stringify!($name),
                         name: s.to_string(),
                         known: &[$($text),+],

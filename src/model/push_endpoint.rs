@@ -23,7 +23,7 @@ pub const DEFAULT_ALLOWED_HOSTS: [&str; 4] =
 /// Why an endpoint is refused: a bounded label (`mailstream_push_endpoints_refused_total`'s
 /// `reason`), and the rule in words for a refusal at registration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum EndpointRefusal {
     /// The URL names a user (`https://user:pw@host/…`).
     Userinfo,
     /// Its host is not one of `channels.push.allowed_hosts`.
@@ -35,32 +35,36 @@ pub enum Refusal {
     NotHttps,
 }
 
-impl Refusal {
+impl EndpointRefusal {
     pub fn as_str(self) -> &'static str {
         match self {
-            Refusal::Userinfo => "userinfo",
-            Refusal::HostNotAllowed => "host_not_allowed",
-            Refusal::AddressForbidden => "address_forbidden",
-            Refusal::NotHttps => "not_https",
+            EndpointRefusal::Userinfo => "userinfo",
+            EndpointRefusal::HostNotAllowed => "host_not_allowed",
+            EndpointRefusal::AddressForbidden => "address_forbidden",
+            EndpointRefusal::NotHttps => "not_https",
         }
     }
 
     /// Every reason, for the metric's declared label values.
-    pub const ALL: [Refusal; 4] =
-        [Refusal::Userinfo, Refusal::HostNotAllowed, Refusal::AddressForbidden, Refusal::NotHttps];
+    pub const ALL: [EndpointRefusal; 4] = [
+        EndpointRefusal::Userinfo,
+        EndpointRefusal::HostNotAllowed,
+        EndpointRefusal::AddressForbidden,
+        EndpointRefusal::NotHttps,
+    ];
 
     /// The rule, in words (never quoting the endpoint: it is personal data).
     pub fn message(self) -> &'static str {
         match self {
-            Refusal::Userinfo => "endpoint: a push endpoint names no user (no user:password@)",
-            Refusal::HostNotAllowed => {
+            EndpointRefusal::Userinfo => "endpoint: a push endpoint names no user (no user:password@)",
+            EndpointRefusal::HostNotAllowed => {
                 "endpoint: its host is not a push service this deployment sends to (channels.push.allowed_hosts)"
             }
-            Refusal::AddressForbidden => {
+            EndpointRefusal::AddressForbidden => {
                 "endpoint: its address is loopback, private, link-local, shared, unique-local, unspecified, multicast \
                  or broadcast"
             }
-            Refusal::NotHttps => "endpoint: must be an https URL",
+            EndpointRefusal::NotHttps => "endpoint: must be an https URL",
         }
     }
 }
@@ -138,15 +142,15 @@ impl AllowedHosts {
     }
 
     /// Checks an endpoint without a DNS lookup.
-    pub fn admit(&self, endpoint: &str) -> Result<(), Refusal> {
+    pub fn admit(&self, endpoint: &str) -> Result<(), EndpointRefusal> {
         // The URL standard's parser, as the HTTP client reads it: an IPv4 literal in any
         // form (decimal, octal, hex, dotted or not) comes out dotted.
-        let url = Url::parse(endpoint).map_err(|_| Refusal::NotHttps)?;
+        let url = Url::parse(endpoint).map_err(|_| EndpointRefusal::NotHttps)?;
         if !url.username().is_empty() || url.password().is_some() {
-            return Err(Refusal::Userinfo);
+            return Err(EndpointRefusal::Userinfo);
         }
-        let port = url.port_or_known_default().ok_or(Refusal::NotHttps)?;
-        let named = url.host_str().ok_or(Refusal::NotHttps)?;
+        let port = url.port_or_known_default().ok_or(EndpointRefusal::NotHttps)?;
+        let named = url.host_str().ok_or(EndpointRefusal::NotHttps)?;
         let bare = named.trim_start_matches('[').trim_end_matches(']');
         let ip = bare.parse::<IpAddr>().ok();
         let host = match ip {
@@ -158,13 +162,13 @@ impl AllowedHosts {
             "https" => {}
             // A loopback emulator or test service, listed as it is.
             "http" if exact && (ip.is_some_and(|ip| ip.is_loopback()) || host == "localhost") => {}
-            _ => return Err(Refusal::NotHttps),
+            _ => return Err(EndpointRefusal::NotHttps),
         }
         if ip.is_some_and(forbidden) && !exact {
-            return Err(Refusal::AddressForbidden);
+            return Err(EndpointRefusal::AddressForbidden);
         }
         if !self.0.iter().any(|p| p.matches(&host, port)) {
-            return Err(Refusal::HostNotAllowed);
+            return Err(EndpointRefusal::HostNotAllowed);
         }
         Ok(())
     }
@@ -256,7 +260,7 @@ mod tests {
     /// rule; the four public push services accepted.
     #[test]
     fn internal_addresses_and_the_userinfo_trick_are_refused_and_the_push_services_taken() {
-        use Refusal::*;
+        use EndpointRefusal::*;
         let defaults = AllowedHosts::default();
         for (endpoint, why) in [
             ("https://10.0.0.5/push", AddressForbidden),
@@ -318,13 +322,13 @@ mod tests {
         let allowed =
             AllowedHosts::parse(["*.notify.windows.com", "push.example:8443", "[::1]:9", "127.0.0.1:4000"]).unwrap();
         assert!(allowed.admit("https://wns2-par02p.notify.windows.com/w/?token=x").is_ok());
-        assert_eq!(allowed.admit("https://notify.windows.com/w").unwrap_err(), Refusal::HostNotAllowed);
-        assert_eq!(allowed.admit("https://evilnotify.windows.com/w").unwrap_err(), Refusal::HostNotAllowed);
+        assert_eq!(allowed.admit("https://notify.windows.com/w").unwrap_err(), EndpointRefusal::HostNotAllowed);
+        assert_eq!(allowed.admit("https://evilnotify.windows.com/w").unwrap_err(), EndpointRefusal::HostNotAllowed);
         assert!(allowed.admit("https://push.example:8443/x").is_ok());
-        assert_eq!(allowed.admit("https://push.example/x").unwrap_err(), Refusal::HostNotAllowed);
+        assert_eq!(allowed.admit("https://push.example/x").unwrap_err(), EndpointRefusal::HostNotAllowed);
         assert!(allowed.admit("http://[::1]:9/push/1").is_ok());
         assert!(allowed.admit("http://127.0.0.1:4000/push/1").is_ok());
-        assert_eq!(allowed.admit("http://127.0.0.1:4001/push/1").unwrap_err(), Refusal::NotHttps);
+        assert_eq!(allowed.admit("http://127.0.0.1:4001/push/1").unwrap_err(), EndpointRefusal::NotHttps);
         for bad in ["", "*.", "*.com", "a b", "host:99999", "host:x", "exa_mple.com"] {
             assert!(AllowedHosts::parse([bad]).is_err(), "{bad:?}");
         }

@@ -1,6 +1,9 @@
 //! Dead letters, for the operator: deliveries that failed (or whose outcome is
 //! unknown) are listed from their partitions' streams, with the error name and
 //! the delivery's current state, and can be requeued by id.
+//!
+//! Raw Redis here: the read-only listing of the dead-letter streams, newest first (a requeue goes
+//! through `store::scripts`).
 
 use anyhow::Context;
 use redis::streams::StreamRangeReply;
@@ -26,19 +29,19 @@ pub struct DeadLetter {
 
 /// Which stream to list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum DeadLetterKind {
     Failed,
     OutcomeUnknown,
 }
 
 /// The newest `limit` entries of every partition, oldest first.
-pub async fn list(store: &Store, kind: Kind, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
+pub async fn list(store: &Store, kind: DeadLetterKind, limit: usize) -> anyhow::Result<Vec<DeadLetter>> {
     let mut conn = store.conn().await?;
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
         let stream = match kind {
-            Kind::Failed => store.keys.dead(p),
-            Kind::OutcomeUnknown => store.keys.unknown(p),
+            DeadLetterKind::Failed => store.keys.dead(p),
+            DeadLetterKind::OutcomeUnknown => store.keys.unknown(p),
         };
         let reply: StreamRangeReply = redis::cmd("XREVRANGE")
             .arg(&stream)

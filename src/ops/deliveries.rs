@@ -10,6 +10,9 @@
 //! bucket by bucket of each period's settled history (`store::history`; a subscriber's
 //! deliveries of a period share one bucket). Statuses and `since` are checked on each.
 //! Addresses are shown masked.
+//!
+//! Raw Redis here: the listing's read-only pipelines over records, addresses and batches: what an
+//! operator looks at, read as it is, never by the send path.
 
 use std::collections::BTreeMap;
 
@@ -44,7 +47,7 @@ pub struct Filter {
 
 /// One delivery as the log shows it.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Row {
+pub struct DeliveryRow {
     pub id: String,
     pub campaign: String,
     pub period: String,
@@ -75,7 +78,7 @@ pub struct Row {
 /// A page of rows and where the next one starts.
 #[derive(Debug, Clone, Serialize)]
 pub struct Page {
-    pub rows: Vec<Row>,
+    pub rows: Vec<DeliveryRow>,
     /// Pass back as `cursor` for the next page; none after the last.
     pub next: Option<String>,
 }
@@ -85,7 +88,7 @@ fn time(ms: &str) -> Option<String> {
 }
 
 /// A record's fields as a row; `None` unless the key names a delivery.
-fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -> Row {
+fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -> DeliveryRow {
     let status = match DeliveryState::parse(fields.get("state").map_or("", String::as_str)) {
         DeliveryState::Unknown(_) => "unknown".to_string(),
         known => known.as_str().to_string(),
@@ -94,7 +97,7 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
     let number = |f: &str| fields.get(f).and_then(|v| v.parse().ok()).unwrap_or(0);
     // An application event is sent to no address.
     let email = email.filter(|_| d.channel == crate::model::work::Channel::Email);
-    Row {
+    DeliveryRow {
         id: d.id(),
         channel: d.channel,
         campaign: d.campaign,
@@ -114,7 +117,7 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
     }
 }
 
-fn wanted(filter: &Filter, fields: &BTreeMap<String, String>, r: &Row) -> bool {
+fn wanted(filter: &Filter, fields: &BTreeMap<String, String>, r: &DeliveryRow) -> bool {
     let status_ok = filter.statuses.is_empty() || filter.statuses.contains(&r.status);
     let since_ok = filter.since.is_none_or(|since| {
         fields.get("settled_ms").and_then(|ms| ms.parse::<i64>().ok()).is_some_and(|ms| ms >= since.timestamp_millis())
@@ -146,7 +149,7 @@ impl Span {
 /// rest by SCAN (unsettled deliveries, older ones, newer ones), leaving out what the
 /// first part showed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Cursor {
+enum ListCursor {
     /// Settled before (`ms`, `id`) in (time, id) order, within `span`.
     Newest { span: Span, ms: i64, id: String },
     /// A partition, SCAN's cursor in it, and how many matches of that SCAN step the
@@ -164,21 +167,21 @@ enum Cursor {
     },
 }
 
-impl Cursor {
-    fn parse(s: &str) -> anyhow::Result<Cursor> {
+impl ListCursor {
+    fn parse(s: &str) -> anyhow::Result<ListCursor> {
         let bad = || anyhow::Error::new(BadValue(format!("not a cursor this log gave out: {s:?}")));
         let n = |v: &str| v.parse::<i64>().map_err(|_| bad());
         if let Some(rest) = s.strip_prefix("n.") {
             let [floor, until, ms, id] = rest.splitn(4, '.').collect::<Vec<_>>()[..] else { return Err(bad()) };
             DeliveryRef::parse(id).ok_or_else(bad)?;
             let span = Span { floor: n(floor)?, until: n(until)? };
-            return Ok(Cursor::Newest { span, ms: n(ms)?, id: id.to_string() });
+            return Ok(ListCursor::Newest { span, ms: n(ms)?, id: id.to_string() });
         }
         if let Some(rest) = s.strip_prefix("h.") {
             let [floor, until, p, channel, bucket, skip, period] = rest.splitn(7, '.').collect::<Vec<_>>()[..] else {
                 return Err(bad());
             };
-            return Ok(Cursor::History {
+            return Ok(ListCursor::History {
                 span: Span { floor: n(floor)?, until: n(until)? },
                 partition: p.parse().map_err(|_| bad())?,
                 period: period.to_string(),
@@ -189,7 +192,7 @@ impl Cursor {
         }
         let rest = s.strip_prefix("s.").ok_or_else(bad)?;
         let [floor, until, p, scan, skip] = rest.split('.').collect::<Vec<_>>()[..] else { return Err(bad()) };
-        Ok(Cursor::Scan {
+        Ok(ListCursor::Scan {
             span: Span { floor: n(floor)?, until: n(until)? },
             partition: p.parse().map_err(|_| bad())?,
             scan: scan.parse().map_err(|_| bad())?,
@@ -199,11 +202,11 @@ impl Cursor {
 
     fn render(&self) -> String {
         match self {
-            Cursor::Newest { span, ms, id } => format!("n.{}.{}.{ms}.{id}", span.floor, span.until),
-            Cursor::Scan { span, partition, scan, skip } => {
+            ListCursor::Newest { span, ms, id } => format!("n.{}.{}.{ms}.{id}", span.floor, span.until),
+            ListCursor::Scan { span, partition, scan, skip } => {
                 format!("s.{}.{}.{partition}.{scan}.{skip}", span.floor, span.until)
             }
-            Cursor::History { span, partition, period, channel, bucket, skip } => {
+            ListCursor::History { span, partition, period, channel, bucket, skip } => {
                 format!("h.{}.{}.{partition}.{channel}.{bucket}.{skip}.{period}", span.floor, span.until)
             }
         }
@@ -225,7 +228,7 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
     };
     let mut conn = store.conn().await?;
     let mut at = match cursor {
-        Some(c) => Cursor::parse(c)?,
+        Some(c) => ListCursor::parse(c)?,
         None => {
             let floor = newest::floor(&mut conn, store, &partitions, filter).await?;
             let span = if floor == i64::MAX {
@@ -233,16 +236,16 @@ pub async fn page(store: &Store, filter: &Filter, cursor: Option<&str>) -> anyho
             } else {
                 Span { floor, until: store.time().await?.timestamp_millis() }
             };
-            Cursor::Newest { span, ms: i64::MAX, id: String::new() }
+            ListCursor::Newest { span, ms: i64::MAX, id: String::new() }
         }
     };
     let mut rows = Vec::new();
-    if let Cursor::Newest { span, ms, id } = &at {
+    if let ListCursor::Newest { span, ms, id } = &at {
         let span = *span;
         if let Some((ms, id)) = newest::page(&mut conn, store, &partitions, filter, span, (*ms, id), &mut rows).await? {
-            return Ok(Page { rows, next: Some(Cursor::Newest { span, ms, id }.render()) });
+            return Ok(Page { rows, next: Some(ListCursor::Newest { span, ms, id }.render()) });
         }
-        at = Cursor::Scan { span, partition: partitions[0], scan: 0, skip: 0 };
+        at = ListCursor::Scan { span, partition: partitions[0], scan: 0, skip: 0 };
     }
     scan::page(&mut conn, store, &partitions, filter, at, rows).await
 }
@@ -257,7 +260,7 @@ pub async fn kept(store: &Store, d: &DeliveryRef) -> anyhow::Result<BTreeMap<Str
 
 /// Every row `filter` wants, all pages of it (`filter.limit` rows a page): for reports
 /// and tests over a whole period.
-pub async fn every(store: &Store, filter: &Filter) -> anyhow::Result<Vec<Row>> {
+pub async fn every(store: &Store, filter: &Filter) -> anyhow::Result<Vec<DeliveryRow>> {
     let mut rows = Vec::new();
     let mut cursor = None;
     loop {
@@ -280,7 +283,7 @@ async fn read_rows(
     refs: Vec<DeliveryRef>,
     filter: &Filter,
     span: Span,
-) -> anyhow::Result<Vec<Option<Row>>> {
+) -> anyhow::Result<Vec<Option<DeliveryRow>>> {
     let fields = fields_of(conn, store, p, &refs).await?;
     rows_of(conn, store, p, refs.into_iter().zip(fields).collect(), filter, span).await
 }
@@ -318,7 +321,7 @@ async fn rows_of(
     items: Vec<(DeliveryRef, BTreeMap<String, String>)>,
     filter: &Filter,
     span: Span,
-) -> anyhow::Result<Vec<Option<Row>>> {
+) -> anyhow::Result<Vec<Option<DeliveryRow>>> {
     if items.is_empty() {
         return Ok(Vec::new());
     }
@@ -351,7 +354,7 @@ async fn rows_of(
 }
 
 /// The batch a sealed delivery is in (its record gets the request count only when settled).
-fn sealed_batch(r: &Row, fields: &BTreeMap<String, String>) -> Option<String> {
+fn sealed_batch(r: &DeliveryRow, fields: &BTreeMap<String, String>) -> Option<String> {
     (r.status == "sealed").then(|| fields.get("batch").cloned()).flatten()
 }
 
@@ -360,7 +363,7 @@ async fn batch_sends(
     conn: &mut crate::store::Conn,
     store: &Store,
     p: u16,
-    sealed: Vec<(&mut Row, String)>,
+    sealed: Vec<(&mut DeliveryRow, String)>,
 ) -> anyhow::Result<()> {
     if sealed.is_empty() {
         return Ok(());
@@ -380,7 +383,7 @@ async fn batch_sends(
 /// address), and what the record tells of its history, in time order.
 #[derive(Debug, Clone, Serialize)]
 pub struct Detail {
-    pub row: Row,
+    pub row: DeliveryRow,
     pub fields: BTreeMap<String, String>,
     pub history: Vec<(String, String)>,
     /// A Web Push delivery: the subscriber's browser subscriptions now, masked (the push
@@ -497,15 +500,15 @@ mod tests {
     #[test]
     fn cursors_and_spans_round_trip() {
         let span = Span { floor: 1_700_000_000_000, until: 1_700_000_500_000 };
-        let c = Cursor::Scan { span, partition: 3, scan: 12345, skip: 7 };
-        assert_eq!(Cursor::parse(&c.render()).unwrap(), c);
-        let n = Cursor::Newest { span: Span::NONE, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
-        assert_eq!(Cursor::parse(&n.render()).unwrap(), n);
+        let c = ListCursor::Scan { span, partition: 3, scan: 12345, skip: 7 };
+        assert_eq!(ListCursor::parse(&c.render()).unwrap(), c);
+        let n = ListCursor::Newest { span: Span::NONE, ms: 2, id: "c:2026-W48:u.1:t.2".into() };
+        assert_eq!(ListCursor::parse(&n.render()).unwrap(), n);
         let channel = crate::model::work::Channel::App;
-        let h = Cursor::History { span, partition: 1, period: "c.1:2026-W48".into(), channel, bucket: 9, skip: 3 };
-        assert_eq!(Cursor::parse(&h.render()).unwrap(), h);
+        let h = ListCursor::History { span, partition: 1, period: "c.1:2026-W48".into(), channel, bucket: 9, skip: 3 };
+        assert_eq!(ListCursor::parse(&h.render()).unwrap(), h);
         for bad in ["3-x-1", "", "s.1.2.3.4", "n.1.2.3.not-an-id", "s.1.2.x.3.4", "h.1.2.3.fax.1.0.c:p", "h.1.2.3"] {
-            assert!(Cursor::parse(bad).is_err(), "{bad}");
+            assert!(ListCursor::parse(bad).is_err(), "{bad}");
         }
         let now = DateTime::parse_from_rfc3339("2026-11-30T12:00:00Z").unwrap().with_timezone(&Utc);
         assert_eq!(parse_since("2h", now).unwrap().to_rfc3339(), "2026-11-30T10:00:00+00:00");

@@ -10,6 +10,9 @@
 //! one fans out and the others stand by, and a fan-out that died halfway resumes. Also
 //! the release time of a delivery sent at its recipient's local hour. And the SLO
 //! report by email, once per fire of `[slo.report] schedule` (`slo_mail.rs`).
+//!
+//! Raw Redis here: one read-only EXISTS, whether a period's kick record is there; every write goes
+//! through `store::scripts`.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -46,7 +49,7 @@ pub(crate) struct Fire {
 
 /// What a scheduler should do about a campaign now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Plan {
+enum SchedulePlan {
     /// No fire yet, ever.
     Idle,
     /// Kick `period` for the fire at `at`; `late` when it is a catch-up (more than a
@@ -98,14 +101,14 @@ impl Schedule {
     }
 
     /// What to do at `now` for `campaign`.
-    fn plan(&self, campaign: &CampaignConfig, now: DateTime<Utc>) -> Plan {
-        let Some(at) = self.latest_at_or_before(now) else { return Plan::Idle };
+    fn plan(&self, campaign: &CampaignConfig, now: DateTime<Utc>) -> SchedulePlan {
+        let Some(at) = self.latest_at_or_before(now) else { return SchedulePlan::Idle };
         let period = campaign.period.period_at(at, self.tz);
         let age = now - at;
         if age <= chrono::Duration::hours(campaign.catch_up_hours as i64) {
-            Plan::Due { at, period, late: age > chrono::Duration::minutes(1) }
+            SchedulePlan::Due { at, period, late: age > chrono::Duration::minutes(1) }
         } else {
-            Plan::Missed { at, period }
+            SchedulePlan::Missed { at, period }
         }
     }
 }
@@ -182,11 +185,11 @@ impl Scheduler {
             let last = schedule.latest_at_or_before(now);
             ctx.metrics.schedule_times(&c.name, last, schedule.next_after(now, false));
             match schedule.plan(c, now) {
-                Plan::Idle => {}
-                Plan::Due { at, period, late } => self.due(c, at, period, late).await?,
+                SchedulePlan::Idle => {}
+                SchedulePlan::Due { at, period, late } => self.due(c, at, period, late).await?,
                 // A fire before the deployment's first run was nobody's to send.
-                Plan::Missed { at, .. } if at < first_run => {}
-                Plan::Missed { at, period } => {
+                SchedulePlan::Missed { at, .. } if at < first_run => {}
+                SchedulePlan::Missed { at, period } => {
                     let key = (c.name.clone(), period.clone(), "missed");
                     if self.reported.contains(&key) {
                         continue;
@@ -337,11 +340,11 @@ mod tests {
         // Monday 2026-11-30 09:00 JST is 00:00 UTC.
         assert_eq!(
             s.plan(&c, at("2026-11-29T23:59:59Z")),
-            Plan::Missed { at: at("2026-11-23T00:00:00Z"), period: "2026-W48".into() }
+            SchedulePlan::Missed { at: at("2026-11-23T00:00:00Z"), period: "2026-W48".into() }
         );
         assert_eq!(
             s.plan(&c, at("2026-11-30T00:00:00Z")),
-            Plan::Due { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into(), late: false }
+            SchedulePlan::Due { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into(), late: false }
         );
         let fires = s.fires(&c, at("2026-11-29T00:00:00Z"), 3);
         assert_eq!(fires[0].utc, "2026-11-30T00:00:00+00:00");
@@ -355,9 +358,9 @@ mod tests {
         let c = campaign("0 9 * * MON", "Asia/Tokyo");
         let s = Schedule::of(&c).unwrap().unwrap();
         let within = s.plan(&c, at("2026-11-30T05:59:00Z"));
-        assert_eq!(within, Plan::Due { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into(), late: true });
+        assert_eq!(within, SchedulePlan::Due { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into(), late: true });
         let beyond = s.plan(&c, at("2026-11-30T06:00:01Z"));
-        assert_eq!(beyond, Plan::Missed { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into() });
+        assert_eq!(beyond, SchedulePlan::Missed { at: at("2026-11-30T00:00:00Z"), period: "2026-W49".into() });
     }
 
     #[test]

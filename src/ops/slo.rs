@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::model::work::Channel;
-use crate::send::stuck::{self, Kind};
+use crate::send::stuck::{self, StuckKind};
 use crate::store::{Counts, Store};
 
 /// Every period within its objectives and nothing stuck.
@@ -47,7 +47,7 @@ pub struct PeriodReport {
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub struct SloReport {
     pub objective: f64,
     pub stuck_after_seconds: u64,
     pub periods: Vec<PeriodReport>,
@@ -55,7 +55,7 @@ pub struct Report {
     pub status: &'static str,
 }
 
-impl Report {
+impl SloReport {
     pub(crate) fn exit_code(&self) -> u8 {
         if self.status == "within" { EXIT_WITHIN } else { EXIT_BREACHED }
     }
@@ -100,7 +100,7 @@ pub async fn evaluate(
     config: &Config,
     campaign: Option<&str>,
     period: Option<&str>,
-) -> anyhow::Result<Report> {
+) -> anyhow::Result<SloReport> {
     let mut periods: Vec<(String, String)> = store.periods().await?;
     if let Some(c) = campaign {
         anyhow::ensure!(
@@ -126,7 +126,7 @@ pub async fn evaluate(
             if channel != Channel::Email && counts == Counts::default() {
                 continue;
             }
-            let stuck: BTreeMap<&'static str, u64> = Kind::ALL
+            let stuck: BTreeMap<&'static str, u64> = StuckKind::ALL
                 .iter()
                 .map(|&k| (k.as_str(), tally.get(&(c.clone(), p.clone(), channel, k)).copied().unwrap_or(0)))
                 .collect();
@@ -134,11 +134,11 @@ pub async fn evaluate(
         }
     }
     let status = if reports.iter().all(|r| r.breached.is_empty()) { "within" } else { "breached" };
-    Ok(Report { objective, stuck_after_seconds: config.stuck_after().as_secs(), periods: reports, status })
+    Ok(SloReport { objective, stuck_after_seconds: config.stuck_after().as_secs(), periods: reports, status })
 }
 
 /// The report for people, one line per period.
-pub fn render(report: &Report) -> String {
+pub fn render(report: &SloReport) -> String {
     let pct = |r: f64| format!("{:.2}%", r * 100.0);
     let mut out = format!(
         "mailstream slo: failure rate at most {} per campaign period; stuck after {} s\n",

@@ -19,13 +19,13 @@ use crate::store::Store;
 
 /// What enqueuing one report came to.
 #[derive(Debug, Clone)]
-pub struct Enqueued {
-    pub report: slo::Report,
+pub struct ReportEnqueued {
+    pub report: slo::SloReport,
     /// One per operator address: accepted now, or already enqueued (by another instance).
     pub results: Vec<ItemResult>,
 }
 
-impl Enqueued {
+impl ReportEnqueued {
     /// Operators it was enqueued for now.
     pub fn accepted(&self) -> usize {
         self.results.iter().filter(|r| matches!(r, ItemResult::Accepted { .. })).count()
@@ -40,7 +40,7 @@ fn key(store: &Store, name: &str, to: &str) -> String {
 }
 
 /// What the report's template sees as `subscriber.data`.
-fn data(report: &slo::Report, suppressions: &BTreeMap<String, u64>, name: &str) -> serde_json::Value {
+fn data(report: &slo::SloReport, suppressions: &BTreeMap<String, u64>, name: &str) -> serde_json::Value {
     let pct = |r: f64| format!("{:.2}%", r * 100.0);
     let periods: Vec<serde_json::Value> = report
         .periods
@@ -74,7 +74,7 @@ fn data(report: &slo::Report, suppressions: &BTreeMap<String, u64>, name: &str) 
 
 /// Evaluates the SLO now and enqueues report `name` (a fire's time, or a one-off name)
 /// to every operator.
-pub async fn enqueue(store: &Store, config: &Config, name: &str) -> anyhow::Result<Enqueued> {
+pub async fn enqueue(store: &Store, config: &Config, name: &str) -> anyhow::Result<ReportEnqueued> {
     let r = &config.slo.report;
     let template = config
         .templates
@@ -101,7 +101,7 @@ pub async fn enqueue(store: &Store, config: &Config, name: &str) -> anyhow::Resu
     {
         anyhow::bail!("the SLO report was refused at ingest: {field}: {error}");
     }
-    Ok(Enqueued { report, results })
+    Ok(ReportEnqueued { report, results })
 }
 
 #[cfg(test)]
@@ -112,7 +112,7 @@ mod tests {
     fn the_shipped_report_template_renders_every_figure() {
         let config = Config::example();
         let mut report =
-            slo::Report { objective: 0.01, stuck_after_seconds: 3600, periods: Vec::new(), status: "breached" };
+            slo::SloReport { objective: 0.01, stuck_after_seconds: 3600, periods: Vec::new(), status: "breached" };
         report.periods.push(slo::PeriodReport {
             campaign: "weekly_digest".into(),
             period: "2026-W49".into(),

@@ -27,7 +27,7 @@ const USER_AGENT: &str = concat!("mailstream/", env!("CARGO_PKG_VERSION"));
 
 /// One email of an accepted batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ItemResult {
+pub enum AcceptedEmail {
     /// Accepted; Resend's email id.
     Sent(String),
     /// Refused by permissive validation; always named `validation_error`; what Resend
@@ -48,7 +48,7 @@ pub struct RateHeaders {
 #[derive(Debug, Clone)]
 pub struct BatchAccepted {
     /// One result per email, in request order.
-    pub items: Vec<ItemResult>,
+    pub items: Vec<AcceptedEmail>,
     pub rate: RateHeaders,
 }
 
@@ -238,7 +238,7 @@ struct IndexError {
 /// Maps a batch answer to per-email results. Resend lists ids in request order and
 /// reports refused emails by index; `data` may either skip refused emails or hold
 /// a placeholder for them, so both readings are accepted. `None` if it cannot match.
-fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
+fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<AcceptedEmail>> {
     let body: BatchBody = serde_json::from_slice(bytes).ok()?;
     let mut refused: Vec<Option<Option<String>>> = vec![None; count];
     for e in &body.errors {
@@ -252,8 +252,8 @@ fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
             .into_iter()
             .zip(refused)
             .map(|(item, refused)| match (item, refused) {
-                (_, Some(said)) => Some(ItemResult::Invalid(said)),
-                (Some(IdBody { id }), None) => Some(ItemResult::Sent(id)),
+                (_, Some(said)) => Some(AcceptedEmail::Invalid(said)),
+                (Some(IdBody { id }), None) => Some(AcceptedEmail::Sent(id)),
                 (None, None) => None,
             })
             .collect();
@@ -265,8 +265,8 @@ fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<ItemResult>> {
     refused
         .into_iter()
         .map(|r| match r {
-            Some(said) => Some(ItemResult::Invalid(said)),
-            None => ids.next().flatten().map(|b| ItemResult::Sent(b.id)),
+            Some(said) => Some(AcceptedEmail::Invalid(said)),
+            None => ids.next().flatten().map(|b| AcceptedEmail::Sent(b.id)),
         })
         .collect()
 }
@@ -294,15 +294,15 @@ mod tests {
         assert_eq!(
             parse_batch_success(skipped, 3).unwrap(),
             vec![
-                ItemResult::Sent("a".into()),
-                ItemResult::Invalid(Some("The `to` field is missing.".into())),
-                ItemResult::Sent("c".into())
+                AcceptedEmail::Sent("a".into()),
+                AcceptedEmail::Invalid(Some("The `to` field is missing.".into())),
+                AcceptedEmail::Sent("c".into())
             ]
         );
         let aligned =
             br#"{"data":[{"id":"a"},null,{"id":"c"}],"errors":[{"index":1,"message":"The `to` field is missing."}]}"#;
         assert_eq!(parse_batch_success(aligned, 3), parse_batch_success(skipped, 3));
-        assert_eq!(parse_batch_success(br#"{"data":[{"id":"a"}]}"#, 1).unwrap(), vec![ItemResult::Sent("a".into())]);
+        assert_eq!(parse_batch_success(br#"{"data":[{"id":"a"}]}"#, 1).unwrap(), vec![AcceptedEmail::Sent("a".into())]);
     }
 
     #[test]

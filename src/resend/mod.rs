@@ -4,5 +4,5 @@
 pub mod client;
 pub mod error;
 
-pub use client::{BatchAccepted, Client, ItemResult, RateHeaders};
+pub use client::{AcceptedEmail, BatchAccepted, Client, RateHeaders};
 pub use error::{Action, ProviderError};

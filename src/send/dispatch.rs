@@ -412,7 +412,7 @@ async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
 /// the partition is held for replicas that did not acknowledge.
 async fn renew(ctx: Arc<Ctx>, batcher: Arc<Batcher>, p: u16) {
     ctx.metrics.set_unreplicated(p, batcher.unreplicated(p));
-    let lease_ms = ctx.config.lease().as_millis() as u64;
+    let lease_ms = crate::model::ms(ctx.config.lease());
     let claimed: Vec<DeliveryRef> = batcher.claimed(p);
     let batches: Vec<String> = batcher.in_hand(p);
     let result = async {

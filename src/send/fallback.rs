@@ -11,6 +11,7 @@ use crate::model::work::{Audience, Lane, Sealed};
 use crate::resend::{Action, ProviderError};
 use crate::send::ctx::Ctx;
 use crate::store::Conn;
+use crate::store::records;
 use crate::store::scripts::{self, Fallback, FallbackRequest};
 
 /// What ends the Idempotency-Key of a fallback request (no key of ours ends so otherwise).
@@ -57,7 +58,7 @@ pub(crate) enum FellBack {
 
 /// The refusal a fallback request follows, as its batch record keeps it.
 #[derive(Debug, Clone)]
-pub(crate) struct Refusal {
+pub(crate) struct ProviderRefusal {
     pub template: String,
     pub error: ErrorName,
     pub status: u16,
@@ -65,20 +66,15 @@ pub(crate) struct Refusal {
 
 /// The refusal that batch `b` is the fallback of, or `None` when it is not a fallback
 /// (one read, and only for a fallback: the record goes once it is settled).
-pub(crate) async fn refusal_of(ctx: &Ctx, b: &Sealed) -> Option<Refusal> {
+pub(crate) async fn refusal_of(ctx: &Ctx, b: &Sealed) -> Option<ProviderRefusal> {
     if !is_fallback_key(&b.key) {
         return None;
     }
     let read = async {
         let mut conn = ctx.store.conn().await?;
-        let (template, error, status): (Option<String>, Option<String>, Option<u16>) = redis::cmd("HMGET")
-            .arg(ctx.store.keys.batch(b.partition, &b.id))
-            .arg("fallback_template")
-            .arg("fallback_error")
-            .arg("fallback_status")
-            .query_async(&mut conn)
-            .await?;
-        anyhow::Ok(template.zip(error).map(|(template, error)| Refusal {
+        let (template, error, status) =
+            records::fallback_refusal(&mut conn, &ctx.store.keys, b.partition, &b.id).await?;
+        anyhow::Ok(template.zip(error).map(|(template, error)| ProviderRefusal {
             template,
             error: ErrorName::parse(&error),
             status: status.unwrap_or_default(),
@@ -96,12 +92,9 @@ pub(crate) async fn refusal_of(ctx: &Ctx, b: &Sealed) -> Option<Refusal> {
 /// was enqueued).
 async fn fallback_sender(ctx: &Ctx, conn: &mut Conn, b: &Sealed) -> anyhow::Result<Option<(String, String)>> {
     let [member] = b.members.as_slice() else { return Ok(None) };
-    let request: Option<String> = redis::cmd("HGET")
-        .arg(ctx.store.keys.delivery(b.partition, &member.id()))
-        .arg("request")
-        .query_async(conn)
-        .await?;
-    let Some(request) = request.and_then(|r| serde_json::from_str::<crate::audience::ingest::Request>(&r).ok()) else {
+    let requests = records::stored_requests(conn, &ctx.store.keys, b.partition, &[member.id()]).await?;
+    let request = requests.into_iter().next().flatten();
+    let Some(request) = request.as_deref().and_then(crate::audience::ingest::Request::from_stored) else {
         return Ok(None);
     };
     let to_operators = request.to.as_deref().is_some_and(|to| ctx.config.operators.includes(to));
@@ -124,7 +117,7 @@ fn from_sender(body: &[u8], from: &str) -> Option<Vec<String>> {
 /// What follows a failed request of `b` (`e`: the error, or the refusal of its one
 /// email in a 200), `refusal` being the refusal `b` is itself the fallback of: the
 /// fallback, when [`may_fall_back`] allows one and the template names a sender.
-pub(crate) async fn try_after(ctx: &Ctx, b: &Sealed, e: &ProviderError, refusal: Option<&Refusal>) -> FellBack {
+pub(crate) async fn try_after(ctx: &Ctx, b: &Sealed, e: &ProviderError, refusal: Option<&ProviderRefusal>) -> FellBack {
     if !may_fall_back(e.action, e.maybe_sent, b.maybe_sent, refusal.is_some()) {
         return FellBack::No;
     }
@@ -158,7 +151,7 @@ async fn fall_back(ctx: &Ctx, b: &Sealed, e: &ProviderError) -> FellBack {
             template: &template,
             error: e.name.as_str(),
             status: e.status.unwrap_or_default(),
-            lease_ms: ctx.config.lease().as_millis() as u64,
+            lease_ms: crate::model::ms(ctx.config.lease()),
             retention_secs: ctx.config.retention().as_secs(),
         };
         let sealed = match scripts::fallback(&mut conn, &ctx.store.keys, &request, &b.members, &emails).await? {

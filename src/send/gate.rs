@@ -14,16 +14,17 @@ use crate::model::work::{Channel, DeliveryRef, Sealed};
 use crate::send::ctx::Ctx;
 use crate::send::{seal, settle};
 use crate::store::Conn;
+use crate::store::records;
 use crate::store::scripts::{self, Gate, GateLimits, GateRequest, Settler, Verdict};
 
 /// The gate's limits from the config.
 fn gate_limits(config: &Config) -> GateLimits {
     let d = &config.delivery;
     GateLimits {
-        lease_ms: config.lease().as_millis() as u64,
-        window_ms: d.resend_window().as_millis() as u64,
-        deadline_ms: d.deadline().as_millis() as u64,
-        maybe_sent_deadline_ms: d.maybe_sent_deadline().as_millis() as u64,
+        lease_ms: crate::model::ms(config.lease()),
+        window_ms: crate::model::ms(d.resend_window()),
+        deadline_ms: crate::model::ms(d.deadline()),
+        maybe_sent_deadline_ms: crate::model::ms(d.maybe_sent_deadline()),
         retention_secs: config.retention().as_secs(),
     }
 }
@@ -177,11 +178,10 @@ async fn replicated(ctx: &Ctx, conn: &mut Conn, b: &Sealed) -> anyhow::Result<Ga
             // The gate's write must still be there: after a failover between the gate and
             // WAIT, the new primary's WAIT acknowledges writes that do not include it, and
             // the batch may since be another holder's, or a resend of one already sent.
-            let (owner, state, key): (Option<String>, Option<String>, Option<String>) =
-                redis::cmd("HMGET").arg(&batch_key).arg("owner").arg("state").arg("key").query_async(conn).await?;
-            let held = owner.as_deref() == Some(ctx.owner.as_str())
-                && state.as_deref() == Some("sending")
-                && key.as_deref() == Some(b.key.as_str());
+            let holder = records::batch_holder(conn, &ctx.store.keys, b.partition, &b.id).await?;
+            let held = holder.owner.as_deref() == Some(ctx.owner.as_str())
+                && holder.state.as_deref() == Some("sending")
+                && holder.key.as_deref() == Some(b.key.as_str());
             if !held {
                 tracing::warn!("the last gate's write was lost in a failover; the batch is taken over after its lease");
                 return Ok(Gated::Stop);

@@ -46,13 +46,13 @@ const SLACK: Duration = Duration::from_millis(20);
 
 /// Team-wide request pacing.
 pub(crate) enum Limiter {
-    Process(Local),
+    Process(LocalPacer),
     Redis(Box<Shared>),
 }
 
 /// A slot this instance took: the request's number.
 #[derive(Debug, Clone, Copy)]
-pub struct Taken {
+pub struct TakenSlot {
     n: u64,
 }
 
@@ -62,7 +62,7 @@ impl Limiter {
         let r = &config.resend;
         let guard = Duration::from_millis(r.pacing_guard_ms);
         match r.limiter {
-            LimiterMode::Process => Limiter::Process(Local::new(r.requests_per_second, guard)),
+            LimiterMode::Process => Limiter::Process(LocalPacer::new(r.requests_per_second, guard)),
             LimiterMode::Redis => Limiter::Redis(Box::new(Shared::new(store.clone(), r.requests_per_second, guard))),
         }
     }
@@ -100,7 +100,7 @@ impl Limiter {
         shutdown: &mut Shutdown,
         book: &tokio::sync::Mutex<()>,
         on_grant: impl FnOnce(),
-    ) -> Result<Taken, Duration> {
+    ) -> Result<TakenSlot, Duration> {
         loop {
             let booked = book.lock().await;
             let granted = match self {
@@ -111,7 +111,7 @@ impl Limiter {
             let wait = match granted {
                 Ok(n) => {
                     on_grant();
-                    return Ok(Taken { n });
+                    return Ok(TakenSlot { n });
                 }
                 Err(wait) => wait,
             };
@@ -129,7 +129,7 @@ impl Limiter {
     /// (in Redis, the moment the script runs, after the write), and the request `rps`
     /// after it leaves no sooner than a second plus the guard later, whichever instance
     /// sends it. Until this is recorded the grant plus 1 ms stands in.
-    pub(crate) async fn departed(&self, taken: Taken) {
+    pub(crate) async fn departed(&self, taken: TakenSlot) {
         match self {
             Limiter::Process(l) => l.sent(taken.n, Instant::now()),
             Limiter::Redis(s) => {
@@ -143,7 +143,7 @@ impl Limiter {
         match self {
             Limiter::Process(l) => l.pause_for(d),
             Limiter::Redis(s) => {
-                let _ = s.call("pause", d.as_millis() as u64).await;
+                let _ = s.call("pause", crate::model::ms(d)).await;
             }
         }
     }
@@ -208,12 +208,12 @@ impl Shared {
 
 /// Pacing kept in this process (`resend.limiter = "process"`): for a single instance
 /// that wants no Redis round trip per request. The same two rules as limiter.lua.
-pub(crate) struct Local {
+pub(crate) struct LocalPacer {
     guard: Duration,
-    state: Mutex<State>,
+    state: Mutex<PacerState>,
 }
 
-struct State {
+struct PacerState {
     configured: u32,
     rps: u32,
     /// The cadence: when the next request may leave.
@@ -225,7 +225,7 @@ struct State {
     paused_until: Option<Instant>,
 }
 
-impl State {
+impl PacerState {
     fn interval(&self) -> Duration {
         Duration::from_secs(1) / self.rps.max(1)
     }
@@ -239,13 +239,19 @@ impl State {
     }
 }
 
-impl Local {
+impl LocalPacer {
     /// `rps` requests per second in any sliding second that is `guard` longer than one.
-    pub fn new(rps: u32, guard: Duration) -> Local {
+    pub fn new(rps: u32, guard: Duration) -> LocalPacer {
         let rps = rps.max(1);
-        let state =
-            State { configured: rps, rps, next: None, granted: 0, departures: VecDeque::new(), paused_until: None };
-        Local { guard, state: Mutex::new(state) }
+        let state = PacerState {
+            configured: rps,
+            rps,
+            next: None,
+            granted: 0,
+            departures: VecDeque::new(),
+            paused_until: None,
+        };
+        LocalPacer { guard, state: Mutex::new(state) }
     }
 
     /// The time between two slots of the cadence.
@@ -288,7 +294,7 @@ impl Local {
     }
 
     /// Waits for the next slot, following it as it moves, and takes it: the caller sends
-    /// right away (its departure is the grant's moment unless [`Local::sent`] says later).
+    /// right away (its departure is the grant's moment unless [`LocalPacer::sent`] says later).
     pub async fn take_slot(&self) -> u64 {
         loop {
             match self.try_take() {
@@ -340,13 +346,13 @@ mod tests {
 
     #[test]
     fn the_cadence_is_one_over_the_rate() {
-        let l = Local::new(10, Duration::from_millis(5));
+        let l = LocalPacer::new(10, Duration::from_millis(5));
         assert_eq!(l.interval(), Duration::from_millis(100));
     }
 
     #[test]
     fn a_lower_provider_limit_is_adopted_and_a_higher_one_ignored() {
-        let l = Local::new(10, Duration::ZERO);
+        let l = LocalPacer::new(10, Duration::ZERO);
         let higher = RateHeaders { limit: Some(20), ..Default::default() };
         assert_eq!(l.observe(&higher), None);
         let lower = RateHeaders { limit: Some(5), ..Default::default() };
@@ -355,7 +361,7 @@ mod tests {
     }
 
     /// Takes `count` slots in a row, sending at once; the times from the first.
-    async fn slots(l: &Local, count: usize) -> Vec<Duration> {
+    async fn slots(l: &LocalPacer, count: usize) -> Vec<Duration> {
         let start = Instant::now();
         let mut slots = Vec::new();
         for _ in 0..count {
@@ -368,7 +374,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn slots_are_spread_and_every_sliding_second_holds_the_rate_with_its_guard() {
-        let l = Local::new(10, Duration::from_millis(2));
+        let l = LocalPacer::new(10, Duration::from_millis(2));
         let slots = slots(&l, 31).await;
         assert_eq!(slots[0], Duration::ZERO);
         for (i, pair) in slots.windows(2).enumerate() {
@@ -384,7 +390,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_late_departure_holds_back_the_request_a_second_after_it() {
-        let l = Local::new(10, Duration::ZERO);
+        let l = LocalPacer::new(10, Duration::ZERO);
         let start = Instant::now();
         let first = l.wait_for_slot(Duration::MAX).await.unwrap();
         // The request for that slot actually left 40 ms late (a busy CPU, say).
@@ -398,7 +404,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_limiter_does_not_bank_slots() {
-        let l = Local::new(10, Duration::ZERO);
+        let l = LocalPacer::new(10, Duration::ZERO);
         l.wait_for_slot(Duration::MAX).await.unwrap();
         tokio::time::sleep(Duration::from_secs(5)).await;
         let now = Instant::now();
@@ -409,7 +415,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_pause_holds_every_slot() {
-        let l = Local::new(10, Duration::ZERO);
+        let l = LocalPacer::new(10, Duration::ZERO);
         l.wait_for_slot(Duration::MAX).await.unwrap();
         let slot = l.next_slot();
         l.pause_for(Duration::from_secs(2));

@@ -19,6 +19,7 @@ use chrono::{DateTime, Datelike, TimeZone, Utc};
 use crate::model::error_name::ErrorName;
 use crate::resend::ProviderError;
 use crate::store::Store;
+use crate::store::records;
 use crate::store::scripts::{self, HealthCall, HealthRule};
 
 /// This instance's view of the shared pause.
@@ -57,11 +58,7 @@ impl Pause {
 
     /// Reads the shared pause (each instance does this every heartbeat).
     pub async fn refresh(&self, store: &Store) -> anyhow::Result<()> {
-        let mut conn = store.conn().await?;
-        // One key per partition.
-        let cmds: Vec<redis::Cmd> =
-            (0..store.keys.partitions()).map(|p| redis::cmd("PTTL").arg(store.keys.paused(p)).clone()).collect();
-        let ttls: Vec<i64> = conn.each(&cmds).await?;
+        let ttls = records::pauses_left_ms(store).await?;
         // -1: paused by hand without an expiry, until `mailstream resume`.
         let left = ttls
             .into_iter()
@@ -77,11 +74,7 @@ impl Pause {
 
     /// Ends the pause everywhere (`mailstream resume`); returns whether one was on.
     pub async fn resume(store: &Store) -> anyhow::Result<bool> {
-        let mut conn = store.conn().await?;
-        let cmds: Vec<redis::Cmd> =
-            (0..store.keys.partitions()).map(|p| redis::cmd("DEL").arg(store.keys.paused(p)).clone()).collect();
-        let removed: Vec<u32> = conn.each(&cmds).await?;
-        Ok(removed.iter().sum::<u32>() > 0)
+        records::clear_pauses(store).await
     }
 }
 
@@ -161,7 +154,7 @@ impl ProviderHealth {
             (false, ..) => None,
             (true, Some(_), _) => Some(HealthChange::Down),
             (true, None, since) => {
-                let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+                let now = crate::model::local_now_ms();
                 Some(HealthChange::Up(Duration::from_millis(since.map_or(0, |s| now.saturating_sub(s)))))
             }
         })
@@ -188,8 +181,7 @@ pub async fn wake_waiting(store: &Store) -> anyhow::Result<u64> {
     let mut conn = store.conn().await?;
     let mut woken = 0;
     for p in 0..store.keys.partitions() {
-        let ids: Vec<String> =
-            redis::cmd("ZRANGE").arg(store.keys.batches(p)).arg(0).arg(-1).query_async(&mut conn).await?;
+        let ids = records::unsettled_batches(&mut conn, &store.keys, p, usize::MAX).await?;
         for chunk in ids.chunks(500) {
             woken += scripts::wake(&mut conn, &store.keys, p, chunk).await?;
         }

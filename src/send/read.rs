@@ -1,8 +1,10 @@
-//! The partition readers: one per partition and lane joins the consumer group,
-//! reads delivery ids, claims them (claim.lua), has each resolved and rendered at
-//! send time (`resolve.rs`), and hands what is ready to the queues. What will not be
-//! sent is decided here (decide.lua); what a render hook did not answer is put off
-//! (defer.lua).
+//! The partition readers. Their front half is one for email and every other channel:
+//! entries are parsed, claimed (claim.lua), the claims mapped (held, done, gone, or
+//! claimed too often), what is done acknowledged, and what will not be sent settled
+//! (decide.lua) — [`claim_read`] and [`settle_decided`]. The email reader, [`EmailReader`],
+//! then has each delivery resolved and rendered at send time (`resolve.rs`), hands what
+//! is ready to the queues, and puts off what a render hook did not answer (defer.lua);
+//! a channel's reader (`channels/`) fixes each message and sends it itself.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,20 +16,159 @@ use crate::send::ctx::Ctx;
 use crate::send::queue::Batcher;
 use crate::send::release;
 use crate::send::resolve::{Fate, Resolver};
+use crate::store::conn::Conn;
+use crate::store::records;
 use crate::store::scripts::{self, Claim, Decision, Deferred};
-use crate::store::streams::{self, Entry};
+use crate::store::streams::{self, StreamEntry};
+
+/// A delivery read from its stream (`entry`) and claimed by this instance.
+pub(crate) struct Claimed {
+    pub entry: String,
+    pub delivery: DeliveryRef,
+}
+
+/// How a delivery claimed more than `delivery.max_claims` times ends (`too_many_attempts`):
+/// `failed`, or — for a channel whose message field says a request of it may have left —
+/// `outcome_unknown`.
+#[derive(Clone, Copy)]
+pub(crate) enum OverClaimed {
+    /// Nothing of it can have left: an email is claimed only until it is sealed.
+    Failed,
+    /// `outcome_unknown` when the delivery's record holds this field (the message a
+    /// channel fixes before its first request), else `failed`.
+    UnknownIfWritten(&'static str),
+}
+
+/// A claimed delivery that will not be sent, by its index in [`ClaimedRead::items`].
+pub(crate) struct NotSent {
+    pub index: usize,
+    pub outcome: Outcome,
+    pub reason: Reason,
+    /// Its record was gone at the claim: written back as decided.
+    pub lost: bool,
+}
+
+impl NotSent {
+    pub fn new(index: usize, outcome: Outcome, reason: Reason) -> NotSent {
+        NotSent { index, outcome, reason, lost: false }
+    }
+}
+
+/// One read, claimed: every well-formed delivery of it (`items`), those this instance now
+/// holds (`live`, by index) and those that will not be sent (`decided`).
+pub(crate) struct ClaimedRead {
+    pub items: Vec<Claimed>,
+    pub live: Vec<usize>,
+    pub decided: Vec<NotSent>,
+}
+
+/// The front half of every reader: claims the deliveries `entries` of partition `p`'s
+/// `lane` name, and acknowledges the entries whose work is done or owned elsewhere
+/// (sealed or settled) and those naming no delivery of this lane. An entry held under a
+/// live lease stays; one whose record is missing is a lost write, failed (`record_lost`)
+/// and never acknowledged silently; one claimed too often ends as `over` says.
+pub(crate) async fn claim_read(
+    ctx: &Ctx,
+    (p, lane): (u16, Lane),
+    conn: &mut Conn,
+    entries: Vec<StreamEntry>,
+    over: OverClaimed,
+) -> anyhow::Result<ClaimedRead> {
+    let keys = &ctx.store.keys;
+    let mut items = Vec::new();
+    let mut ack = Vec::new();
+    for (entry, id) in entries {
+        match id.as_deref().and_then(DeliveryRef::parse).filter(|d| d.lane() == lane) {
+            Some(delivery) => items.push(Claimed { entry, delivery }),
+            None => ack.push(entry),
+        }
+    }
+    if !ack.is_empty() {
+        tracing::warn!(
+            partition = p,
+            entries = ack.len(),
+            "stream entries without a delivery id of this lane acknowledged"
+        );
+    }
+    let ids: Vec<String> = items.iter().map(|c| c.delivery.id()).collect();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let claims = scripts::claim(conn, keys, p, &id_refs, &ctx.owner, crate::model::ms(ctx.config.lease())).await?;
+    let (mut live, mut decided, mut over_claimed) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, claim) in claims.into_iter().enumerate() {
+        match claim {
+            Claim::Claimed { claims } if claims > ctx.config.delivery.max_claims => over_claimed.push(i),
+            Claim::Claimed { .. } => live.push(i),
+            Claim::Held => {}
+            Claim::Done(_) => ack.push(items[i].entry.clone()),
+            Claim::Gone => {
+                tracing::error!(delivery = %ids[i], "a stream entry names a delivery whose record is gone");
+                ctx.metrics.records_lost(1);
+                decided.push(NotSent { index: i, outcome: Outcome::Failed, reason: Reason::RecordLost, lost: true });
+            }
+        }
+    }
+    let written = match over {
+        OverClaimed::UnknownIfWritten(field) if !over_claimed.is_empty() => {
+            let over_ids: Vec<String> = over_claimed.iter().map(|&i| ids[i].clone()).collect();
+            records::deliveries_marked(conn, keys, p, &over_ids, field).await?
+        }
+        _ => vec![false; over_claimed.len()],
+    };
+    for (i, written) in over_claimed.into_iter().zip(written) {
+        let outcome = if written { Outcome::OutcomeUnknown } else { Outcome::Failed };
+        decided.push(NotSent::new(i, outcome, Reason::TooManyAttempts));
+    }
+    let group = &ctx.config.redis.group;
+    streams::ack(conn, &keys.lane_stream(p, lane), group, &ack).await?;
+    Ok(ClaimedRead { items, live, decided })
+}
+
+/// Settles `decided` (of `items`) with decide.lua, acknowledging their entries, and
+/// counts what was settled now.
+pub(crate) async fn settle_decided(
+    ctx: &Ctx,
+    conn: &mut Conn,
+    p: u16,
+    items: &[Claimed],
+    decided: &[NotSent],
+) -> anyhow::Result<()> {
+    let list: Vec<Decision<'_>> = decided
+        .iter()
+        .map(|d| {
+            let item = &items[d.index];
+            let (outcome, reason, lost) = (d.outcome, d.reason.clone(), d.lost);
+            Decision { entry: &item.entry, delivery: &item.delivery, outcome, reason, lost }
+        })
+        .collect();
+    decide(ctx, conn, p, &list).await
+}
+
+/// Settles what will not be (or was) sent with decide.lua, and counts what was settled
+/// now (not what another holder settled first).
+pub(crate) async fn decide(ctx: &Ctx, conn: &mut Conn, p: u16, decisions: &[Decision<'_>]) -> anyhow::Result<()> {
+    if decisions.is_empty() {
+        return Ok(());
+    }
+    let (group, retention) = (&ctx.config.redis.group, ctx.config.retention().as_secs());
+    let decided = scripts::decide(conn, &ctx.store.keys, p, group, &ctx.owner, decisions, retention).await?;
+    for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
+        let reason = (d.outcome != Outcome::Sent).then_some(&d.reason);
+        ctx.metrics.settled(&d.delivery.campaign, d.delivery.channel, d.outcome, reason, 1);
+    }
+    Ok(())
+}
 
 /// Reads, claims, resolves and renders; hands what is ready to the batcher.
-pub(crate) struct Consumer {
+pub(crate) struct EmailReader {
     ctx: Arc<Ctx>,
     resolver: Resolver,
     batcher: Arc<Batcher>,
 }
 
-impl Consumer {
-    pub fn new(ctx: Arc<Ctx>, renderer: Renderer, batcher: Arc<Batcher>) -> anyhow::Result<Consumer> {
+impl EmailReader {
+    pub fn new(ctx: Arc<Ctx>, renderer: Renderer, batcher: Arc<Batcher>) -> anyhow::Result<EmailReader> {
         let resolver = Resolver::new(ctx.clone(), renderer)?;
-        Ok(Consumer { ctx, resolver, batcher })
+        Ok(EmailReader { ctx, resolver, batcher })
     }
 
     /// Reads partition `p`'s stream of `lane` until shutdown.
@@ -38,7 +179,7 @@ impl Consumer {
         let group = ctx.config.redis.group.clone();
         let mut failures = 0u32;
         // The blocking read has a connection of its own, kept while it works.
-        let mut reader: Option<crate::store::conn::Conn> = None;
+        let mut reader: Option<Conn> = None;
         while !shutdown.is_triggered() {
             if ctx.pause.is_paused() {
                 shutdown.sleep(Duration::from_secs(1)).await;
@@ -83,105 +224,52 @@ impl Consumer {
         &self,
         p: u16,
         lane: Lane,
-        conn: &mut crate::store::conn::Conn,
-        entries: Vec<Entry>,
+        conn: &mut Conn,
+        entries: Vec<StreamEntry>,
     ) -> anyhow::Result<Vec<Ready>> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
         let ctx = &self.ctx;
-        let keys = &ctx.store.keys;
-        let group = &ctx.config.redis.group;
-        let mut wellformed: Vec<(String, String, DeliveryRef)> = Vec::new();
-        let mut malformed: Vec<String> = Vec::new();
-        for (entry, id) in entries {
-            match id.as_deref().and_then(DeliveryRef::parse).filter(|d| d.lane() == lane) {
-                Some(d) => wellformed.push((entry, id.unwrap_or_default(), d)),
-                None => malformed.push(entry),
-            }
-        }
-        let ids: Vec<&str> = wellformed.iter().map(|(_, id, _)| id.as_str()).collect();
-        let claims = scripts::claim(conn, keys, p, &ids, &ctx.owner, ctx.config.lease().as_millis() as u64).await?;
-
-        // Entries whose delivery is sealed or settled are acknowledged: their work is
-        // done or owned elsewhere. Entries held under a live lease stay. An entry whose
-        // record is missing is a lost write: recorded as failed, never acked silently.
-        let mut ack: Vec<&str> = malformed.iter().map(String::as_str).collect();
-        let mut live: Vec<(&str, &DeliveryRef)> = Vec::new();
-        let mut decisions: Vec<Decision<'_>> = Vec::new();
-        for ((entry, _, delivery), claim) in wellformed.iter().zip(claims) {
-            let decide = |outcome, reason| Decision { entry, delivery, outcome, reason, lost: false };
-            match claim {
-                Claim::Claimed { claims } if claims > ctx.config.delivery.max_claims => {
-                    decisions.push(decide(Outcome::Failed, Reason::TooManyAttempts));
-                }
-                Claim::Claimed { .. } => live.push((entry, delivery)),
-                Claim::Held => {}
-                Claim::Done(_) => ack.push(entry),
-                Claim::Gone => {
-                    tracing::error!(delivery = %delivery.id(), "a stream entry names a delivery whose record is gone");
-                    ctx.metrics.lost_batch(1);
-                    let reason = Reason::RecordLost;
-                    decisions.push(Decision { entry, delivery, outcome: Outcome::Failed, reason, lost: true });
-                }
-            }
-        }
-        if !malformed.is_empty() {
-            tracing::warn!(
-                partition = p,
-                entries = malformed.len(),
-                "stream entries without a delivery id of this lane acknowledged"
-            );
-        }
-        if !ack.is_empty() {
-            let stream = keys.lane_stream(p, lane);
-            let _: () = redis::cmd("XACK").arg(stream).arg(group).arg(&ack).query_async(conn).await?;
-        }
-
+        let ClaimedRead { items, live, mut decided } =
+            claim_read(ctx, (p, lane), conn, entries, OverClaimed::Failed).await?;
+        let live: Vec<(usize, (&str, &DeliveryRef))> =
+            live.into_iter().map(|i| (i, (items[i].entry.as_str(), &items[i].delivery))).collect();
+        let resolving: Vec<(&str, &DeliveryRef)> = live.iter().map(|(_, item)| *item).collect();
         let fates = match lane {
-            Lane::Digest => self.resolver.campaign_fates(p, conn, &live).await?,
-            Lane::Transactional => self.resolver.transactional_fates(p, conn, &live).await?,
+            Lane::Digest => self.resolver.campaign_fates(p, conn, &resolving).await?,
+            Lane::Transactional => self.resolver.transactional_fates(p, conn, &resolving).await?,
             Lane::App | Lane::Push => anyhow::bail!("a channel other than email is read by its own sender"),
         };
         let mut ready = Vec::new();
-        let mut deferred: Vec<(&str, &DeliveryRef)> = Vec::new();
-        for ((entry, delivery), fate) in live.iter().zip(fates) {
+        let mut deferred: Vec<(usize, (&str, &DeliveryRef))> = Vec::new();
+        for ((i, (entry, delivery)), fate) in live.into_iter().zip(fates) {
             match fate {
                 Fate::Ready { json, variant, audience } => {
-                    let delivery = (*delivery).clone();
+                    let delivery = delivery.clone();
                     ready.push(Ready { entry: entry.to_string(), delivery, json, variant, audience });
                 }
-                Fate::Decide(outcome, reason) => {
-                    decisions.push(Decision { entry, delivery, outcome, reason, lost: false });
-                }
-                Fate::Defer => deferred.push((entry, delivery)),
+                Fate::Decide(outcome, reason) => decided.push(NotSent::new(i, outcome, reason)),
+                Fate::Defer => deferred.push((i, (entry, delivery))),
             }
         }
-        for (entry, delivery) in self.defer(p, conn, &deferred).await? {
-            let reason = Reason::HookUnavailable;
-            decisions.push(Decision { entry, delivery, outcome: Outcome::Failed, reason, lost: false });
+        for i in self.defer(p, conn, &deferred).await? {
+            decided.push(NotSent::new(i, Outcome::Failed, Reason::HookUnavailable));
         }
-
-        if !decisions.is_empty() {
-            let retention = ctx.config.retention().as_secs();
-            let decided = scripts::decide(conn, keys, p, group, &ctx.owner, &decisions, retention).await?;
-            for (d, _) in decisions.iter().zip(decided).filter(|(_, now)| *now) {
-                ctx.metrics.settled(&d.delivery.campaign, d.delivery.channel, d.outcome, Some(&d.reason), 1);
-            }
-        }
+        settle_decided(ctx, conn, p, &items, &decided).await?;
         ctx.failpoints.at(Failpoint::Claimed).await;
         Ok(ready)
     }
 
     /// Puts off deliveries a render hook did not answer; returns those past their
     /// deadline (to be failed: `render_hook_unavailable`).
-    async fn defer<'a>(
+    async fn defer(
         &self,
         p: u16,
-        conn: &mut crate::store::conn::Conn,
-        items: &[(&'a str, &'a DeliveryRef)],
-    ) -> anyhow::Result<Vec<(&'a str, &'a DeliveryRef)>> {
-        if items.is_empty() {
+        conn: &mut Conn,
+        indexed: &[(usize, (&str, &DeliveryRef))],
+    ) -> anyhow::Result<Vec<usize>> {
+        if indexed.is_empty() {
             return Ok(Vec::new());
         }
         let ctx = &self.ctx;
@@ -189,16 +277,17 @@ impl Consumer {
         let backoff = scripts::Backoff {
             base_ms: d.retry_base_ms,
             max_ms: d.retry_max_ms.min(60_000),
-            deadline_ms: d.deadline().as_millis() as u64,
+            deadline_ms: crate::model::ms(d.deadline()),
             jitter_percent: rand::random_range(0..=20),
         };
         let (keys, group) = (&ctx.store.keys, &ctx.config.redis.group);
-        let done = scripts::defer(conn, keys, p, group, &ctx.owner, backoff, items).await?;
+        let items: Vec<(&str, &DeliveryRef)> = indexed.iter().map(|(_, item)| *item).collect();
+        let done = scripts::defer(conn, keys, p, group, &ctx.owner, backoff, &items).await?;
         let mut expired = Vec::new();
-        for (item, result) in items.iter().zip(done) {
+        for ((i, (_, delivery)), result) in indexed.iter().zip(done) {
             match result {
-                Deferred::For(_) => ctx.metrics.render_hook_deferred(&item.1.campaign, 1),
-                Deferred::Expired => expired.push(*item),
+                Deferred::For(_) => ctx.metrics.render_hook_deferred(&delivery.campaign, 1),
+                Deferred::Expired => expired.push(*i),
                 Deferred::NotHeld => {}
             }
         }

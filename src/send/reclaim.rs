@@ -5,27 +5,26 @@
 //! looks for stuck deliveries, and trims streams below the oldest entry still needed.
 //! It never waits on the queues: what has no room goes back to Redis.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use redis::streams::StreamAutoClaimReply;
 use tracing::Instrument;
 
 use crate::model::outcome::{Failpoint, Reason};
 use crate::model::work::{Lane, Sealed};
 use crate::send::ctx::Ctx;
 use crate::send::queue::Batcher;
-use crate::send::read::Consumer;
+use crate::send::read::EmailReader;
 use crate::send::settle;
 use crate::send::stuck;
+use crate::store::records;
 use crate::store::scripts::{self, Take, Verdict};
-use crate::store::streams::{self, Entry, entry_of};
+use crate::store::streams;
 
 /// Due batches examined per partition per pass.
-const DUE_BATCHES_PER_PASS: isize = 64;
+const DUE_BATCHES_PER_PASS: usize = 64;
 /// Passes between stream trims.
 const TRIM_EVERY: u32 = 10;
 
@@ -33,7 +32,7 @@ const TRIM_EVERY: u32 = 10;
 pub(crate) struct Reclaimer {
     pub ctx: Arc<Ctx>,
     /// Taken-over entries are processed like new ones.
-    pub consumer: Arc<Consumer>,
+    pub reader: Arc<EmailReader>,
     /// Due batches are queued here for resending.
     pub batcher: Arc<Batcher>,
 }
@@ -114,20 +113,10 @@ impl Reclaimer {
         let ctx = &self.ctx;
         let keys = &ctx.store.keys;
         let mut conn = ctx.store.conn().await?;
-        let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-        let now_ms = secs * 1000 + micros / 1000;
-        let due: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys.batches(p))
-            .arg("-inf")
-            .arg(now_ms)
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(DUE_BATCHES_PER_PASS)
-            .query_async(&mut conn)
-            .await?;
-        let lease_ms = ctx.config.lease().as_millis() as u64;
-        let window_ms = ctx.config.delivery.resend_window().as_millis() as u64;
+        let now_ms = records::now_ms(&mut conn).await?;
+        let due = records::due_batches(&mut conn, keys, p, now_ms, DUE_BATCHES_PER_PASS).await?;
+        let lease_ms = crate::model::ms(ctx.config.lease());
+        let window_ms = crate::model::ms(ctx.config.delivery.resend_window());
         for batch in due {
             if self.batcher.has(&batch) {
                 continue;
@@ -172,33 +161,27 @@ impl Reclaimer {
         while !ctx.shutdown.is_triggered() {
             let Some(room) = autoclaim_count(count, self.batcher.room(p, lane)) else { break };
             let mut conn = ctx.store.conn().await?;
-            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
-                .arg(keys.lane_stream(p, lane))
-                .arg(&ctx.config.redis.group)
-                .arg(&ctx.consumer)
-                .arg(ctx.config.lease().as_millis() as u64)
-                .arg(&cursor)
-                .arg("COUNT")
-                .arg(room)
-                .query_async(&mut conn)
-                .await?;
+            let stream = keys.lane_stream(p, lane);
+            let from = (stream.as_str(), ctx.config.redis.group.as_str(), ctx.consumer.as_str());
+            let lease_ms = crate::model::ms(ctx.config.lease());
+            let taken = streams::take_over_idle(&mut conn, from, lease_ms, &cursor, room).await?;
             // Redis 7 drops entries deleted from the stream out of the pending list itself
             // and names them here; their deliveries can no longer be found from the stream.
-            if !reply.deleted_ids.is_empty() {
+            if taken.deleted > 0 {
                 tracing::warn!(
                     partition = p,
-                    deleted = reply.deleted_ids.len(),
+                    deleted = taken.deleted,
                     "pending entries had been deleted from the stream"
                 );
             }
-            let entries: Vec<Entry> = reply.claimed.into_iter().map(entry_of).collect();
+            let entries = taken.entries;
             if !entries.is_empty() {
                 tracing::info!(partition = p, entries = entries.len(), "taking over deliveries whose lease expired");
             }
-            let ready = self.consumer.process_entries(p, lane, &mut conn, entries).await?;
+            let ready = self.reader.process_entries(p, lane, &mut conn, entries).await?;
             drop(conn);
-            self.consumer.hand_over_now(p, lane, ready).await;
-            cursor = reply.next_stream_id;
+            self.reader.hand_over_now(p, lane, ready).await;
+            cursor = taken.next;
             if cursor == "0-0" {
                 break;
             }
@@ -211,25 +194,9 @@ impl Reclaimer {
     /// this is rare) and settle them as outcome_unknown, `record_lost`, one by one.
     async fn settle_lost_batch(&self, p: u16, batch: &str) -> anyhow::Result<()> {
         let ctx = &self.ctx;
-        let keys = &ctx.store.keys;
-        let records = ctx.store.scan(&keys.deliveries_pattern(p)).await?;
-        let mut conn = ctx.store.conn().await?;
-        let mut members = Vec::new();
-        for chunk in records.chunks(500) {
-            let mut pipe = redis::pipe();
-            for key in chunk {
-                pipe.cmd("HMGET").arg(key).arg(&["state", "batch"]);
-            }
-            let rows: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
-            for (key, (state, b)) in chunk.iter().zip(rows) {
-                if state.as_deref() == Some("sealed") && b.as_deref() == Some(batch) {
-                    let id = key.rsplit_once(":d:").map_or("", |(_, id)| id);
-                    members.extend(crate::model::work::DeliveryRef::parse(id));
-                }
-            }
-        }
+        let members = records::sealed_into(&ctx.store, p, batch).await?;
         tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
-        ctx.metrics.lost_batch(members.len() as u64);
+        ctx.metrics.records_lost(members.len() as u64);
         let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
         let settled = settle::record(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
         settled.instrument(crate::model::work::batch_span(p, batch)).await;
@@ -279,28 +246,21 @@ pub(crate) async fn trim(ctx: &Ctx, p: u16, lane: Lane) -> anyhow::Result<Option
         tracing::warn!(stream = %stream, "the stream has other consumer groups; trimming follows only {group}");
     }
 
-    // Summary form: [count, smallest id, greatest id, consumers].
-    let summary: Vec<redis::Value> = redis::cmd("XPENDING").arg(&stream).arg(group).query_async(&mut conn).await?;
     let last = ours.last_delivered;
     let first_unread = (last.0, last.1 + 1);
-    let keep_from = match summary.get(1).and_then(streams::text).and_then(|s| streams::parse_id(&s)) {
+    let keep_from = match streams::oldest_pending(&mut conn, &stream, group).await? {
         Some(oldest_pending) => oldest_pending.min(first_unread),
         None => first_unread,
     };
-    let _: u64 =
-        redis::cmd("XTRIM").arg(&stream).arg("MINID").arg(streams::format_id(keep_from)).query_async(&mut conn).await?;
+    streams::trim_before(&mut conn, &stream, keep_from).await?;
 
-    let consumers: Vec<HashMap<String, redis::Value>> =
-        redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg(group).query_async(&mut conn).await?;
-    let forget_ms = FORGET_CONSUMERS_AFTER.max(ctx.config.lease() * 10).as_millis() as u64;
-    for c in &consumers {
-        let get = |name: &str| c.get(name).and_then(streams::text);
-        let (Some(name), Some(pending), Some(idle)) = (get("name"), get("pending"), get("idle")) else { continue };
-        if name != ctx.consumer && pending == "0" && idle.parse::<u64>().is_ok_and(|ms| ms > forget_ms) {
+    let forget_ms = crate::model::ms(FORGET_CONSUMERS_AFTER.max(ctx.config.lease() * 10));
+    for c in streams::consumers(&mut conn, &stream, group).await? {
+        if c.name != ctx.consumer && c.pending == 0 && c.idle_ms > forget_ms {
             // Checked again inside the script: it may have resumed reading since.
             let keys = &ctx.store.keys;
-            if scripts::forget_consumer(&mut conn, keys, p, lane, group, &name, forget_ms).await? {
-                tracing::debug!(partition = p, consumer = %name, "removed an idle consumer with nothing pending");
+            if scripts::forget_consumer(&mut conn, keys, p, lane, group, &c.name, forget_ms).await? {
+                tracing::debug!(partition = p, consumer = %c.name, "removed an idle consumer with nothing pending");
             }
         }
     }

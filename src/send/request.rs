@@ -15,7 +15,7 @@ use crate::config::{Config, ConfigError};
 use crate::model::error_name::ErrorName;
 use crate::model::outcome::{Failpoint, Outcome, Reason};
 use crate::model::work::Sealed;
-use crate::resend::{Action, Client, ItemResult, ProviderError, RateHeaders};
+use crate::resend::{AcceptedEmail, Action, Client, ProviderError, RateHeaders};
 use crate::send::ctx::Ctx;
 use crate::send::fallback::{self, FellBack};
 use crate::send::pause::{HealthChange, quota_renews};
@@ -119,14 +119,20 @@ impl Sender {
 
     /// Records the provider's answer to a request of `b`, item by item (`refusal`: the
     /// one `b` is the fallback of).
-    async fn accepted(&self, ctx: &Ctx, b: &Sealed, items: &[ItemResult], refusal: Option<fallback::Refusal>) {
+    async fn accepted(
+        &self,
+        ctx: &Ctx,
+        b: &Sealed,
+        items: &[AcceptedEmail],
+        refusal: Option<fallback::ProviderRefusal>,
+    ) {
         // A fallback refused too records the refusal it followed.
         let invalid = refusal.as_ref().map_or(ErrorName::ValidationError, |r| r.error.clone());
         let (verdicts, said): (Vec<Verdict>, Vec<Option<&str>>) = items
             .iter()
             .map(|item| match item {
-                ItemResult::Sent(id) => (Verdict::Sent(id.clone()), None),
-                ItemResult::Invalid(said) => (Verdict::Failed(Reason::Provider(invalid.clone())), said.as_deref()),
+                AcceptedEmail::Sent(id) => (Verdict::Sent(id.clone()), None),
+                AcceptedEmail::Invalid(said) => (Verdict::Failed(Reason::Provider(invalid.clone())), said.as_deref()),
             })
             .unzip();
         let any_sent = verdicts.iter().any(|v| matches!(v, Verdict::Sent(_)));
@@ -168,7 +174,7 @@ impl Sender {
 
     /// Acts on a failed request of `b` that did not fall back (`refusal`: the one it is
     /// the fallback of): retries it later, pauses for a quota, or settles it.
-    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<fallback::Refusal>) {
+    async fn failed(&self, ctx: &Ctx, b: Sealed, e: ProviderError, refusal: Option<fallback::ProviderRefusal>) {
         let next = {
             let mut rng = self.rng.lock().expect("rng lock");
             plan(&e, b.tries, b.maybe_sent, &self.retry, ctx.health.retry_cap(), &mut *rng, Utc::now())
@@ -183,7 +189,7 @@ impl Sender {
                 // What this holder knows of earlier requests counts too: a failover may have
                 // taken the record's mark back.
                 let r = Reschedule {
-                    delay_ms: delay.as_millis() as u64,
+                    delay_ms: crate::model::ms(delay),
                     failed_request: true,
                     maybe_sent: e.maybe_sent || b.maybe_sent,
                     error,
@@ -199,7 +205,7 @@ impl Sender {
                 // Due again almost at once, but no instance takes a batch while paused: it
                 // goes out as soon as the pause ends, by expiry or `mailstream resume`.
                 let r = Reschedule {
-                    delay_ms: QUOTA_RECHECK.as_millis() as u64,
+                    delay_ms: crate::model::ms(QUOTA_RECHECK),
                     failed_request: true,
                     maybe_sent: b.maybe_sent,
                     error,
@@ -216,8 +222,8 @@ impl Sender {
 
 /// The refusal of a request of one email whose answer (permissive validation: a 200)
 /// refused that email for its sender, as the error of the request.
-fn refused_sender(items: &[ItemResult]) -> Option<ProviderError> {
-    let [ItemResult::Invalid(said)] = items else { return None };
+fn refused_sender(items: &[AcceptedEmail]) -> Option<ProviderError> {
+    let [AcceptedEmail::Invalid(said)] = items else { return None };
     let e = ProviderError::from_response(200, Some("validation_error"), said.as_deref().unwrap_or(""), None);
     (e.action == Action::SenderRejected).then_some(e)
 }
@@ -346,11 +352,11 @@ mod tests {
     #[test]
     fn a_lone_email_refused_for_its_sender_in_a_200_is_the_request_refused() {
         let refused = Some("The acme.example domain is not verified. Please, add and verify your domain.".to_string());
-        let e = refused_sender(&[ItemResult::Invalid(refused.clone())]).expect("a sender refusal");
+        let e = refused_sender(&[AcceptedEmail::Invalid(refused.clone())]).expect("a sender refusal");
         assert_eq!((e.action, e.status, e.maybe_sent), (Action::SenderRejected, Some(200), false));
-        assert!(refused_sender(&[ItemResult::Invalid(Some("The `to` field is missing.".into()))]).is_none());
-        assert!(refused_sender(&[ItemResult::Invalid(refused.clone()), ItemResult::Sent("id".into())]).is_none());
-        assert!(refused_sender(&[ItemResult::Sent("id".into())]).is_none());
+        assert!(refused_sender(&[AcceptedEmail::Invalid(Some("The `to` field is missing.".into()))]).is_none());
+        assert!(refused_sender(&[AcceptedEmail::Invalid(refused.clone()), AcceptedEmail::Sent("id".into())]).is_none());
+        assert!(refused_sender(&[AcceptedEmail::Sent("id".into())]).is_none());
     }
 
     #[test]

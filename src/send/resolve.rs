@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use redis::AsyncCommands;
-
 use crate::audience::ingest;
 use crate::audience::render::{self, RenderInput, Renderer};
 use crate::audience::render_hook::{self, Answer, Hooks};
@@ -21,6 +19,12 @@ use crate::model::outcome::{Outcome, Reason};
 use crate::model::work::{Audience, DeliveryRef, TRANSACTIONAL};
 use crate::send::ctx::Ctx;
 use crate::store::Store;
+use crate::store::records::{self, SubscriberRead};
+
+/// The one row a read of one record returns.
+fn one<T>(rows: Vec<T>) -> T {
+    rows.into_iter().next().expect("one row per read")
+}
 
 /// The email object `delivery` is sent as, exactly as it will be sealed: the
 /// campaign's template (or its variant's parts) over the subscriber's data, with
@@ -61,12 +65,9 @@ fn variant_of(config: &Config, delivery: &DeliveryRef, chosen: Option<&str>) -> 
 pub async fn preview(store: &Store, config: &Config, delivery: &DeliveryRef) -> anyhow::Result<Result<String, Reason>> {
     let p = store.keys.partition_of(delivery.home());
     let mut conn = store.conn().await?;
-    let row: subscribers::Row = redis::cmd("HMGET")
-        .arg(store.keys.subscriber(p, &delivery.subscriber))
-        .arg(&subscribers::RESOLVE_FIELDS)
-        .arg(field::opted_out(&delivery.campaign))
-        .query_async(&mut conn)
-        .await?;
+    let read =
+        SubscriberRead { partition: p, id: &delivery.subscriber, opted_out: field::opted_out(&delivery.campaign) };
+    let row = one(records::subscriber_rows(&mut conn, &store.keys, &[read]).await?);
     let renderer = crate::audience::render::Renderer::of(config)?;
     let tokens = Tokens::new(&config.unsubscribe.secrets);
     let variant = variant_of(config, delivery, None);
@@ -129,12 +130,11 @@ impl Resolver {
     ) -> anyhow::Result<Vec<Fate>> {
         let config = &self.ctx.config;
         let keys = &self.ctx.store.keys;
-        let mut pipe = redis::pipe();
-        for (_, d) in live {
-            let key = keys.subscriber(p, &d.subscriber);
-            pipe.cmd("HMGET").arg(key).arg(&subscribers::RESOLVE_FIELDS).arg(field::opted_out(&d.campaign));
-        }
-        let rows: Vec<subscribers::Row> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+        let reads: Vec<SubscriberRead<'_>> = live
+            .iter()
+            .map(|(_, d)| SubscriberRead { partition: p, id: &d.subscriber, opted_out: field::opted_out(&d.campaign) })
+            .collect();
+        let rows = records::subscriber_rows(conn, keys, &reads).await?;
         let mut fates = Vec::with_capacity(live.len());
         // Per campaign with a hook: (position, registry data) of what to ask it about.
         let mut ask: BTreeMap<&str, Vec<(usize, serde_json::Value)>> = BTreeMap::new();
@@ -200,26 +200,20 @@ impl Resolver {
         live: &[(&str, &DeliveryRef)],
     ) -> anyhow::Result<Vec<Fate>> {
         let (config, keys) = (&self.ctx.config, &self.ctx.store.keys);
-        let mut pipe = redis::pipe();
-        for (_, d) in live {
-            pipe.hget(keys.delivery(p, &d.id()), "request");
-        }
-        let requests: Vec<Option<String>> = if live.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
+        let ids: Vec<String> = live.iter().map(|(_, d)| d.id()).collect();
+        let requests = records::stored_requests(conn, keys, p, &ids).await?;
         let mut fates = Vec::with_capacity(live.len());
         for ((_, d), request) in live.iter().zip(requests) {
-            let Some(request) = request.and_then(|r| serde_json::from_str::<ingest::Request>(&r).ok()) else {
+            let Some(request) = request.as_deref().and_then(ingest::Request::from_stored) else {
                 fates.push(Fate::Decide(Outcome::Failed, Reason::RecordLost));
                 continue;
             };
             let (to, data) = match (&request.to, &request.subscriber) {
                 (Some(to), _) => (to.clone(), merged(serde_json::Value::Null, request.data.as_ref())),
                 (None, Some(id)) => {
-                    let row: subscribers::Row = redis::cmd("HMGET")
-                        .arg(keys.subscriber(keys.partition_of(id), id))
-                        .arg(&subscribers::RESOLVE_FIELDS)
-                        .arg(field::opted_out(TRANSACTIONAL))
-                        .query_async(conn)
-                        .await?;
+                    let (partition, opted_out) = (keys.partition_of(id), field::opted_out(TRANSACTIONAL));
+                    let read = SubscriberRead { partition, id, opted_out };
+                    let row = one(records::subscriber_rows(conn, keys, &[read]).await?);
                     match subscribers::resolve_transactional(row) {
                         Resolved::Send { email, data } => (email, merged(data, request.data.as_ref())),
                         Resolved::Skip(reason) => {
@@ -238,7 +232,7 @@ impl Resolver {
                 }
             };
             // Early, as the last gate will do it: the partition's suppressed addresses.
-            let suppressed: bool = conn.hexists(keys.suppressed(p), keys.address(&to).hash).await?;
+            let suppressed = records::is_suppressed(conn, keys, p, &to).await?;
             if suppressed {
                 fates.push(Fate::Decide(Outcome::Skipped, Reason::Suppressed));
                 continue;
@@ -261,7 +255,7 @@ impl Resolver {
                 }
                 (None, Some(subject)) => {
                     let content =
-                        render::Ready { subject, html: request.html.as_deref(), text: request.text.as_deref() };
+                        render::ReadyContent { subject, html: request.html.as_deref(), text: request.text.as_deref() };
                     Ok(Renderer::ready(from, &to, content, d))
                 }
                 (None, None) => Err(Reason::RenderError),

@@ -28,7 +28,7 @@ impl RetryPolicy {
         let exp = failed.saturating_sub(1).min(30);
         let ceiling = self.base.saturating_mul(1u32 << exp).min(self.max);
         let half = ceiling / 2;
-        let jitter = Duration::from_millis(rng.random_range(0..=half.as_millis() as u64));
+        let jitter = Duration::from_millis(rng.random_range(0..=crate::model::ms(half)));
         (half + jitter).max(retry_after.unwrap_or_default())
     }
 }
@@ -48,7 +48,7 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         for (failed, ceiling) in [(1, 1_000), (2, 2_000), (3, 4_000), (4, 8_000)] {
             for _ in 0..50 {
-                let ms = policy().after_failure(failed, None, &mut rng).as_millis() as u64;
+                let ms = crate::model::ms(policy().after_failure(failed, None, &mut rng));
                 assert!((ceiling / 2..=ceiling).contains(&ms), "attempt {failed}: {ms} ms");
             }
         }

@@ -41,7 +41,7 @@ async fn seal_batch(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Opti
         idempotency_key: &key,
         owner: &ctx.owner,
         group: &ctx.config.redis.group,
-        lease_ms: ctx.config.lease().as_millis() as u64,
+        lease_ms: crate::model::ms(ctx.config.lease()),
     };
     let mut conn = ctx.store.conn().await?;
     let positions = scripts::seal(&mut conn, &ctx.store.keys, &request, &items).await?;

@@ -22,7 +22,7 @@ pub(crate) const QUOTA_RECHECK: Duration = Duration::from_secs(1);
 /// ones is written back with it (a failover may have taken the record's mark back).
 pub(crate) async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
     let r = Reschedule {
-        delay_ms: delay.as_millis() as u64,
+        delay_ms: crate::model::ms(delay),
         failed_request: false,
         maybe_sent: b.maybe_sent,
         error: Reason::Postponed,
@@ -80,7 +80,7 @@ pub(crate) async fn record(
                     "the provider accepted a batch whose record is gone (a lost write); its answer was recorded \
                      on the deliveries, so none is sent again"
                 );
-                ctx.metrics.lost_batch(members.len() as u64);
+                ctx.metrics.records_lost(members.len() as u64);
             }
             if settled.recorded.iter().all(Option::is_none) {
                 tracing::debug!("batch was already settled, or taken over by another holder");

@@ -10,13 +10,13 @@
 use std::collections::BTreeMap;
 
 use redis::aio::ConnectionLike;
-use redis::streams::{StreamId, StreamRangeReply};
 
 use crate::config::Config;
 use crate::model::names::names;
 use crate::model::work::{Channel, DeliveryRef, Lane};
 use crate::store::Store;
-use crate::store::streams::{self, entry_of};
+use crate::store::records;
+use crate::store::streams::{self, StreamEntry};
 
 /// Most deliveries of one kind counted per partition per look.
 const LIMIT: usize = 1000;
@@ -24,7 +24,7 @@ const LIMIT: usize = 1000;
 names! {
     /// How a delivery is stuck.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-    pub enum Kind {
+    pub enum StuckKind {
         /// Enqueued long ago and never read by any instance.
         Unclaimed = "unclaimed",
         /// Claimed, and its lease ran out a whole lease ago without a takeover.
@@ -36,26 +36,26 @@ names! {
 
 /// The limits a look applies, in milliseconds.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct StuckLimits {
     pub stuck_after_ms: u64,
     pub lease_ms: u64,
     pub deadline_ms: u64,
     pub maybe_sent_deadline_ms: u64,
 }
 
-impl Limits {
-    fn from_config(config: &Config) -> Limits {
-        Limits {
-            stuck_after_ms: config.stuck_after().as_millis() as u64,
-            lease_ms: config.lease().as_millis() as u64,
-            deadline_ms: config.delivery.deadline().as_millis() as u64,
-            maybe_sent_deadline_ms: config.delivery.maybe_sent_deadline().as_millis() as u64,
+impl StuckLimits {
+    fn from_config(config: &Config) -> StuckLimits {
+        StuckLimits {
+            stuck_after_ms: crate::model::ms(config.stuck_after()),
+            lease_ms: crate::model::ms(config.lease()),
+            deadline_ms: crate::model::ms(config.delivery.deadline()),
+            maybe_sent_deadline_ms: crate::model::ms(config.delivery.maybe_sent_deadline()),
         }
     }
 }
 
 /// Stuck deliveries counted by (campaign, period, kind).
-pub type Tally = BTreeMap<(String, String, Channel, Kind), u64>;
+pub type Tally = BTreeMap<(String, String, Channel, StuckKind), u64>;
 
 /// The `tally`'s counts by (campaign, kind), every kind of each of `campaigns` included
 /// (0 when none is stuck), as the metrics export them.
@@ -65,7 +65,7 @@ pub fn by_campaign<'a>(
 ) -> BTreeMap<(&'a str, &'static str), u64> {
     let mut by = BTreeMap::new();
     for campaign in campaigns {
-        for kind in Kind::ALL {
+        for kind in StuckKind::ALL {
             by.insert((campaign, kind.as_str()), 0);
         }
     }
@@ -76,11 +76,10 @@ pub fn by_campaign<'a>(
 }
 
 /// Adds what a look at partition `p` finds to `tally`.
-pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &mut Tally) -> anyhow::Result<()> {
+pub async fn look(store: &Store, group: &str, p: u16, limits: &StuckLimits, tally: &mut Tally) -> anyhow::Result<()> {
     let mut conn = store.conn().await?;
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await?;
-    let now = secs * 1000 + micros / 1000;
-    let mut add = |kind: Kind, d: &DeliveryRef| {
+    let now = records::now_ms(&mut conn).await?;
+    let mut add = |kind: StuckKind, d: &DeliveryRef| {
         *tally.entry((d.campaign.clone(), d.period.clone(), d.channel, kind)).or_default() += 1;
     };
     // Both lanes: a receipt nobody picks up is as stuck as a digest.
@@ -89,21 +88,21 @@ pub async fn look(store: &Store, group: &str, p: u16, limits: &Limits, tally: &m
         // Read once for both looks.
         let info = streams::group_info(&mut conn, &stream, group).await?;
         for d in unclaimed(&mut conn, &stream, info.as_ref(), now, limits).await? {
-            add(Kind::Unclaimed, &d);
+            add(StuckKind::Unclaimed, &d);
         }
         for d in lease_expired(&mut conn, store, &stream, group, info.as_ref(), p, now, limits).await? {
-            add(Kind::LeaseExpired, &d);
+            add(StuckKind::LeaseExpired, &d);
         }
     }
     for d in past_deadline(&mut conn, store, p, now, limits).await? {
-        add(Kind::PastDeadline, &d);
+        add(StuckKind::PastDeadline, &d);
     }
     Ok(())
 }
 
 /// Looks at every partition.
 pub async fn look_everywhere(store: &Store, config: &Config) -> anyhow::Result<Tally> {
-    let limits = Limits::from_config(config);
+    let limits = StuckLimits::from_config(config);
     let mut tally = Tally::new();
     for p in 0..store.keys.partitions() {
         look(store, &config.redis.group, p, &limits, &mut tally).await?;
@@ -117,17 +116,13 @@ async fn unclaimed(
     stream: &str,
     info: Option<&streams::GroupInfo>,
     now: u64,
-    limits: &Limits,
+    limits: &StuckLimits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
     let Some(cutoff) = now.checked_sub(limits.stuck_after_ms) else { return Ok(Vec::new()) };
     // Without the group nothing was ever read: every entry counts.
-    let from = match info {
-        Some(g) => format!("({}", streams::format_id(g.last_delivered)),
-        None => "-".to_string(),
-    };
-    let entries: StreamRangeReply =
-        redis::cmd("XRANGE").arg(stream).arg(from).arg(cutoff).arg("COUNT").arg(LIMIT).query_async(conn).await?;
-    Ok(entries.ids.into_iter().filter_map(delivery_of).collect())
+    let after = info.map(|g| g.last_delivered);
+    let entries = streams::range_after(conn, stream, after, cutoff, LIMIT).await?;
+    Ok(entries.into_iter().filter_map(delivery_of).collect())
 }
 
 /// Pending entries idle longer than a lease whose record says the lease ended more
@@ -141,37 +136,14 @@ async fn lease_expired(
     info: Option<&streams::GroupInfo>,
     p: u16,
     now: u64,
-    limits: &Limits,
+    limits: &StuckLimits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
     if info.is_none_or(|g| g.pending == 0) {
         return Ok(Vec::new());
     }
-    // Extended form: [id, consumer, idle ms, deliveries] per entry.
-    let idle: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(stream)
-        .arg(group)
-        .arg("IDLE")
-        .arg(limits.lease_ms)
-        .arg("-")
-        .arg("+")
-        .arg(LIMIT)
-        .query_async(conn)
-        .await?;
-    if idle.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for (id, ..) in &idle {
-        pipe.cmd("XRANGE").arg(stream).arg(id).arg(id);
-    }
-    let entries: Vec<StreamRangeReply> = pipe.query_async(conn).await?;
-    let deliveries: Vec<DeliveryRef> =
-        entries.into_iter().filter_map(|e| e.ids.into_iter().next().and_then(delivery_of)).collect();
-    let mut pipe = redis::pipe();
-    for d in &deliveries {
-        pipe.cmd("HMGET").arg(store.keys.delivery(p, &d.id())).arg("state").arg("lease_until");
-    }
-    let records: Vec<(Option<String>, Option<u64>)> = pipe.query_async(conn).await?;
+    let idle = streams::idle_pending(conn, (stream, group), limits.lease_ms, LIMIT).await?;
+    let deliveries: Vec<DeliveryRef> = idle.into_iter().filter_map(delivery_of).collect();
+    let records = records::leases(conn, &store.keys, p, &deliveries).await?;
     Ok(deliveries
         .into_iter()
         .zip(records)
@@ -188,33 +160,22 @@ async fn past_deadline(
     store: &Store,
     p: u16,
     now: u64,
-    limits: &Limits,
+    limits: &StuckLimits,
 ) -> anyhow::Result<Vec<DeliveryRef>> {
-    let batches: Vec<String> =
-        redis::cmd("ZRANGE").arg(store.keys.batches(p)).arg(0).arg(LIMIT as isize - 1).query_async(conn).await?;
-    if batches.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for b in &batches {
-        pipe.cmd("HMGET").arg(store.keys.batch(p, b)).arg(&["maybe_sent", "sealed_ms", "first_sealed_ms", "members"]);
-    }
-    type Row = (Option<String>, Option<u64>, Option<u64>, Option<String>);
-    let rows: Vec<Row> = pipe.query_async(conn).await?;
     let mut out = Vec::new();
-    for (maybe_sent, sealed, first, members) in rows {
-        let late = match maybe_sent.as_deref() {
-            Some("1") => sealed.is_some_and(|at| at + limits.maybe_sent_deadline_ms < now),
-            _ => first.is_some_and(|at| at + limits.deadline_ms < now),
+    for b in records::batch_ages(conn, &store.keys, p, LIMIT).await? {
+        let late = match b.maybe_sent {
+            true => b.sealed_ms.is_some_and(|at| at + limits.maybe_sent_deadline_ms < now),
+            false => b.first_sealed_ms.is_some_and(|at| at + limits.deadline_ms < now),
         };
         if late {
-            out.extend(members.unwrap_or_default().split(' ').filter_map(DeliveryRef::parse));
+            out.extend(b.members);
         }
     }
     Ok(out)
 }
 
 /// The delivery a stream entry names (`delivery <id>`).
-fn delivery_of(entry: StreamId) -> Option<DeliveryRef> {
-    entry_of(entry).1.as_deref().and_then(DeliveryRef::parse)
+fn delivery_of((_, delivery): StreamEntry) -> Option<DeliveryRef> {
+    delivery.as_deref().and_then(DeliveryRef::parse)
 }

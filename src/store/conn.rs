@@ -38,21 +38,21 @@ pub(crate) struct SingleServer {
 
 /// One connection, to a single server or to the cluster.
 pub enum Conn {
-    Single(Local),
+    Single(LocalConn),
     Cluster(ClusterConnection),
 }
 
 /// A connection to a single server: one of the pool's, or the shared one.
-pub enum Local {
+pub enum LocalConn {
     Pooled(Pooled),
     Shared(ConnectionManager),
 }
 
-impl ConnectionLike for Local {
+impl ConnectionLike for LocalConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Local::Pooled(c) => c.req_packed_command(cmd),
-            Local::Shared(c) => c.req_packed_command(cmd),
+            LocalConn::Pooled(c) => c.req_packed_command(cmd),
+            LocalConn::Shared(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -63,15 +63,15 @@ impl ConnectionLike for Local {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Local::Pooled(c) => c.req_packed_commands(pipeline, offset, count),
-            Local::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+            LocalConn::Pooled(c) => c.req_packed_commands(pipeline, offset, count),
+            LocalConn::Shared(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Local::Pooled(c) => c.get_db(),
-            Local::Shared(c) => c.get_db(),
+            LocalConn::Pooled(c) => c.get_db(),
+            LocalConn::Shared(c) => c.get_db(),
         }
     }
 }
@@ -352,7 +352,7 @@ impl Backend {
         match self {
             Backend::Single(single) => {
                 let conn = single.pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
-                Ok(Conn::Single(Local::Pooled(Pooled { conn: Some(conn), broken: false })))
+                Ok(Conn::Single(LocalConn::Pooled(Pooled { conn: Some(conn), broken: false })))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
         }
@@ -374,7 +374,7 @@ impl Backend {
                     })
                     .await
                     .map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
-                Ok(Conn::Single(Local::Shared(conn.clone())))
+                Ok(Conn::Single(LocalConn::Shared(conn.clone())))
             }
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
         }

@@ -12,7 +12,7 @@ use crate::model::work::{Channel, DeliveryRef};
 /// What a delivery settled compactly keeps: `<state> <settled_ms> <detail>[ <sends>]` (the
 /// requests made, left out when 1), then ` fallback` and ` variant=<v>` where they apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
+pub struct HistoryEntry {
     /// `sent` or `skipped` (whatever the text says: shown, never acted on).
     pub state: String,
     pub settled_ms: i64,
@@ -26,9 +26,9 @@ pub struct Entry {
     pub variant: Option<String>,
 }
 
-impl Entry {
+impl HistoryEntry {
     /// An entry's text, `None` unless it has the four leading parts.
-    pub fn parse(text: &str) -> Option<Entry> {
+    pub fn parse(text: &str) -> Option<HistoryEntry> {
         let mut parts = text.split(' ').peekable();
         let state = parts.next().filter(|s| !s.is_empty())?.to_string();
         let settled_ms = parts.next()?.parse().ok()?;
@@ -48,7 +48,7 @@ impl Entry {
                 None => fallback |= flag == "fallback",
             }
         }
-        Some(Entry { state, settled_ms, detail, sends, fallback, variant })
+        Some(HistoryEntry { state, settled_ms, detail, sends, fallback, variant })
     }
 
     /// The fields a whole record of it would hold, named as in a record (what the delivery
@@ -106,7 +106,12 @@ pub async fn buckets(
 
 /// The compact entries of `refs` (deliveries of partition `p`), aligned with them (`None`:
 /// none kept): the bucket counts of their periods, then the fields, two round trips.
-pub async fn lookup(conn: &mut Conn, keys: &Keys, p: u16, refs: &[DeliveryRef]) -> anyhow::Result<Vec<Option<Entry>>> {
+pub async fn lookup(
+    conn: &mut Conn,
+    keys: &Keys,
+    p: u16,
+    refs: &[DeliveryRef],
+) -> anyhow::Result<Vec<Option<HistoryEntry>>> {
     if refs.is_empty() {
         return Ok(Vec::new());
     }
@@ -137,7 +142,7 @@ pub async fn lookup(conn: &mut Conn, keys: &Keys, p: u16, refs: &[DeliveryRef]) 
     let texts: Vec<Option<String>> = if cmds.is_empty() { Vec::new() } else { conn.each(&cmds).await? };
     let mut out = vec![None; refs.len()];
     for ((i, _), text) in asked.into_iter().zip(texts) {
-        out[i] = text.as_deref().and_then(Entry::parse);
+        out[i] = text.as_deref().and_then(HistoryEntry::parse);
     }
     Ok(out)
 }
@@ -151,7 +156,7 @@ pub async fn bucket(
     period: &str,
     channel: Channel,
     n: u32,
-) -> anyhow::Result<Vec<(DeliveryRef, Entry)>> {
+) -> anyhow::Result<Vec<(DeliveryRef, HistoryEntry)>> {
     let cmd = redis::cmd("HGETALL").arg(keys.settled(p, campaign, period, channel, n)).clone();
     let fields: Vec<BTreeMap<String, String>> = conn.each(&[cmd]).await?;
     Ok(fields
@@ -160,7 +165,7 @@ pub async fn bucket(
         .filter_map(|(field, text)| {
             let (subscriber, target) = field.split_once(':')?;
             let d = DeliveryRef::new(campaign, period, subscriber, target).on(channel);
-            Some((d, Entry::parse(&text)?))
+            Some((d, HistoryEntry::parse(&text)?))
         })
         .collect())
 }
@@ -172,22 +177,22 @@ mod tests {
     #[test]
     fn an_entry_reads_back_as_the_fields_of_a_record() {
         // One request made, the usual case: the count is left out.
-        let e = Entry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01").unwrap();
-        assert_eq!(Entry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01 1"), Some(e.clone()));
+        let e = HistoryEntry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01").unwrap();
+        assert_eq!(HistoryEntry::parse("sent 1764720000123 4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01 1"), Some(e.clone()));
         assert_eq!(e.fields()["provider_id"], "4f2c1e9a-0b1c-4d2e-8f3a-5b6c7d8e9f01");
         assert_eq!((e.state.as_str(), e.settled_ms, e.sends, e.fallback), ("sent", 1764720000123, 1, false));
-        let skipped = Entry::parse("skipped 1764720000123 not_entitled 0").unwrap();
+        let skipped = HistoryEntry::parse("skipped 1764720000123 not_entitled 0").unwrap();
         assert_eq!(skipped.fields()["reason"], "not_entitled");
-        let flagged = Entry::parse("sent 17 re_1 2 fallback variant=b").unwrap();
+        let flagged = HistoryEntry::parse("sent 17 re_1 2 fallback variant=b").unwrap();
         assert!(flagged.fallback && flagged.variant.as_deref() == Some("b") && flagged.sends == 2);
-        let once = Entry::parse("sent 17 re_1 variant=a").unwrap();
+        let once = HistoryEntry::parse("sent 17 re_1 variant=a").unwrap();
         assert_eq!((once.sends, once.variant.as_deref(), once.fallback), (1, Some("a"), false));
         assert_eq!(flagged.fields()["fallback"], "1");
-        let event = Entry::parse("sent 17 accepted 0").unwrap();
+        let event = HistoryEntry::parse("sent 17 accepted 0").unwrap();
         assert_eq!(event.fields()["reason"], "accepted");
-        assert_eq!(Entry::parse("sent 17 - 0").unwrap().detail, None);
+        assert_eq!(HistoryEntry::parse("sent 17 - 0").unwrap().detail, None);
         for bad in ["", "sent", "sent x - 0", "sent 17", "sent 17.5 re_1"] {
-            assert_eq!(Entry::parse(bad), None, "{bad:?}");
+            assert_eq!(HistoryEntry::parse(bad), None, "{bad:?}");
         }
     }
 

@@ -10,6 +10,7 @@ mod counts;
 mod deployment;
 pub mod history;
 pub mod keys;
+pub mod records;
 pub mod redis_server;
 mod restamp;
 pub mod scripts;
@@ -190,7 +191,8 @@ impl Store {
     /// Redis's clock (`TIME`): the one clock for leases, pauses, periods and releases.
     pub async fn time(&self) -> anyhow::Result<chrono::DateTime<chrono::Utc>> {
         let mut conn = self.conn().await?;
-        let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut conn).await?;
+        let (secs, micros) = records::redis_time(&mut conn).await?;
+        let secs = i64::try_from(secs).context("Redis TIME is out of range")?;
         chrono::DateTime::from_timestamp(secs, (micros * 1000) as u32).context("Redis TIME is out of range")
     }
 

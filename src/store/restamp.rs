@@ -50,7 +50,7 @@ impl Store {
         let window = self.kick_window_secs(config).await?;
         let kick_until = |campaign: &str, period: &str| kick_until_of(config, campaign, period, window);
         let kick_until: &dyn Fn(&str, &str) -> Option<u64> = &kick_until;
-        let retention_ms = config.retention().as_millis() as u64;
+        let retention_ms = crate::model::ms(config.retention());
         let mut done = Restamped::default();
         let mut conn = self.conn().await?;
         for p in 0..self.keys.partitions() {

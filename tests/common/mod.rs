@@ -309,7 +309,7 @@ pub async fn deliveries(
             for (field, text) in entries {
                 let (subscriber, target) = field.split_once(':').unwrap();
                 let d = DeliveryRef::new(parts[0], parts[1], subscriber, target).on(channel);
-                let entry = mailstream::store::history::Entry::parse(&text).expect("a compact entry");
+                let entry = mailstream::store::history::HistoryEntry::parse(&text).expect("a compact entry");
                 out.push((d, entry.fields().into_iter().collect()));
             }
         }

@@ -26,6 +26,7 @@ use mailstream::model::outcome::{Outcome, Reason};
 use mailstream::model::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
 use mailstream::resend::Action as Class;
 use mailstream::store::Store;
+use mailstream::store::records::{self, SubscriberRead};
 use mailstream::store::redis_server::RedisServer;
 use mailstream::store::scripts::{
     self, Claim, Decision, Fallback, FallbackRequest, Gate, GateLimits, GateRequest, Reschedule, SealRequest,
@@ -303,12 +304,10 @@ impl Walker {
                     let lane = self.model.deliveries[usize::from(*d)].lane;
                     let skip = match lane {
                         Lane::Digest | Lane::App | Lane::Push => {
-                            let row: subscribers::Row = redis::cmd("HMGET")
-                                .arg(keys.subscriber(u16::from(p), &dref.subscriber))
-                                .arg(&subscribers::RESOLVE_FIELDS)
-                                .arg(subscribers::field::channel_opted_out(CAMPAIGN, dref.channel))
-                                .query_async(conn)
-                                .await?;
+                            let opted_out = subscribers::field::channel_opted_out(CAMPAIGN, dref.channel);
+                            let read = SubscriberRead { partition: u16::from(p), id: &dref.subscriber, opted_out };
+                            let rows = records::subscriber_rows(conn, keys, &[read]).await?;
+                            let row = rows.into_iter().next().expect("one row");
                             // The real resolve: the one rule, and the address rule (see
                             // `Data::unsubscribed` for why the model needs no state for it).
                             match subscribers::resolve(row) {

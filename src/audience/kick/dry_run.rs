@@ -1,5 +1,8 @@
 //! Judging subscriber records as a kick does (the records, not the audience index),
 //! and the dry run that reports what a kick would do without writing anything.
+//!
+//! Raw Redis here: the dry run's read-only pipelines over subscriber and delivery records; it
+//! writes nothing.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -15,7 +18,7 @@ use crate::store::Store;
 
 /// What the kick makes of one subscriber record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum KickVerdict {
     Eligible { targets: Vec<String>, zone: Option<String> },
     NotEligible(Unwanted),
 }
@@ -30,7 +33,7 @@ pub(super) async fn read_subscribers(
     p: u16,
     campaign: &str,
     ids: &[String],
-) -> anyhow::Result<Vec<Verdict>> {
+) -> anyhow::Result<Vec<KickVerdict>> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -41,8 +44,8 @@ pub(super) async fn read_subscribers(
             [field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, &opted_out, field::TIME_ZONE];
         pipe.cmd("HMGET").arg(store.keys.subscriber(p, id)).arg(&fields);
     }
-    type Row = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
-    let rows: Vec<Row> = pipe.query_async(conn).await?;
+    type KickRow = (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+    let rows: Vec<KickRow> = pipe.query_async(conn).await?;
     Ok(rows
         .into_iter()
         .map(|(targets, entitled, subscribed, suppressed, off, zone)| {
@@ -54,8 +57,8 @@ pub(super) async fn read_subscribers(
                 off.is_some(),
             );
             match why {
-                Some(why) => Verdict::NotEligible(why),
-                None => Verdict::Eligible {
+                Some(why) => KickVerdict::NotEligible(why),
+                None => KickVerdict::Eligible {
                     targets: subscribers::targets(targets.as_deref()).map(str::to_string).collect(),
                     zone,
                 },
@@ -126,7 +129,7 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
             let mut wanted = Vec::new();
             for (i, (id, verdict)) in ids.iter().zip(verdicts).enumerate() {
                 match verdict {
-                    Verdict::Eligible { targets, zone } => {
+                    KickVerdict::Eligible { targets, zone } => {
                         let release = release.map(|r| r.release_ms(zone.as_deref()));
                         let on = c.channels.iter().enumerate().filter(|(k, _)| !off[*k][i]).map(|(_, &ch)| ch);
                         for ch in on {
@@ -135,7 +138,7 @@ pub async fn dry_run(store: &Store, config: &Config, campaign: &str, period: &st
                             );
                         }
                     }
-                    Verdict::NotEligible(why) => *out.not_eligible.entry(why.as_str()).or_default() += 1,
+                    KickVerdict::NotEligible(why) => *out.not_eligible.entry(why.as_str()).or_default() += 1,
                 }
             }
             if !wanted.is_empty() {

@@ -1,6 +1,9 @@
 //! A registry fan-out: one task per partition, a page of its audience at a time,
 //! each page enqueued and then recorded with the cursor after it (fanout.lua), so a
 //! run that stops resumes with the next page; and the local-hour release times.
+//!
+//! Raw Redis here: the fan-out's read-only pages of the audience index (HSCAN) and existence
+//! checks; each page is written by fanout.lua.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -7,6 +7,8 @@
 //! (fanout.lua): one holder at a time, a cursor per partition, so several
 //! schedulers fan out once and a crash resumes. A dry run reads the records
 //! (why each one is left out) and writes nothing.
+//!
+//! Raw Redis here: one read-only SMISMEMBER over a campaign's opted-out set, pipelined per page.
 
 mod dry_run;
 mod fanout;
@@ -19,7 +21,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use self::dry_run::read_subscribers;
-pub use self::dry_run::{DryRun, Verdict, dry_run};
+pub use self::dry_run::{DryRun, KickVerdict, dry_run};
 pub(crate) use self::fanout::LocalHour;
 pub use self::fanout::fan_out;
 use crate::audience::subscribers::{self, Subscriber};
@@ -291,7 +293,7 @@ async fn enqueue_eligible(
     let off = opted_out(conn, &sets, ids).await?;
     for (i, (id, verdict)) in ids.iter().zip(verdicts).enumerate() {
         match verdict {
-            Verdict::Eligible { targets, zone } => {
+            KickVerdict::Eligible { targets, zone } => {
                 let at = target.release.map_or(0, |r| r.release_ms(zone.as_deref()));
                 for (c, &channel) in target.channels.iter().enumerate() {
                     if !off[c][i] {
@@ -300,7 +302,7 @@ async fn enqueue_eligible(
                     }
                 }
             }
-            Verdict::NotEligible(_) => report.not_eligible += 1,
+            KickVerdict::NotEligible(_) => report.not_eligible += 1,
         }
     }
     enqueue(store, p, (target.campaign, target.period), items, (retention, target.window), report).await

@@ -2,6 +2,10 @@
 //! `mailstream subscribe` and `kick --audience`, readable with redis-cli), the
 //! record's layout in one place, and [`resolve`], the one send-time reading of
 //! a record into "send to this address" or "skip, because".
+//!
+//! Raw Redis here: the registry's own upserts and pages, one pipeline per batch of records (the
+//! audience index, the address index and the record kept in step); the send path reads records only
+//! through `store::records`.
 
 pub mod push;
 
@@ -16,6 +20,7 @@ use crate::model::names::names;
 use crate::model::outcome::Reason;
 use crate::store::Store;
 use crate::store::conn::Conn;
+use crate::store::records::SubscriberRow;
 
 /// Target id given to a subscriber who names none.
 const DEFAULT_TARGET: &str = "default";
@@ -292,36 +297,8 @@ pub(crate) async fn first_target(store: &Store, id: &str) -> anyhow::Result<Stri
     Ok(self::targets(Some(&stored)).next().unwrap_or(DEFAULT_TARGET).to_string())
 }
 
-/// The fields of a subscriber record (`{prefix}:{p}:subscriber:<id>`, a hash).
-pub mod field {
-    pub(crate) const EMAIL: &str = "email";
-    /// Comma-separated target ids.
-    pub(crate) const TARGETS: &str = "targets";
-    /// "1" or "0".
-    pub(crate) const ENTITLED: &str = "entitled";
-    /// "1" or "0".
-    pub(crate) const SUBSCRIBED: &str = "subscribed";
-    /// A JSON object for the template.
-    pub(crate) const DATA: &str = "data";
-    /// Present when the address is suppressed (bounced, complained): why.
-    pub(crate) const SUPPRESSED: &str = "suppressed";
-    /// The subscriber's IANA zone, for deliveries at a local hour.
-    pub(crate) const TIME_ZONE: &str = "time_zone";
-
-    /// Present (when, ms) when the subscriber turned `campaign` off (one-click unsubscribe).
-    pub fn opted_out(campaign: &str) -> String {
-        format!("off:{campaign}")
-    }
-
-    /// Present (when, ms) when the subscriber turned `campaign` off on `channel`:
-    /// [`opted_out`] for email, `off:<campaign>:<channel>` for another channel.
-    pub fn channel_opted_out(campaign: &str, channel: crate::model::work::Channel) -> String {
-        match channel {
-            crate::model::work::Channel::Email => opted_out(campaign),
-            other => format!("off:{campaign}:{other}"),
-        }
-    }
-}
+/// The record's field names (the store's layout of it).
+pub use crate::store::records::field;
 
 /// How a yes/no field is stored.
 fn flag(on: bool) -> &'static str {
@@ -381,19 +358,41 @@ impl Unwanted {
     }
 }
 
+/// Subscriber `id` as stored, if there is one.
+pub async fn stored(store: &Store, id: &str) -> anyhow::Result<Option<Subscriber>> {
+    let p = store.keys.partition_of(id);
+    let mut conn = store.conn().await?;
+    type RecordFields =
+        (Option<String>, Option<String>, Option<String>, Option<String>, Option<String>, Option<String>);
+    let fields = [field::EMAIL, field::TARGETS, field::ENTITLED, field::SUBSCRIBED, field::DATA, field::TIME_ZONE];
+    let (email, stored_targets, entitled, subscribed, data, time_zone): RecordFields = redis::cmd("HMGET")
+        .arg(store.keys.subscriber(p, id))
+        .arg(&fields)
+        .query_async(&mut conn)
+        .await
+        .context("reading the subscriber")?;
+    let Some(email) = email else { return Ok(None) };
+    let data = match data {
+        Some(text) => Some(serde_json::from_str(&text).with_context(|| {
+            format!("subscriber {id}: its stored data is not a JSON object; write the whole record with --replace")
+        })?),
+        None => None,
+    };
+    Ok(Some(Subscriber {
+        id: id.to_string(),
+        email,
+        targets: targets(stored_targets.as_deref()).map(str::to_string).collect(),
+        entitled: is_set(entitled.as_deref()),
+        subscribed: is_set(subscribed.as_deref()),
+        data,
+        time_zone,
+    }))
+}
+
 /// The stored targets of a record (comma-separated), or the default one.
 pub fn targets(stored: Option<&str>) -> impl Iterator<Item = &str> {
     stored.unwrap_or(DEFAULT_TARGET).split(',').filter(|t| !t.is_empty())
 }
-
-/// The fields [`resolve`] reads, in the order of [`Row`]; the last field of a row is
-/// the campaign's opt-out, [`field::opted_out`], given after these.
-pub const RESOLVE_FIELDS: [&str; 5] =
-    [field::EMAIL, field::ENTITLED, field::SUBSCRIBED, field::SUPPRESSED, field::DATA];
-
-/// A record as `HMGET key` + [`RESOLVE_FIELDS`] + the opt-out field returns it, as raw
-/// bytes (a field that is not UTF-8 is the record's problem, not the reader's).
-pub type Row = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 /// What a subscriber record says about sending to it now.
 #[derive(Debug, Clone, PartialEq)]
@@ -408,7 +407,7 @@ pub enum Resolved {
 
 /// Reads a subscriber record at send time: it exists, is not suppressed, is
 /// entitled, is subscribed, and its address and data are well-formed.
-pub fn resolve(row: Row) -> Resolved {
+pub fn resolve(row: SubscriberRow) -> Resolved {
     let (email, entitled, subscribed, suppressed, data, opted_out) = row;
     let set = |v: &Option<Vec<u8>>| v.as_deref() == Some(b"1");
     let unwanted =
@@ -431,7 +430,7 @@ pub fn resolve(row: Row) -> Resolved {
 /// Reads a subscriber record for a transactional send (a receipt, a reset): it
 /// exists, is not suppressed, and its address and data are well-formed;
 /// entitlement and subscriptions are about campaigns and do not apply.
-pub(crate) fn resolve_transactional(row: Row) -> Resolved {
+pub(crate) fn resolve_transactional(row: SubscriberRow) -> Resolved {
     let (email, _, _, suppressed, data, _) = row;
     resolve((email, Some(b"1".to_vec()), Some(b"1".to_vec()), suppressed, data, None))
 }
@@ -523,7 +522,7 @@ mod tests {
     #[test]
     fn resolve_reads_the_record_at_send_time() {
         let bytes = |s: &str| s.as_bytes().to_vec();
-        let row = |email: Option<&str>, entitled: &str, subscribed: &str, data: Option<&str>| -> Row {
+        let row = |email: Option<&str>, entitled: &str, subscribed: &str, data: Option<&str>| -> SubscriberRow {
             (email.map(bytes), Some(bytes(entitled)), Some(bytes(subscribed)), None, data.map(bytes), None)
         };
         assert_eq!(resolve((None, None, None, None, None, None)), Resolved::Skip(Reason::UnknownSubscriber));

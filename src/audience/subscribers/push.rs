@@ -6,13 +6,16 @@
 //! data (it names one person's browser): it is a value there and nowhere else; logs,
 //! stream entries, labels and keys name a subscription by its id, and the admin page
 //! shows the push service's host and the id.
+//!
+//! Raw Redis here: a subscriber's browser subscriptions, registered, listed and removed; the push
+//! channel reads them through `store::records`.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::ClassifyName;
 
-use crate::model::push_endpoint::{AllowedHosts, Refusal};
+use crate::model::push_endpoint::{AllowedHosts, EndpointRefusal};
 use crate::model::webpush::Receiver;
 use crate::store::Store;
 use crate::store::conn::Conn;
@@ -77,7 +80,7 @@ impl Subscription {
     }
 
     /// Whether its endpoint is one this deployment may be aimed at (`push_endpoint`).
-    pub fn admit(&self, allowed: &AllowedHosts) -> Result<(), Refusal> {
+    pub fn admit(&self, allowed: &AllowedHosts) -> Result<(), EndpointRefusal> {
         allowed.admit(&self.endpoint)
     }
 

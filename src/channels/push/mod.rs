@@ -33,14 +33,16 @@ use anyhow::Context;
 
 use crate::audience::render::Renderer;
 use crate::audience::subscribers::push::{self as subscriptions, Subscription};
-use crate::channels::{self, Claimed, Sender, Slots};
+use crate::channels::{self, ChannelSender, Slots};
 use crate::config::PushChannelConfig;
 use crate::model::outcome::{Outcome, Reason};
-use crate::model::push_endpoint::{AllowedHosts, Refusal};
+use crate::model::push_endpoint::{AllowedHosts, EndpointRefusal};
 use crate::model::webpush::{self as crypto, VapidKey};
 use crate::model::work::{Channel, DeliveryRef};
 use crate::send::ctx::Ctx;
-use crate::send::limiter::Local;
+use crate::send::limiter::LocalPacer;
+use crate::send::read::{self, Claimed};
+use crate::store::records;
 use crate::store::scripts::{self, Decision};
 use resolver::CheckedResolver;
 
@@ -68,7 +70,7 @@ pub fn payload(notification: &crate::audience::render::Notification, tag: &str) 
 
 /// What one subscription's answer means for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Answered {
+pub enum PushAnswer {
     /// 2xx (201 Created): the push service has it.
     Sent,
     /// 404 or 410: the subscription is gone (the browser unsubscribed, or it expired).
@@ -86,20 +88,20 @@ pub enum Answered {
     Refused(u16),
     /// Not asked: its endpoint is not one to aim at (`push_endpoint`), checked before the
     /// request and again on the addresses its host resolves to.
-    EndpointRefused(Refusal),
+    EndpointRefused(EndpointRefusal),
 }
 
 /// How a status (and its `Retry-After`, ms, capped: `channels::retry_after_ms`) is read
 /// (`None`: no answer came).
-pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> Answered {
+pub fn answered(status: Option<u16>, retry_after_ms: Option<u64>) -> PushAnswer {
     match status {
-        Some(200..=299) => Answered::Sent,
-        Some(404 | 410) => Answered::Gone,
-        Some(413) => Answered::TooLarge,
-        Some(429) => Answered::Again(retry_after_ms.unwrap_or(0)),
-        Some(300..=499) => Answered::Refused(status.unwrap_or_default()),
-        Some(_) => Answered::Again(0),
-        None => Answered::Unanswered,
+        Some(200..=299) => PushAnswer::Sent,
+        Some(404 | 410) => PushAnswer::Gone,
+        Some(413) => PushAnswer::TooLarge,
+        Some(429) => PushAnswer::Again(retry_after_ms.unwrap_or(0)),
+        Some(300..=499) => PushAnswer::Refused(status.unwrap_or_default()),
+        Some(_) => PushAnswer::Again(0),
+        None => PushAnswer::Unanswered,
     }
 }
 
@@ -117,18 +119,18 @@ pub fn too_large(bytes: usize) -> String {
 
 /// What a delivery comes to once every subscription asked has answered: `None` while one
 /// is to be asked again.
-pub fn settles(answers: &[Answered], sent_before: usize) -> Option<(Outcome, Reason)> {
-    if answers.iter().any(|a| matches!(a, Answered::Again(_) | Answered::Unanswered)) {
+pub fn settles(answers: &[PushAnswer], sent_before: usize) -> Option<(Outcome, Reason)> {
+    if answers.iter().any(|a| matches!(a, PushAnswer::Again(_) | PushAnswer::Unanswered)) {
         return None;
     }
-    let sent = sent_before + answers.iter().filter(|a| **a == Answered::Sent).count();
+    let sent = sent_before + answers.iter().filter(|a| **a == PushAnswer::Sent).count();
     Some(if sent > 0 {
         (Outcome::Sent, Reason::Accepted)
-    } else if answers.contains(&Answered::TooLarge) {
+    } else if answers.contains(&PushAnswer::TooLarge) {
         (Outcome::Failed, Reason::PushTooLarge)
-    } else if answers.iter().any(|a| matches!(a, Answered::Refused(_))) {
+    } else if answers.iter().any(|a| matches!(a, PushAnswer::Refused(_))) {
         (Outcome::Failed, Reason::PushRefused)
-    } else if answers.iter().any(|a| matches!(a, Answered::EndpointRefused(_))) {
+    } else if answers.iter().any(|a| matches!(a, PushAnswer::EndpointRefused(_))) {
         (Outcome::Skipped, Reason::PushEndpointRefused)
     } else {
         (Outcome::Skipped, Reason::NoSubscription)
@@ -140,7 +142,7 @@ pub fn settles(answers: &[Answered], sent_before: usize) -> Option<(Outcome, Rea
 /// second, so none bursts after an idle spell or in the first second.
 struct Pace {
     per_second: u32,
-    services: Mutex<HashMap<String, Arc<Local>>>,
+    services: Mutex<HashMap<String, Arc<LocalPacer>>>,
 }
 
 impl Pace {
@@ -154,7 +156,7 @@ impl Pace {
             let mut services = self.services.lock().expect("pace");
             services
                 .entry(origin.to_string())
-                .or_insert_with(|| Arc::new(Local::new(self.per_second, Duration::ZERO)))
+                .or_insert_with(|| Arc::new(LocalPacer::new(self.per_second, Duration::ZERO)))
                 .clone()
         };
         service.take_slot().await;
@@ -231,12 +233,12 @@ impl PushChannel {
 
     /// One request of `payload` to one subscription, paced per push service; none to an
     /// endpoint that is not one to aim at.
-    async fn post(&self, s: &Subscription, topic: &str, payload: &[u8]) -> Answered {
+    async fn post(&self, s: &Subscription, topic: &str, payload: &[u8]) -> PushAnswer {
         if let Err(refusal) = s.admit(&self.allowed) {
-            return Answered::EndpointRefused(refusal);
+            return PushAnswer::EndpointRefused(refusal);
         }
-        let Ok(receiver) = s.receiver() else { return Answered::Gone };
-        let Ok(body) = crypto::encrypt(payload, &receiver) else { return Answered::TooLarge };
+        let Ok(receiver) = s.receiver() else { return PushAnswer::Gone };
+        let Ok(body) = crypto::encrypt(payload, &receiver) else { return PushAnswer::TooLarge };
         let origin = s.origin();
         self.pace.take(&origin).await;
         let request = self
@@ -253,7 +255,7 @@ impl PushChannel {
             Ok(r) => (Some(r.status().as_u16()), channels::retry_after_ms(r.headers())),
             // Its host resolved to forbidden addresses only: nothing was sent.
             Err(e) if resolver::refused_by_resolver(&e) => {
-                return Answered::EndpointRefused(Refusal::AddressForbidden);
+                return PushAnswer::EndpointRefused(EndpointRefusal::AddressForbidden);
             }
             Err(_) => (None, None),
         };
@@ -262,7 +264,7 @@ impl PushChannel {
     }
 }
 
-impl Sender for PushChannel {
+impl ChannelSender for PushChannel {
     const CHANNEL: Channel = Channel::Push;
     const BODY_FIELD: &'static str = BODY_FIELD;
     const MAYBE_TAKEN_FIELD: &'static str = "push_maybe_taken";
@@ -307,7 +309,7 @@ impl Sender for PushChannel {
             let mut conn = ctx.store.conn().await?;
             // Still ours, just before the requests leave (and for another lease): a holder
             // that stalled since its claim must not post what another may have sent since.
-            let lease = ctx.config.lease().as_millis() as u64;
+            let lease = crate::model::ms(ctx.config.lease());
             let (held, _) = scripts::renew(&mut conn, keys, p, &ctx.owner, lease, &[d], &[]).await?;
             if held == 0 {
                 tracing::info!(
@@ -319,12 +321,7 @@ impl Sender for PushChannel {
             scripts::note(&mut conn, &mine, &[(record.clone(), "1")]).await?;
             ctx.store.durable(&mut conn, &record).await?;
             // The browsers, and what the record already says of them, in one round trip.
-            let read: (Vec<(String, String)>, Vec<String>) = redis::pipe()
-                .hgetall(keys.push_subscriptions(p, &d.subscriber))
-                .hkeys(&record)
-                .query_async(&mut conn)
-                .await?;
-            read
+            records::push_subscriptions_and_marks(&mut conn, keys, p, &d.subscriber, &record).await?
         };
         let sent_before: BTreeSet<String> =
             fields.iter().filter_map(|f| f.strip_prefix("push_sent:")).map(str::to_string).collect();
@@ -340,7 +337,7 @@ impl Sender for PushChannel {
                 (i, answer, this.record(p, &record, &subscriber, &sid, answer).await)
             });
         }
-        let mut answers = vec![Answered::Unanswered; asked.len()];
+        let mut answers = vec![PushAnswer::Unanswered; asked.len()];
         while let Some(done) = requests.join_next().await {
             let (i, a, recorded) = done.context("a push request's task")?;
             answers[i] = a;
@@ -348,23 +345,23 @@ impl Sender for PushChannel {
         }
         let mut conn = ctx.store.conn().await?;
         // Every answer is recorded: this instance's requests are no longer in doubt.
-        let _: () = redis::cmd("HDEL").arg(&record).arg(&mine).query_async(&mut conn).await?;
+        records::clear_mark(&mut conn, &record, &mine).await?;
         // The marks survive a failover before anything is settled or put off: a settlement
         // lost with a failover is claimed again, and then skips every browser marked.
         ctx.store.durable(&mut conn, &record).await?;
-        let sent = sent_before.len() + answers.iter().filter(|a| **a == Answered::Sent).count();
+        let sent = sent_before.len() + answers.iter().filter(|a| **a == PushAnswer::Sent).count();
         // A request that went unanswered, now or before, or one of an instance that never
         // recorded its answers, may have reached a browser.
-        let maybe_taken = answers.contains(&Answered::Unanswered)
+        let maybe_taken = answers.contains(&PushAnswer::Unanswered)
             || fields.iter().any(|f| f == "push_maybe_taken" || (f.starts_with("push_inflight:") && *f != mine));
         let decision = |(outcome, reason)| Decision { entry: &item.entry, delivery: d, outcome, reason, lost: false };
         match settles(&answers, sent_before.len()) {
             Some((Outcome::Skipped | Outcome::Failed, reason)) if maybe_taken => {
-                channels::decide(&*self, &mut conn, p, &[decision((Outcome::OutcomeUnknown, reason))]).await
+                read::decide(self.ctx(), &mut conn, p, &[decision((Outcome::OutcomeUnknown, reason))]).await
             }
-            Some(settled) => channels::decide(&*self, &mut conn, p, &[decision(settled)]).await,
+            Some(settled) => read::decide(self.ctx(), &mut conn, p, &[decision(settled)]).await,
             None => {
-                let wait = answers.iter().map(|a| if let Answered::Again(ms) = a { *ms } else { 0 }).max();
+                let wait = answers.iter().map(|a| if let PushAnswer::Again(ms) = a { *ms } else { 0 }).max();
                 // Past the deadline, a delivery a browser has is sent; else it failed.
                 let reached = (sent > 0).then_some((Outcome::Sent, Reason::Accepted));
                 channels::put_off(&*self, &mut conn, p, &item, wait.unwrap_or(0), reached).await
@@ -378,15 +375,22 @@ impl PushChannel {
     /// replicas have it), so a crash repeats only requests never answered: a 201 marks
     /// the record, a 404/410 removes the subscription, no answer says the delivery may
     /// have been taken. The connection is taken for these writes only.
-    async fn record(&self, p: u16, record: &str, subscriber: &str, sid: &str, answer: Answered) -> anyhow::Result<()> {
+    async fn record(
+        &self,
+        p: u16,
+        record: &str,
+        subscriber: &str,
+        sid: &str,
+        answer: PushAnswer,
+    ) -> anyhow::Result<()> {
         let ctx = &self.ctx;
         match answer {
-            Answered::Sent => {
+            PushAnswer::Sent => {
                 let mut conn = ctx.store.conn().await?;
                 scripts::note(&mut conn, &sent_field(sid), &[(record.to_string(), "1")]).await?;
                 ctx.store.durable(&mut conn, record).await?;
             }
-            Answered::Gone => {
+            PushAnswer::Gone => {
                 let mut conn = ctx.store.conn().await?;
                 if subscriptions::remove(&mut conn, &ctx.store.keys, p, subscriber, sid).await? {
                     ctx.metrics.push_subscription_removed();
@@ -394,11 +398,12 @@ impl PushChannel {
                 }
                 ctx.store.durable(&mut conn, record).await?;
             }
-            Answered::Unanswered => {
+            PushAnswer::Unanswered => {
                 let mut conn = ctx.store.conn().await?;
-                scripts::note(&mut conn, <Self as Sender>::MAYBE_TAKEN_FIELD, &[(record.to_string(), "1")]).await?;
+                scripts::note(&mut conn, <Self as ChannelSender>::MAYBE_TAKEN_FIELD, &[(record.to_string(), "1")])
+                    .await?;
             }
-            Answered::EndpointRefused(reason) => {
+            PushAnswer::EndpointRefused(reason) => {
                 ctx.metrics.push_endpoint_refused(reason);
                 tracing::warn!(
                     partition = p,
@@ -407,7 +412,7 @@ impl PushChannel {
                     "push subscription's endpoint refused: not sent to"
                 );
             }
-            Answered::TooLarge => {
+            PushAnswer::TooLarge => {
                 tracing::warn!(
                     partition = p,
                     subscription = %sid,
@@ -415,7 +420,7 @@ impl PushChannel {
                     "a push service refused the notification as too large (413)"
                 );
             }
-            Answered::Again(_) | Answered::Refused(_) => {}
+            PushAnswer::Again(_) | PushAnswer::Refused(_) => {}
         }
         Ok(())
     }
@@ -427,23 +432,23 @@ mod tests {
 
     #[test]
     fn answers_are_read_as_the_channel_promises() {
-        assert_eq!(answered(Some(201), None), Answered::Sent);
-        assert_eq!(answered(Some(404), None), Answered::Gone);
-        assert_eq!(answered(Some(410), None), Answered::Gone);
-        assert_eq!(answered(Some(413), None), Answered::TooLarge);
-        assert_eq!(answered(Some(429), Some(7000)), Answered::Again(7000));
-        assert_eq!(answered(Some(429), None), Answered::Again(0));
-        assert_eq!(answered(Some(503), Some(7000)), Answered::Again(0));
-        assert_eq!(answered(None, None), Answered::Unanswered);
-        assert_eq!(answered(Some(403), None), Answered::Refused(403));
+        assert_eq!(answered(Some(201), None), PushAnswer::Sent);
+        assert_eq!(answered(Some(404), None), PushAnswer::Gone);
+        assert_eq!(answered(Some(410), None), PushAnswer::Gone);
+        assert_eq!(answered(Some(413), None), PushAnswer::TooLarge);
+        assert_eq!(answered(Some(429), Some(7000)), PushAnswer::Again(7000));
+        assert_eq!(answered(Some(429), None), PushAnswer::Again(0));
+        assert_eq!(answered(Some(503), Some(7000)), PushAnswer::Again(0));
+        assert_eq!(answered(None, None), PushAnswer::Unanswered);
+        assert_eq!(answered(Some(403), None), PushAnswer::Refused(403));
         // A redirect is an answer, not followed.
-        assert_eq!(answered(Some(302), None), Answered::Refused(302));
-        assert_eq!(answered(Some(308), None), Answered::Refused(308));
+        assert_eq!(answered(Some(302), None), PushAnswer::Refused(302));
+        assert_eq!(answered(Some(308), None), PushAnswer::Refused(308));
     }
 
     #[test]
     fn a_delivery_settles_once_every_browser_has_answered() {
-        use Answered::*;
+        use PushAnswer::*;
         assert_eq!(settles(&[Sent, Gone], 0), Some((Outcome::Sent, Reason::Accepted)));
         assert_eq!(settles(&[Gone, Gone], 0), Some((Outcome::Skipped, Reason::NoSubscription)));
         assert_eq!(settles(&[], 0), Some((Outcome::Skipped, Reason::NoSubscription)));
@@ -453,7 +458,7 @@ mod tests {
         assert_eq!(settles(&[Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));
         assert_eq!(settles(&[Sent, Again(0)], 0), None);
         assert_eq!(settles(&[Gone, Unanswered], 0), None);
-        let refused = EndpointRefused(Refusal::AddressForbidden);
+        let refused = EndpointRefused(EndpointRefusal::AddressForbidden);
         assert_eq!(settles(&[refused, Gone], 0), Some((Outcome::Skipped, Reason::PushEndpointRefused)));
         assert_eq!(settles(&[refused, Sent], 0), Some((Outcome::Sent, Reason::Accepted)));
         assert_eq!(settles(&[refused, Refused(403)], 0), Some((Outcome::Failed, Reason::PushRefused)));

@@ -15,7 +15,7 @@ use crate::{audience::suppression, ops::slo};
 pub(crate) struct Overview {
     /// Redis's clock when it was read (RFC 3339).
     pub at: String,
-    pub slo: slo::Report,
+    pub slo: slo::SloReport,
     /// A quota pause holds sending (on every instance).
     pub paused: bool,
     /// Since when the provider counts as down (RFC 3339), if it does.

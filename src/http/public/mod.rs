@@ -28,7 +28,7 @@ pub(crate) fn serve(
 ) -> impl std::future::Future<Output = ()> + use<> {
     let routes = std::sync::Arc::new(Public::new(ctx));
     let h = &ctx.config.http;
-    let limits = server::Limits {
+    let limits = server::ListenerLimits {
         max_body: h.public_max_body_bytes,
         timeout: Duration::from_millis(h.public_timeout_ms),
         per_source: std::num::NonZeroU32::new(h.public_requests_per_second_per_source),

@@ -30,7 +30,7 @@ names! {
     /// An event type mailstream knows, by the name written on a delivery (`ev_<name>`)
     /// and used as a label (bounded: the rest are `other`).
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum Kind {
+    pub enum EventKind {
         Sent = "sent",
         Delivered = "delivered",
         DeliveryDelayed = "delivery_delayed",
@@ -44,18 +44,18 @@ names! {
     }
 }
 
-impl Kind {
+impl EventKind {
     /// The kind of an event `type` (`email.bounced`); one it does not know is `Other`.
-    fn of_type(s: &str) -> Kind {
+    fn of_type(s: &str) -> EventKind {
         let known = s.strip_prefix("email.").and_then(|name| name.parse().ok());
-        known.filter(|&k| k != Kind::Other).unwrap_or(Kind::Other)
+        known.filter(|&k| k != EventKind::Other).unwrap_or(EventKind::Other)
     }
 }
 
 /// What a verified event asks of mailstream (a pure reading of its JSON).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Event {
-    pub kind: Kind,
+    pub kind: EventKind,
     /// The delivery it is about, from the `delivery` tag mailstream sets.
     pub delivery: Option<DeliveryRef>,
     /// The recipients (only for events that act on addresses).
@@ -68,11 +68,11 @@ struct Event {
 /// JSON. JSON of another shape is an event of an unknown type (acknowledged, ignored).
 fn parse_event(body: &[u8]) -> Option<Event> {
     let v: Value = serde_json::from_slice(body).ok()?;
-    let kind = Kind::of_type(v.get("type").and_then(Value::as_str).unwrap_or(""));
+    let kind = EventKind::of_type(v.get("type").and_then(Value::as_str).unwrap_or(""));
     let data = v.get("data").unwrap_or(&Value::Null);
     let delivery = tag(data, "delivery").and_then(|t| DeliveryRef::from_tag(&t));
     let act = match kind {
-        Kind::Bounced => {
+        EventKind::Bounced => {
             let bounce_type = data.get("bounce").and_then(|b| b.get("type")).and_then(Value::as_str).unwrap_or("");
             // Only a permanent bounce means the address is dead.
             Some(if bounce_type.eq_ignore_ascii_case("permanent") {
@@ -81,8 +81,8 @@ fn parse_event(body: &[u8]) -> Option<Event> {
                 Act::CountTransient
             })
         }
-        Kind::Complained => Some(Act::Suppress(Why::Complained)),
-        Kind::Suppressed => Some(Act::Suppress(Why::ProviderSuppressed)),
+        EventKind::Complained => Some(Act::Suppress(Why::Complained)),
+        EventKind::Suppressed => Some(Act::Suppress(Why::ProviderSuppressed)),
         _ => None,
     };
     let to = match (&act, data.get("to")) {
@@ -186,7 +186,7 @@ impl Webhooks {
     async fn apply(&self, id: &str, event: &Event) -> anyhow::Result<bool> {
         let ttl = self.config.webhook.seen_ttl().as_secs();
         let mut duplicate = true;
-        if let (Some(d), true) = (&event.delivery, event.kind != Kind::Other) {
+        if let (Some(d), true) = (&event.delivery, event.kind != EventKind::Other) {
             // Concurrent events share one connection: their scripts reach Redis in one write
             // and are made durable by one fsync (no WAIT follows on it).
             let mut conn = self.store.shared().await?;
@@ -225,7 +225,7 @@ mod tests {
                      "bounce": {"type": "Permanent", "subType": "General", "message": "no such user"}}
         });
         let e = parse_event(body.to_string().as_bytes()).unwrap();
-        assert_eq!(e.kind, Kind::Bounced);
+        assert_eq!(e.kind, EventKind::Bounced);
         assert_eq!(e.delivery, Some(d.clone()));
         assert_eq!(e.act, Some(Act::Suppress(Why::Bounced)));
         assert_eq!(e.to, vec!["ann@person.example"]);
@@ -236,8 +236,8 @@ mod tests {
         let e = parse_event(transient.to_string().as_bytes()).unwrap();
         assert_eq!((e.act, e.delivery), (Some(Act::CountTransient), Some(d)));
         let unknown = parse_event(br#"{"type":"contact.created","data":{"id":"c"}}"#).unwrap();
-        assert_eq!((unknown.kind, unknown.act), (Kind::Other, None));
-        assert_eq!(parse_event(b"[1,2]").unwrap().kind, Kind::Other, "JSON, not an envelope");
+        assert_eq!((unknown.kind, unknown.act), (EventKind::Other, None));
+        assert_eq!(parse_event(b"[1,2]").unwrap().kind, EventKind::Other, "JSON, not an envelope");
         assert!(parse_event(b"not json").is_none() && parse_event(b"").is_none());
     }
 

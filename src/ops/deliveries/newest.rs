@@ -2,10 +2,12 @@
 //! sets of delivery ids scored by settlement time, read from the top, ties by id), a
 //! chunk at a time. Campaign, period and subscriber filters are checked on the ids;
 //! statuses and `since` on the records, as the scan does.
+//!
+//! Raw Redis here: the listing's read-only walk of the settled-history index, newest first.
 
 use std::collections::VecDeque;
 
-use super::{Filter, Row, Span, read_rows};
+use super::{DeliveryRow, Filter, Span, read_rows};
 use crate::model::work::DeliveryRef;
 use crate::store::keys::RECENT_KEEP;
 use crate::store::{Conn, Store};
@@ -60,7 +62,7 @@ pub(super) async fn page(
     filter: &Filter,
     span: Span,
     after: (i64, &str),
-    rows: &mut Vec<Row>,
+    rows: &mut Vec<DeliveryRow>,
 ) -> anyhow::Result<Option<(i64, String)>> {
     if span == Span::NONE {
         return Ok(None);
@@ -92,7 +94,7 @@ pub(super) async fn page(
             return Ok(None);
         }
         // Records a partition at a time (a pipeline stays in one slot), then in order.
-        let mut read: Vec<Option<Row>> = vec![None; chunk.len()];
+        let mut read: Vec<Option<DeliveryRow>> = vec![None; chunk.len()];
         for &p in partitions {
             let at: Vec<usize> = (0..chunk.len()).filter(|&i| chunk[i].0 == p).collect();
             if at.is_empty() {

@@ -1,8 +1,10 @@
 //! Past the newest-first part, a partition at a time in Redis's order: the deliveries that
 //! keep a record (SCAN over their natural ids), then those settled compactly (the buckets
 //! of each period's settled history: `campaign:period` in order, then channel, then bucket).
+//!
+//! Raw Redis here: the listing's read-only SCAN of records and of each period's settled history.
 
-use super::{Cursor, Filter, Page, Row, read_rows, rows_of};
+use super::{DeliveryRow, Filter, ListCursor, Page, read_rows, rows_of};
 use crate::model::work::{Channel, DeliveryRef, TRANSACTIONAL};
 use crate::store::{Conn, Store, history};
 
@@ -21,24 +23,24 @@ pub(super) async fn page(
     store: &Store,
     partitions: &[u16],
     filter: &Filter,
-    at: Cursor,
-    mut rows: Vec<Row>,
+    at: ListCursor,
+    mut rows: Vec<DeliveryRow>,
 ) -> anyhow::Result<Page> {
     let (span, first) = match &at {
-        Cursor::Scan { span, partition, .. } | Cursor::History { span, partition, .. } => (*span, *partition),
-        Cursor::Newest { span, .. } => (*span, partitions[0]),
+        ListCursor::Scan { span, partition, .. } | ListCursor::History { span, partition, .. } => (*span, *partition),
+        ListCursor::Newest { span, .. } => (*span, partitions[0]),
     };
     for &p in partitions.iter().filter(|&&p| p >= first) {
-        let from = if p == first { at.clone() } else { Cursor::Scan { span, partition: p, scan: 0, skip: 0 } };
+        let from = if p == first { at.clone() } else { ListCursor::Scan { span, partition: p, scan: 0, skip: 0 } };
         let history_from = match from {
-            Cursor::History { period, channel, bucket, skip, .. } => (period, channel, bucket, skip),
-            Cursor::Scan { scan, skip, .. } => {
+            ListCursor::History { period, channel, bucket, skip, .. } => (period, channel, bucket, skip),
+            ListCursor::Scan { scan, skip, .. } => {
                 if let Some(next) = records(conn, store, p, filter, span, scan, skip, &mut rows).await? {
                     return Ok(Page { rows, next: Some(next.render()) });
                 }
                 (String::new(), Channel::Email, 0, 0)
             }
-            Cursor::Newest { .. } => unreachable!("a partition's part starts with a scan"),
+            ListCursor::Newest { .. } => unreachable!("a partition's part starts with a scan"),
         };
         if let Some(next) = settled(conn, store, p, filter, span, history_from, &mut rows).await? {
             return Ok(Page { rows, next: Some(next.render()) });
@@ -58,8 +60,8 @@ async fn records(
     span: super::Span,
     mut scan: u64,
     mut skip: usize,
-    rows: &mut Vec<Row>,
-) -> anyhow::Result<Option<Cursor>> {
+    rows: &mut Vec<DeliveryRow>,
+) -> anyhow::Result<Option<ListCursor>> {
     let keys = &store.keys;
     let part = |f: &Option<String>| f.as_deref().map_or("*".to_string(), glob_literal);
     let id_pattern = format!("{}:{}:{}:*", part(&filter.campaign), part(&filter.period), part(&filter.subscriber));
@@ -72,7 +74,7 @@ async fn records(
         let matched = read_rows(conn, store, p, refs, filter, span).await?;
         for (i, r) in matched.into_iter().flatten().enumerate().skip(skip) {
             if rows.len() == filter.limit {
-                return Ok(Some(Cursor::Scan { span, partition: p, scan, skip: i }));
+                return Ok(Some(ListCursor::Scan { span, partition: p, scan, skip: i }));
             }
             rows.push(r);
         }
@@ -93,8 +95,8 @@ async fn settled(
     filter: &Filter,
     span: super::Span,
     from: (String, Channel, u32, usize),
-    rows: &mut Vec<Row>,
-) -> anyhow::Result<Option<Cursor>> {
+    rows: &mut Vec<DeliveryRow>,
+) -> anyhow::Result<Option<ListCursor>> {
     // Only sent and skipped deliveries are kept compactly.
     if !filter.statuses.is_empty() && !filter.statuses.iter().any(|s| s == "sent" || s == "skipped") {
         return Ok(None);
@@ -139,7 +141,7 @@ async fn settled(
                 for (i, r) in matched.into_iter().flatten().enumerate().skip(skip) {
                     if rows.len() == filter.limit {
                         let period = name.clone();
-                        return Ok(Some(Cursor::History { span, partition: p, period, channel, bucket, skip: i }));
+                        return Ok(Some(ListCursor::History { span, partition: p, period, channel, bucket, skip: i }));
                     }
                     rows.push(r);
                 }

@@ -2,6 +2,8 @@
 //! application endpoint that verifies each event's signature and counts an event id
 //! taken twice, and a push service (the emulator's) whose browsers count a notification
 //! shown twice, one subscription in ten of which is gone; what each channel came to.
+//!
+//! Raw Redis here: the demo's read-only look at what each channel wrote, to show it.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +27,7 @@ const SECOND_BROWSER_EVERY: u64 = 3;
 pub fn parse(list: &str) -> Result<Vec<Channel>, String> {
     let mut out = Vec::new();
     for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let channel: Channel = name.parse().map_err(|e: crate::model::names::Unknown| e.to_string())?;
+        let channel: Channel = name.parse().map_err(|e: crate::model::names::UnknownName| e.to_string())?;
         if out.contains(&channel) {
             return Err(format!("{name:?} is listed twice"));
         }

@@ -4,6 +4,8 @@
 //! with `--scheduled` fired by the daemon's scheduler a minute ahead, and the
 //! daemon until every delivery is settled. Then a summary, checked. With
 //! `--channels email,app` the campaign goes out on each channel (`channels.rs`).
+//!
+//! Raw Redis here: the demo's read-only look at its kick's fan-out record, to show it.
 
 pub(crate) mod channels;
 mod world;

@@ -35,10 +35,10 @@ pub struct AppStats {
 }
 
 /// A taken event as it arrived: its `webhook-*` and content-type headers, and its body.
-pub type Taken = (Vec<(String, String)>, Vec<u8>);
+pub type AppTaken = (Vec<(String, String)>, Vec<u8>);
 
 #[derive(Default)]
-struct State {
+struct AppInbox {
     stats: AppStats,
     /// Event id → how often it was taken.
     taken: HashMap<String, u64>,
@@ -46,14 +46,14 @@ struct State {
     first_seen: u64,
     gone: std::collections::HashSet<String>,
     /// Each taken event's body, by id (what a test reads back).
-    bodies: HashMap<String, Taken>,
+    bodies: HashMap<String, AppTaken>,
 }
 
 /// The endpoint; clones share it.
 #[derive(Clone)]
 pub struct AppEndpoint {
     key: SigningKey,
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<AppInbox>>,
     down: Arc<AtomicBool>,
     gone_every: Arc<AtomicU64>,
     /// (requests left to answer 429, their `Retry-After` in seconds).
@@ -96,7 +96,7 @@ impl AppEndpoint {
     }
 
     /// The headers and body of the taken event `id`.
-    pub fn taken(&self, id: &str) -> Option<Taken> {
+    pub fn taken(&self, id: &str) -> Option<AppTaken> {
         self.state.lock().expect("endpoint state").bodies.get(id).cloned()
     }
 
@@ -121,7 +121,7 @@ impl AppEndpoint {
                 this.handle(req)
             }
         };
-        Ok((url, stop, tokio::spawn(server::serve(listener, handler, down, server::Limits::default()))))
+        Ok((url, stop, tokio::spawn(server::serve(listener, handler, down, server::ListenerLimits::default()))))
     }
 
     /// Answers one request.

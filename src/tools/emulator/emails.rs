@@ -64,7 +64,7 @@ impl Sent {
 }
 
 /// Where a list starts.
-enum Cursor {
+enum EmailsCursor {
     Newest,
     /// Older than this position (the next page).
     After(usize),
@@ -149,7 +149,7 @@ impl Emails {
     pub(crate) fn list(&self, query: Option<&str>) -> Result<Value, ApiError> {
         let invalid = |message: &str| ApiError::new(422, "validation_error", message);
         let mut limit = DEFAULT_LIMIT;
-        let mut cursor = Cursor::Newest;
+        let mut cursor = EmailsCursor::Newest;
         for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             match key.as_ref() {
                 "limit" => {
@@ -160,26 +160,26 @@ impl Emails {
                         .ok_or_else(|| invalid("The `limit` must be a number between 1 and 100."))?;
                 }
                 "after" | "before" => {
-                    if !matches!(cursor, Cursor::Newest) {
+                    if !matches!(cursor, EmailsCursor::Newest) {
                         return Err(invalid("Use either `after` or `before`, not both."));
                     }
                     let at = self.position(&value).ok_or_else(|| invalid("The cursor is not a known email id."))?;
-                    cursor = if key == "after" { Cursor::After(at) } else { Cursor::Before(at) };
+                    cursor = if key == "after" { EmailsCursor::After(at) } else { EmailsCursor::Before(at) };
                 }
                 _ => {}
             }
         }
         let len = self.sent.len();
         let (range, has_more) = match cursor {
-            Cursor::Newest => {
+            EmailsCursor::Newest => {
                 let start = len.saturating_sub(limit);
                 (start..len, start > 0)
             }
-            Cursor::After(at) => {
+            EmailsCursor::After(at) => {
                 let start = at.saturating_sub(limit);
                 (start..at, start > 0)
             }
-            Cursor::Before(at) => {
+            EmailsCursor::Before(at) => {
                 let end = (at + 1 + limit).min(len);
                 (at + 1..end, end < len)
             }

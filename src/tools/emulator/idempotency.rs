@@ -13,7 +13,7 @@ pub const TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// A keyed request's answer. Until `ready_at` (a hung request still "running")
 /// the same key gets 409 `concurrent_idempotent_requests`.
-struct Stored {
+struct StoredAnswer {
     body: Bytes,
     response: Bytes,
     at: Instant,
@@ -36,7 +36,7 @@ pub(crate) enum Lookup {
 /// Keyed requests seen within the TTL.
 #[derive(Default)]
 pub(crate) struct IdempotencyStore {
-    entries: HashMap<String, Stored>,
+    entries: HashMap<String, StoredAnswer>,
 }
 
 impl IdempotencyStore {
@@ -53,7 +53,7 @@ impl IdempotencyStore {
 
     /// Remembers the answer to a processed request; `ready_at` is when its answer leaves.
     pub fn store(&mut self, key: String, body: Bytes, response: Bytes, now: Instant, ready_at: Instant) {
-        self.entries.insert(key, Stored { body, response, at: now, ready_at });
+        self.entries.insert(key, StoredAnswer { body, response, at: now, ready_at });
     }
 }
 

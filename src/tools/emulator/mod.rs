@@ -255,10 +255,10 @@ impl Emulator {
 
     /// Serves until `shutdown`.
     pub async fn serve(self, listener: tokio::net::TcpListener, shutdown: crate::shutdown::Shutdown) {
-        let limits = server::Limits {
+        let limits = server::ListenerLimits {
             first_read_delay: Duration::from_millis(self.config.connect_delay_ms),
             connection_lifetime: self.config.close_idle_after_ms.map(Duration::from_millis),
-            ..server::Limits::default()
+            ..server::ListenerLimits::default()
         };
         let handler = move |req| {
             let emulator = self.clone();

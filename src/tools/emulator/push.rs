@@ -57,7 +57,7 @@ pub struct PushStats {
 
 /// One browser's private key (base64url scalar), auth secret, and each encrypted payload it
 /// was sent with the `Authorization` header it came with.
-pub type Taken = (String, [u8; 16], Vec<(Vec<u8>, String)>);
+pub type PushTaken = (String, [u8; 16], Vec<(Vec<u8>, String)>);
 
 /// One subscription: the browser's keys, and what reached it.
 struct Browser {
@@ -77,7 +77,7 @@ struct Browser {
 }
 
 #[derive(Default)]
-struct State {
+struct PushInbox {
     stats: PushStats,
     browsers: Vec<Browser>,
 }
@@ -85,7 +85,7 @@ struct State {
 /// The push service; clones share it.
 #[derive(Clone)]
 pub struct PushService {
-    state: Arc<Mutex<State>>,
+    state: Arc<Mutex<PushInbox>>,
     origin: Arc<Mutex<String>>,
     down: Arc<AtomicBool>,
     offline: Arc<AtomicBool>,
@@ -215,7 +215,7 @@ impl PushService {
     /// What a test needs to check one subscription's messages on its own: its private key
     /// (base64url scalar), its auth secret, and each encrypted payload taken with its
     /// `Authorization` header.
-    pub fn taken(&self, endpoint: &str) -> Option<Taken> {
+    pub fn taken(&self, endpoint: &str) -> Option<PushTaken> {
         let (n, _) = Self::browser_of(endpoint)?;
         let s = self.state.lock().expect("push state");
         let b = s.browsers.get(n)?;
@@ -236,7 +236,7 @@ impl PushService {
             return;
         }
         let mut s = self.state.lock().expect("push state");
-        let State { stats, browsers } = &mut *s;
+        let PushInbox { stats, browsers } = &mut *s;
         for b in browsers.iter_mut() {
             for (_, tag) in b.held.drain(..) {
                 let times = b.shown.entry(tag).or_default();
@@ -280,7 +280,7 @@ impl PushService {
                 }
             };
             tokio::select! {
-                _ = server::serve(listener, handler, down, server::Limits::default()) => {}
+                _ = server::serve(listener, handler, down, server::ListenerLimits::default()) => {}
                 _ = shows => {}
             }
             browsers.show();
@@ -310,7 +310,7 @@ impl PushService {
         let mut s = self.state.lock().expect("push state");
         s.stats.received += 1;
         let header = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-        let State { stats, browsers } = &mut *s;
+        let PushInbox { stats, browsers } = &mut *s;
         let Some(b) = browsers.get_mut(n).filter(|b| b.token == token) else {
             stats.not_found += 1;
             return server::text(StatusCode::NOT_FOUND, "no such subscription");

@@ -36,7 +36,7 @@ impl SlidingWindow {
         let in_window = self.arrivals.iter().filter(|&&t| t <= now).count() as u64;
         self.max_in_1s = self.max_in_1s.max(in_window);
         let oldest = *self.arrivals.front().expect("just inserted");
-        let reset_secs = (second.saturating_sub(now.duration_since(oldest)).as_millis() as u64).div_ceil(1000).max(1);
+        let reset_secs = crate::model::ms(second.saturating_sub(now.duration_since(oldest))).div_ceil(1000).max(1);
         match limit {
             Some(limit) => {
                 let limited = in_window > u64::from(limit);
