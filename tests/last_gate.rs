@@ -55,6 +55,21 @@ async fn all_sealed(world: &World, n: usize) {
     assert!(sealed.is_some(), "{n} deliveries sealed while Resend was down");
 }
 
+/// Waits, Resend still down, until the last gate has settled delivery `id` skipped for
+/// its suppressed address. A request gated before the bounce may still leave after it:
+/// the gate's last look is up to `GATE_FRESHNESS` (500 ms) before its request, by design
+/// (docs/protocol.md, "The last gate's window"). While Resend is down every such request
+/// fails; once the gate has dropped the delivery, no request carries it again.
+async fn skipped_at_the_gate(world: &World, id: &str) {
+    let store = world.store.clone();
+    let skipped = eventually(SETTLE, || {
+        let store = store.clone();
+        async move { (delivery(&store, id).await.get("state").map(String::as_str) == Some("skipped")).then_some(()) }
+    })
+    .await;
+    assert!(skipped.is_some(), "the last gate dropped {id} while Resend was down");
+}
+
 /// A hard bounce reported by Resend's webhook for `email` (what the listener applies).
 async fn hard_bounce(world: &World, email: &str, event: &str) {
     suppression::apply(&world.store, &world.config, email, Act::Suppress(Why::Bounced), Some(event)).await.unwrap();
@@ -73,8 +88,9 @@ async fn a_receipt_whose_address_bounced_while_it_waited_sealed_is_not_sent() {
     all_sealed(&world, 2).await;
     // Written as a mail client may show it: the gate compares addresses normalized.
     hard_bounce(&world, "Late <Delivered+Late@resend.dev>", "evt-late").await;
-    let (emulator, _stop) = resend_returns(socket);
     let day = world.store.time().await.unwrap().format("%Y-%m-%d").to_string();
+    skipped_at_the_gate(&world, &format!("{TRANSACTIONAL}:{day}:-:late-bounce")).await;
+    let (emulator, _stop) = resend_returns(socket);
     let store = world.store.clone();
     let counts = eventually(SETTLE, || {
         let (store, day) = (store.clone(), day.clone());
@@ -105,6 +121,7 @@ async fn a_digest_sealed_to_an_address_its_subscriber_since_left_and_that_bounce
     let old = std::mem::replace(&mut moved.email, "delivered+moved@resend.dev".into());
     subscribers::upsert(&world.store, std::slice::from_ref(&moved)).await.unwrap();
     hard_bounce(&world, &old, "evt-old").await;
+    skipped_at_the_gate(&world, &delivery_of(&moved).id()).await;
     let (emulator, _stop) = resend_returns(socket);
     let counts = world.settled(SETTLE).await;
     daemon.stop().await;
@@ -114,6 +131,30 @@ async fn a_digest_sealed_to_an_address_its_subscriber_since_left_and_that_bounce
     let sent = emulator.sends_matching(&PERIOD);
     assert!(!sent.contains_key(&old), "the bounced address was mailed");
     assert_eq!(emulator.stats().duplicate_sends, 0);
+}
+
+/// The other side of the window: the last gate is the last look. A bounce that lands after
+/// it, while its request is on its way (here held at the `gated` failpoint), does not call
+/// the request back: that email goes, as one already on the wire would (docs/protocol.md,
+/// "The last gate's window").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounce_after_the_last_gate_does_not_call_its_request_back() {
+    let mut world = World::with(Default::default(), |c| c.redis.partitions = 1).await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    let subs = world.subscribers(1).await;
+    world.kick().await;
+    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failpoints = freeze_at(Failpoint::Gated, reached.clone(), Some(release.clone()));
+    let daemon = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
+    tokio::time::timeout(SETTLE, reached.notified()).await.expect("the batch passed its last gate");
+    hard_bounce(&world, &subs[0].email, "evt-after-gate").await;
+    release.notify_one();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped), (1, 0), "{counts:?}");
+    assert!(emulator.sends_matching(&PERIOD).contains_key(&subs[0].email), "the gated request left");
+    let record = delivery(&world.store, &delivery_of(&subs[0]).id()).await;
+    assert_eq!(record.get("state").map(String::as_str), Some("sent"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
