@@ -199,6 +199,67 @@ fn gate_request<'a>(owner: &'a str, new_key: &'a str) -> GateRequest<'a> {
     GateRequest { partition: 0, batch: "B1", owner, new_key, limits: gate_limits(60_000), maybe_sent: false }
 }
 
+/// The deadlines, by the batch record's own clock fields (set back as a batch sealed long
+/// ago would have them): a batch never sent is let past the gate up to `deadline_ms` after
+/// its first seal, one that may have been sent up to `maybe_sent_deadline_ms` after its
+/// last (the code mutant `gate_skips_never_sent_deadline` lets the first through).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_holds_a_batch_to_its_delivery_deadlines() {
+    let world = World::new().await;
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let (batch, members) = sealed_batch(&world, 2, "h", false).await;
+    let request = GateRequest { limits: gate_limits(60_000), ..gate_request("h", "k2") };
+    let set =
+        |field: &'static str, value: u64| redis::cmd("HSET").arg(keys.batch(0, &batch)).arg(field).arg(value).clone();
+    let now_ms = mailstream::store::records::now_ms(&mut conn).await.unwrap();
+    // Within both deadlines: it goes (and is marked sending; put it back as it was).
+    assert_eq!(scripts::gate(&mut conn, keys, &request, &members).await.unwrap(), Gate::Go { sends: 1 });
+    let _: () =
+        redis::cmd("HSET").arg(keys.batch(0, &batch)).arg("state").arg("sealed").query_async(&mut conn).await.unwrap();
+    // First sealed 49 hours ago, never sent: past the 48 h delivery deadline.
+    let _: () = set("first_sealed_ms", now_ms - 49 * 3_600_000).query_async(&mut conn).await.unwrap();
+    assert_eq!(scripts::gate(&mut conn, keys, &request, &members).await.unwrap(), Gate::Deadline { maybe_sent: false });
+    // Maybe sent, last sealed 7 hours ago: past the 6 h deadline of a maybe-sent batch
+    // (within the 23 h window, so not expired).
+    let _: () = set("first_sealed_ms", now_ms).query_async(&mut conn).await.unwrap();
+    let _: () = set("sealed_ms", now_ms - 7 * 3_600_000).query_async(&mut conn).await.unwrap();
+    let _: () = set("maybe_sent", 1).query_async(&mut conn).await.unwrap();
+    assert_eq!(scripts::gate(&mut conn, keys, &request, &members).await.unwrap(), Gate::Deadline { maybe_sent: true });
+}
+
+/// Every address an email goes to is checked at the gate, not only its first: a member
+/// whose `cc` or second `to` or `bcc` address is suppressed is skipped, and the rest are
+/// re-sealed (the code mutant `gate_checks_first_address_only` sends all three).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gate_checks_every_address_of_an_email() {
+    let world = World::new().await;
+    let subs = partition_0_subscribers(&world, 4).await;
+    let email = |to: &str, more: &str| {
+        format!(r#"{{"from":"a@acme.example","to":[{to}],{more}"subject":"Digest","text":"x"}}"#)
+    };
+    let items = vec![
+        (delivery_of(&subs[0]), email(r#""ok+0@resend.dev""#, r#""cc":["bounced+cc@resend.dev"],"#)),
+        (delivery_of(&subs[1]), email(r#""ok+1@resend.dev","bounced+to@resend.dev""#, "")),
+        (delivery_of(&subs[2]), email(r#""ok+2@resend.dev""#, r#""bcc":["bounced+bcc@resend.dev"],"#)),
+        (delivery_of(&subs[3]), email(r#""ok+3@resend.dev""#, r#""cc":["ok+cc@resend.dev"],"#)),
+    ];
+    let (batch, members) = sealed_batch_of_emails(&world, &items, window(&world.config, &PERIOD), "h", false).await;
+    for (n, bounced) in ["bounced+cc@resend.dev", "bounced+to@resend.dev", "bounced+bcc@resend.dev"].iter().enumerate()
+    {
+        hard_bounce(&world, bounced, &format!("evt-{n}")).await;
+    }
+    let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
+    let request = GateRequest { batch: &batch, limits: gate_limits(60_000), ..gate_request("h", "k2") };
+    match scripts::gate(&mut conn, keys, &request, &members).await.unwrap() {
+        Gate::Resealed { kept, skipped, .. } => {
+            assert_eq!(kept, vec![3], "only the member whose every address is fine is kept");
+            let skipped: Vec<(usize, Reason)> = skipped;
+            assert_eq!(skipped, vec![(0, Reason::Suppressed), (1, Reason::Suppressed), (2, Reason::Suppressed)]);
+        }
+        other => panic!("the gate re-seals without the three: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gate_on_a_batch_a_taker_settled_is_told_so_and_a_lost_one_is_lost() {
     let world = World::new().await;

@@ -4,9 +4,12 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use common::*;
+use mailstream::RunOptions;
 use mailstream::config::Config;
 use mailstream::model::error_name::ErrorName;
 use mailstream::model::outcome::{DeliveryState, Failpoint, Outcome, Reason, Requeue};
@@ -14,6 +17,7 @@ use mailstream::model::work::{DeliveryRef, Ready};
 use mailstream::store::redis_server::RedisOptions;
 use mailstream::store::scripts::{self, Claim, Reschedule, SealRequest, Settlement, Settler, Verdict};
 use mailstream::tools::emulator::{EmulatorConfig, Faults};
+use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -480,4 +484,101 @@ async fn one_batch_failing_again_and_again_never_puts_the_provider_down() {
     assert!(up.down_since_ms.is_none() && up.changed);
     let again = health(&mut conn, &store.keys, HealthCall::Succeeded, &rule).await.unwrap();
     assert!(!again.changed);
+}
+
+/// Failpoints that hold at `first` once (telling `reached`, until `go_on`), then freeze for
+/// good at `second` once (telling `stopped`): a daemon to change something under, then crash.
+fn hold_then_freeze(
+    (first, reached, go_on): (Failpoint, Arc<Notify>, Arc<Notify>),
+    (second, stopped): (Failpoint, Arc<Notify>),
+) -> mailstream::Failpoints {
+    let fired = Arc::new([AtomicBool::new(false), AtomicBool::new(false)]);
+    mailstream::Failpoints::new(move |name| -> mailstream::Hold {
+        let (reached, go_on, stopped) = (reached.clone(), go_on.clone(), stopped.clone());
+        if name == first && !fired[0].swap(true, Ordering::SeqCst) {
+            return Box::pin(async move {
+                reached.notify_one();
+                go_on.notified().await;
+            });
+        }
+        if name == second && !fired[1].swap(true, Ordering::SeqCst) {
+            return Box::pin(async move {
+                stopped.notify_one();
+                std::future::pending::<()>().await;
+            });
+        }
+        Box::pin(async {})
+    })
+}
+
+/// Subscriber `s` unsubscribes (all campaigns), as the application would tell the registry.
+async fn unsubscribe(world: &World, s: &mailstream::audience::subscribers::Subscriber) {
+    let left = mailstream::audience::subscribers::Subscriber { subscribed: false, ..s.clone() };
+    mailstream::audience::subscribers::upsert(&world.store, std::slice::from_ref(&left)).await.unwrap();
+}
+
+/// A batch re-sealed at its last gate (a member left after its seal) goes out under its new
+/// key. The holder crashes after Resend accepted it; the taker resends it under the key
+/// take.lua returns, the new one, so Resend replays it: never under a key the taker would
+/// derive from the batch id (the code mutant `taker_derives_key_from_batch`), which Resend
+/// would take for a new request and send again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_resealed_at_its_gate_is_taken_over_under_its_new_key() {
+    let mut world = World::with(RedisOptions::default(), |c| {
+        quick(c);
+        c.redis.partitions = 1;
+    })
+    .await;
+    let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    let subs = world.subscribers(3).await;
+    world.kick().await;
+    let (sealed, go_on, answered) = (Arc::new(Notify::new()), Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failpoints =
+        hold_then_freeze((Failpoint::Sealed, sealed.clone(), go_on.clone()), (Failpoint::Answered, answered.clone()));
+    let crashing = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
+    tokio::time::timeout(SETTLE, sealed.notified()).await.expect("the batch is sealed");
+    unsubscribe(&world, &subs[0]).await;
+    go_on.notify_one();
+    tokio::time::timeout(SETTLE, answered.notified()).await.expect("Resend answered the re-sealed batch");
+    crashing.task.abort();
+    let _ = crashing.task.await;
+    assert_eq!(emulator.stats().emails_accepted, 2, "the re-sealed batch left without the member who left");
+
+    let survivor = world.daemon();
+    let counts = world.settled(SETTLE).await;
+    survivor.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.failed, counts.outcome_unknown), (2, 1, 0, 0), "{counts:?}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (2, 0), "{stats:?}");
+    assert!(stats.replays >= 1, "the taker's resend was a replay of the re-sealed request: {stats:?}");
+}
+
+/// A request that timed out may have been processed (Resend took it; the answer was lost).
+/// When a member leaves before its retry, the batch is not re-sealed without them under a
+/// new key, which would send the others again: it is withheld, its deliveries
+/// `outcome_unknown` (the code mutant `timeout_not_processed` re-seals and sends twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_batch_whose_member_left_is_withheld_not_sent_again() {
+    let mut world = World::with(RedisOptions::default(), |c| {
+        quick(c);
+        c.redis.partitions = 1;
+    })
+    .await;
+    // Every fresh request is processed, then answered after 2.5 s: past the 1 s timeout.
+    let faults = Faults { hang: 1.0, hang_ms: 2500, ..Default::default() };
+    let (emulator, _stop) =
+        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    let subs = world.subscribers(3).await;
+    world.kick().await;
+    let (timed_out, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let failpoints = freeze_at(Failpoint::Answered, timed_out.clone(), Some(go_on.clone()));
+    let daemon = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
+    tokio::time::timeout(SETTLE, timed_out.notified()).await.expect("the first request timed out");
+    unsubscribe(&world, &subs[0]).await;
+    go_on.notify_one();
+    let counts = world.settled(SETTLE).await;
+    daemon.stop().await;
+    assert_eq!((counts.sent, counts.skipped, counts.outcome_unknown), (0, 0, 3), "{counts:?}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (3, 0), "{stats:?}");
 }

@@ -436,6 +436,25 @@ pub async fn sealed_batch_of(
     owner: &str,
     sending: bool,
 ) -> (String, Vec<mailstream::model::work::DeliveryRef>) {
+    let emails: Vec<(mailstream::model::work::DeliveryRef, String)> = items
+        .iter()
+        .map(|(d, email)| {
+            let json =
+                format!(r#"{{"from":"a@acme.example","to":["{email}"],"subject":"Digest {}","text":"x"}}"#, d.period);
+            (d.clone(), json)
+        })
+        .collect();
+    sealed_batch_of_emails(world, &emails, window, owner, sending).await
+}
+
+/// [`sealed_batch_of`] with each member's email object given whole (its JSON).
+pub async fn sealed_batch_of_emails(
+    world: &World,
+    items: &[(mailstream::model::work::DeliveryRef, String)],
+    window: mailstream::store::scripts::KickWindow,
+    owner: &str,
+    sending: bool,
+) -> (String, Vec<mailstream::model::work::DeliveryRef>) {
     let keys = &world.store.keys;
     let mut conn = world.store.conn().await.unwrap();
     let refs: Vec<mailstream::model::work::DeliveryRef> = items.iter().map(|(d, _)| d.clone()).collect();
@@ -446,16 +465,12 @@ pub async fn sealed_batch_of(
     assert!(claims.iter().all(|c| matches!(c, mailstream::store::scripts::Claim::Claimed { .. })));
     let members: Vec<mailstream::model::work::Ready> = items
         .iter()
-        .map(|(d, email)| {
-            let json =
-                format!(r#"{{"from":"a@acme.example","to":["{email}"],"subject":"Digest {}","text":"x"}}"#, d.period);
-            mailstream::model::work::Ready {
-                entry: "0-1".into(),
-                delivery: d.clone(),
-                json,
-                variant: None,
-                audience: Default::default(),
-            }
+        .map(|(d, json)| mailstream::model::work::Ready {
+            entry: "0-1".into(),
+            delivery: d.clone(),
+            json: json.clone(),
+            variant: None,
+            audience: Default::default(),
         })
         .collect();
     let req = mailstream::store::scripts::SealRequest {
