@@ -431,3 +431,34 @@ fn raw_redis_commands_live_in_the_store_or_say_why_not() {
         }
     }
 }
+
+/// The mutants of the code (`bench/model --code-mutants`) are patches of this tree: each
+/// still applies (a change to the code it mutates must carry the patch along) and names
+/// checks that exist (`walks`, or a file of tests/).
+#[test]
+fn the_code_mutants_still_apply_and_name_real_checks() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("tests/model/code_mutants");
+    let mut patches: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    patches.sort();
+    assert!(patches.len() >= 11, "the eleven code mutants of #59 at least: {patches:?}");
+    for patch in &patches {
+        let text = std::fs::read_to_string(patch).unwrap();
+        let name = patch.file_stem().unwrap().to_string_lossy().to_string();
+        assert!(text.starts_with(&format!("# mutant: {name}\n")), "{} names itself", patch.display());
+        let checks = text.lines().find_map(|l| l.strip_prefix("# checks: ")).expect("a checks line");
+        for check in checks.split_whitespace() {
+            assert!(
+                check == "walks" || root.join("tests").join(format!("{check}.rs")).exists(),
+                "{name}: no check {check}"
+            );
+        }
+        let applies = std::process::Command::new("git")
+            .args(["apply", "--check"])
+            .arg(patch)
+            .current_dir(root)
+            .output()
+            .expect("git runs");
+        assert!(applies.status.success(), "{name} no longer applies: {}", String::from_utf8_lossy(&applies.stderr));
+    }
+}
