@@ -394,8 +394,7 @@ pub struct Detail {
 
 /// The inline address of a transactional request (`to`), if the record holds one.
 fn inline_to(fields: &BTreeMap<String, String>) -> Option<String> {
-    let request: crate::audience::ingest::Request = serde_json::from_str(fields.get("request")?).ok()?;
-    request.to
+    crate::audience::ingest::Request::from_stored(fields.get("request")?)?.to
 }
 
 /// The delivery `id`, or `None` if there is no such record (never enqueued, or expired).
@@ -408,8 +407,7 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         return Ok(None);
     }
     // A transactional request keeps its inline address: shown masked, like every address.
-    let request: Option<crate::audience::ingest::Request> =
-        fields.get("request").and_then(|r| serde_json::from_str(r).ok());
+    let request = fields.get("request").map(String::as_str).and_then(crate::audience::ingest::Request::from_stored);
     let email: Option<String> = match &request {
         Some(r) if r.to.is_some() => r.to.clone(),
         _ => {
