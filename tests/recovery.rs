@@ -27,6 +27,21 @@ fn quick(c: &mut Config) {
     c.delivery.lease_seconds = 6;
 }
 
+/// One partition, a 1 s request timeout, and a Resend that processes every fresh request
+/// and answers it after 2.5 s (a replay at once): each first request times out after it
+/// was sent.
+async fn timing_out() -> (World, mailstream::tools::emulator::Emulator, mailstream::shutdown::Trigger) {
+    let mut world = World::with(RedisOptions::default(), |c| {
+        quick(c);
+        c.redis.partitions = 1;
+    })
+    .await;
+    let faults = Faults { hang: 1.0, hang_ms: 2500, ..Default::default() };
+    let (emulator, stop) =
+        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    (world, emulator, stop)
+}
+
 /// Runs a daemon that crashes at `point` (its tasks are aborted, as by kill -9),
 /// then a fresh one; every delivery must be sent exactly once.
 async fn crash_and_recover(point: Failpoint) -> mailstream::tools::emulator::Stats {
@@ -231,15 +246,7 @@ async fn an_old_batch_that_was_never_sent_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_request_is_retried_with_the_same_key_and_body() {
-    let mut world = World::with(RedisOptions::default(), |c| {
-        quick(c);
-        c.redis.partitions = 1;
-    })
-    .await;
-    // Every first request is processed, then answered after 2.5 s: past the 1 s timeout.
-    let faults = Faults { hang: 1.0, hang_ms: 2500, ..Default::default() };
-    let (emulator, _stop) =
-        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    let (world, emulator, _stop) = timing_out().await;
     world.subscribers(30).await;
     world.kick().await;
     let daemon = world.daemon();
@@ -559,15 +566,7 @@ async fn a_batch_resealed_at_its_gate_is_taken_over_under_its_new_key() {
 /// `outcome_unknown` (the code mutant `timeout_not_processed` re-seals and sends twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timed_out_batch_whose_member_left_is_withheld_not_sent_again() {
-    let mut world = World::with(RedisOptions::default(), |c| {
-        quick(c);
-        c.redis.partitions = 1;
-    })
-    .await;
-    // Every fresh request is processed, then answered after 2.5 s: past the 1 s timeout.
-    let faults = Faults { hang: 1.0, hang_ms: 2500, ..Default::default() };
-    let (emulator, _stop) =
-        world.emulator(EmulatorConfig { requests_per_second: None, faults, ..Default::default() }).await;
+    let (world, emulator, _stop) = timing_out().await;
     let subs = world.subscribers(3).await;
     world.kick().await;
     let (timed_out, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
