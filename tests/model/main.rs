@@ -1,4 +1,5 @@
-//! Checks the send protocol's model (`protocol.rs`) exhaustively on the CI bound, then
+//! Checks the send protocol's model (`protocol.rs`) exhaustively on the CI bound (and the
+//! smaller bounds beside it: a channel's, the history's, the ages', the reseal bound), then
 //! mutants: a mutant is caught when the checker finds a counterexample, printed as the
 //! sequence of script calls that leads to it. `cargo test` runs the bound and the
 //! required mutants; `bench/model` (`--json --all-mutants --larger`) every mutant and a
@@ -22,9 +23,10 @@ use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 /// sender fallback after a request that may have been sent, and, on the channel's bound,
 /// an application event whose body is written anew or not waited for, on the Web Push
 /// bound, browser marks not waited for, on the settled history's bound, a kick whose
-/// dedup does not read the history, and, on the ages' bound, traces that expire the
-/// retention after they settled).
-const REQUIRED: [Mutant; 10] = [
+/// dedup does not read the history, on the ages' bound, traces that expire the
+/// retention after they settled, and, on the reseal bound, a maybe-sent batch re-sealed
+/// without the members who left).
+const REQUIRED: [Mutant; 11] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
@@ -35,6 +37,7 @@ const REQUIRED: [Mutant; 10] = [
     Mutant::PushMarksNotWaited,
     Mutant::KickForgetsSettledHistory,
     Mutant::ExpiryFromSettlement,
+    Mutant::ResealMaybeSent,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
@@ -160,10 +163,47 @@ fn bound_for(mutant: Mutant) -> Protocol {
     match mutant {
         Mutant::KickForgetsSettledHistory => history_bound(Some(mutant)),
         Mutant::ExpiryFromSettlement => aging_bound(Some(mutant)),
+        Mutant::ResealMaybeSent => reseal_bound(Some(mutant)),
         m if m.is_channel() => channel_bound(Some(mutant)),
         m if m.is_push() => push_bound(Some(mutant)),
         _ => ci_bound(Some(mutant)),
     }
+}
+
+/// The reseal bound (#59), exhaustive, for `bench/model`: two deliveries in one batch (a
+/// campaign delivery to its registry address and a receipt, partition 0), so the last gate
+/// re-seals without one of them; two provider failures on one path (a timeout then a
+/// refusal), a WAIT not acknowledged, a quota pause, each delivery kicked twice, a crash,
+/// an unsubscribe and a suppression; a replicated Redis.
+fn reseal_bound(mutant: Option<Mutant>) -> Protocol {
+    let mut m = ci_bound(mutant);
+    m.deliveries = vec![
+        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false, sibling: None },
+        Delivery {
+            partition: 0,
+            lane: Lane::Transactional,
+            address: 1,
+            registry: false,
+            operator: false,
+            sibling: None,
+        },
+    ];
+    m.partitions = 1;
+    m.budget = Budget {
+        kicks: 2,
+        crashes: 1,
+        stalls: 0,
+        failovers: 0,
+        unsubscribes: 1,
+        suppressions: 1,
+        failures: 2,
+        wait_failures: 1,
+        windows: 0,
+        pauses: 1,
+        ticks: 0,
+    };
+    m.envs = vec![Env::Replicated];
+    m
 }
 
 /// A larger bound, explored by random simulation: a campaign delivery to its registry
@@ -351,6 +391,27 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         };
     }
+    if flag("--reseal-only") {
+        // The reseal bound and its mutant alone (#59).
+        let run = check(reseal_bound(None));
+        eprintln!(
+            "model: {} states, depth {}, {:.1} s (the reseal bound, exhaustive)",
+            run.states, run.depth, run.seconds
+        );
+        for (property, steps) in &run.failures {
+            print_trace("the reseal bound", property, steps);
+        }
+        let mutant = check_mutant(reseal_bound(Some(Mutant::ResealMaybeSent)));
+        match mutant.failures.iter().next() {
+            Some((property, steps)) => print_trace("mutant reseal_maybe_sent caught", property, steps),
+            None => eprintln!("mutant reseal_maybe_sent: missed ({} states)", mutant.states),
+        }
+        return if run.failures.is_empty() && !mutant.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
     let (walks, length) = if larger { (2000, 150) } else { (600, 150) };
     let started = Instant::now();
     let (steps, walked, mismatch) = conform(walks, length);
@@ -430,6 +491,14 @@ fn main() -> ExitCode {
     for (property, steps) in &aging.failures {
         print_trace("the ages", property, steps);
     }
+    let reseal = check(reseal_bound(None));
+    eprintln!(
+        "model: {} states, depth {}, {:.1} s (the reseal bound: two members in one batch, compound faults, exhaustive)",
+        reseal.states, reseal.depth, reseal.seconds
+    );
+    for (property, steps) in &reseal.failures {
+        print_trace("the reseal bound", property, steps);
+    }
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
         let run = check_mutant(bound_for(mutant));
@@ -483,6 +552,8 @@ fn main() -> ExitCode {
             "push_seconds": push.seconds,
             "history_states": history.states,
             "aging_states": aging.states,
+            "reseal_states": reseal.states,
+            "reseal_seconds": reseal.seconds,
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
@@ -502,7 +573,8 @@ fn main() -> ExitCode {
         && channel.failures.is_empty()
         && push.failures.is_empty()
         && history.failures.is_empty()
-        && aging.failures.is_empty();
+        && aging.failures.is_empty()
+        && reseal.failures.is_empty();
     if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {
