@@ -170,6 +170,20 @@ fn bound_for(mutant: Mutant) -> Protocol {
     }
 }
 
+/// Two deliveries that share a batch: a campaign delivery to its registry address and a
+/// receipt, in partition 0 (the gate can re-seal one without the other).
+fn one_batch() -> [Delivery; 2] {
+    let receipt = Delivery {
+        partition: 0,
+        lane: Lane::Transactional,
+        address: 1,
+        registry: false,
+        operator: false,
+        sibling: None,
+    };
+    [Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false, sibling: None }, receipt]
+}
+
 /// The reseal bound (#59), exhaustive, for `bench/model`: two deliveries in one batch (a
 /// campaign delivery to its registry address and a receipt, partition 0), so the last gate
 /// re-seals without one of them; two provider failures on one path (a timeout then a
@@ -177,17 +191,7 @@ fn bound_for(mutant: Mutant) -> Protocol {
 /// an unsubscribe and a suppression; a replicated Redis.
 fn reseal_bound(mutant: Option<Mutant>) -> Protocol {
     let mut m = ci_bound(mutant);
-    m.deliveries = vec![
-        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false, sibling: None },
-        Delivery {
-            partition: 0,
-            lane: Lane::Transactional,
-            address: 1,
-            registry: false,
-            operator: false,
-            sibling: None,
-        },
-    ];
+    m.deliveries = one_batch().to_vec();
     m.partitions = 1;
     m.budget = Budget {
         kicks: 2,
@@ -212,16 +216,10 @@ fn reseal_bound(mutant: Option<Mutant>) -> Protocol {
 /// pause, and two of most other kinds of trouble.
 fn larger_bound() -> Protocol {
     let mut m = ci_bound(None);
+    let [digest, receipt] = one_batch();
     m.deliveries = vec![
-        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false, sibling: None },
-        Delivery {
-            partition: 0,
-            lane: Lane::Transactional,
-            address: 1,
-            registry: false,
-            operator: false,
-            sibling: None,
-        },
+        digest,
+        receipt,
         Delivery { partition: 1, lane: Lane::Digest, address: 2, registry: false, operator: false, sibling: None },
         Delivery {
             partition: 1,
@@ -368,6 +366,29 @@ fn print_trace(title: &str, property: &str, steps: &[String]) {
     }
 }
 
+/// Explores `model` exhaustively, saying how far (`what`: the bound, in words) and printing
+/// each counterexample found.
+fn explore(model: Protocol, what: &str) -> Run {
+    let run = check(model);
+    eprintln!("model: {} states, depth {}, {:.1} s ({what})", run.states, run.depth, run.seconds);
+    for (property, steps) in &run.failures {
+        print_trace(what, property, steps);
+    }
+    run
+}
+
+/// One bound, exhaustively, and the mutant it must catch (a `--…-only` run while working on
+/// one part): success when every property holds and the mutant is caught.
+fn one_bound(name: &str, bound: fn(Option<Mutant>) -> Protocol, mutant: Mutant) -> ExitCode {
+    let run = explore(bound(None), &format!("{name}, exhaustive"));
+    let caught = check_mutant(bound(Some(mutant)));
+    match caught.failures.iter().next() {
+        Some((property, steps)) => print_trace(&format!("mutant {} caught", mutant.name()), property, steps),
+        None => eprintln!("mutant {}: missed ({} states)", mutant.name(), caught.states),
+    }
+    if run.failures.is_empty() && !caught.failures.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flag = |name: &str| args.iter().any(|a| a == name);
@@ -375,42 +396,12 @@ fn main() -> ExitCode {
     let (json, all_mutants, larger) = (flag("--json"), flag("--all-mutants"), flag("--larger"));
 
     if flag("--ages-only") {
-        // While working on the kick window and the dedup's expiry: the ages' bound and its mutant.
-        let run = check(aging_bound(None));
-        eprintln!("model: {} states, depth {}, {:.1} s (the ages' bound)", run.states, run.depth, run.seconds);
-        for (property, steps) in &run.failures {
-            print_trace("the ages", property, steps);
-        }
-        let mutant = check_mutant(aging_bound(Some(Mutant::ExpiryFromSettlement)));
-        for (property, steps) in mutant.failures.iter().take(1) {
-            print_trace("mutant expiry_from_settlement caught", property, steps);
-        }
-        return if run.failures.is_empty() && !mutant.failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        // While working on the kick window and the dedup's expiry.
+        return one_bound("the ages' bound", aging_bound, Mutant::ExpiryFromSettlement);
     }
     if flag("--reseal-only") {
         // The reseal bound and its mutant alone (#59).
-        let run = check(reseal_bound(None));
-        eprintln!(
-            "model: {} states, depth {}, {:.1} s (the reseal bound, exhaustive)",
-            run.states, run.depth, run.seconds
-        );
-        for (property, steps) in &run.failures {
-            print_trace("the reseal bound", property, steps);
-        }
-        let mutant = check_mutant(reseal_bound(Some(Mutant::ResealMaybeSent)));
-        match mutant.failures.iter().next() {
-            Some((property, steps)) => print_trace("mutant reseal_maybe_sent caught", property, steps),
-            None => eprintln!("mutant reseal_maybe_sent: missed ({} states)", mutant.states),
-        }
-        return if run.failures.is_empty() && !mutant.failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        return one_bound("the reseal bound", reseal_bound, Mutant::ResealMaybeSent);
     }
     let (walks, length) = if larger { (2000, 150) } else { (600, 150) };
     let started = Instant::now();
@@ -430,75 +421,19 @@ fn main() -> ExitCode {
         eprintln!("  model: {}\n  redis: {}", m.model, m.redis);
     }
     if flag("--push-only") {
-        // While working on the Web Push channel: its bound and its mutant only.
-        let run = check(push_bound(None));
-        eprintln!(
-            "model: {} states, depth {}, {:.1} s (the Web Push channel's bound)",
-            run.states, run.depth, run.seconds
-        );
-        for (property, steps) in &run.failures {
-            print_trace("the Web Push channel", property, steps);
-        }
-        let mutant = check_mutant(push_bound(Some(Mutant::PushMarksNotWaited)));
-        eprintln!("mutant push_marks_not_waited: {}", if mutant.failures.is_empty() { "missed" } else { "caught" });
-        return if run.failures.is_empty() && !mutant.failures.is_empty() {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        // While working on the Web Push channel.
+        return one_bound("the Web Push channel's bound", push_bound, Mutant::PushMarksNotWaited);
     }
     if flag("--walks-only") {
         // While working on the scripts or the walks: only them.
         return if mismatch.is_none() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
     }
-    let base = check(ci_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the CI bound, exhaustive, both environments)",
-        base.states, base.depth, base.seconds
-    );
-    for (property, steps) in &base.failures {
-        print_trace("the protocol", property, steps);
-    }
-    let channel = check(channel_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the application channel's bound, exhaustive)",
-        channel.states, channel.depth, channel.seconds
-    );
-    for (property, steps) in &channel.failures {
-        print_trace("the application channel", property, steps);
-    }
-    let push = check(push_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the Web Push channel's bound, exhaustive)",
-        push.states, push.depth, push.seconds
-    );
-    for (property, steps) in &push.failures {
-        print_trace("the Web Push channel", property, steps);
-    }
-    let history = check(history_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the settled history's bound, exhaustive)",
-        history.states, history.depth, history.seconds
-    );
-    for (property, steps) in &history.failures {
-        print_trace("the settled history", property, steps);
-    }
-    let aging = check(aging_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the ages' bound: kick, settle and expiry on one clock, exhaustive)",
-        aging.states, aging.depth, aging.seconds
-    );
-    for (property, steps) in &aging.failures {
-        print_trace("the ages", property, steps);
-    }
-    let reseal = check(reseal_bound(None));
-    eprintln!(
-        "model: {} states, depth {}, {:.1} s (the reseal bound: two members in one batch, compound faults, exhaustive)",
-        reseal.states, reseal.depth, reseal.seconds
-    );
-    for (property, steps) in &reseal.failures {
-        print_trace("the reseal bound", property, steps);
-    }
+    let base = explore(ci_bound(None), "the CI bound, exhaustive, both environments");
+    let channel = explore(channel_bound(None), "the application channel's bound, exhaustive");
+    let push = explore(push_bound(None), "the Web Push channel's bound, exhaustive");
+    let history = explore(history_bound(None), "the settled history's bound, exhaustive");
+    let aging = explore(aging_bound(None), "the ages' bound: kick, settle and expiry on one clock, exhaustive");
+    let reseal = explore(reseal_bound(None), "the reseal bound: two members in one batch, compound faults, exhaustive");
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
         let run = check_mutant(bound_for(mutant));
