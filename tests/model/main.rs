@@ -301,16 +301,10 @@ fn check_mutant(model: Protocol) -> Run {
 /// crash, and a few of every other trouble.
 fn walk_bound() -> Protocol {
     let mut m = larger_bound();
+    let [digest, receipt] = one_batch();
     m.deliveries = vec![
-        Delivery { partition: 0, lane: Lane::Digest, address: 0, registry: true, operator: false, sibling: None },
-        Delivery {
-            partition: 0,
-            lane: Lane::Transactional,
-            address: 1,
-            registry: false,
-            operator: false,
-            sibling: None,
-        },
+        digest,
+        receipt,
         Delivery { partition: 0, lane: Lane::Digest, address: 2, registry: false, operator: false, sibling: None },
         Delivery { partition: 1, lane: Lane::Digest, address: 3, registry: true, operator: false, sibling: None },
         Delivery {
