@@ -289,8 +289,7 @@ async fn messages<S: ChannelSender>(
             None => decided.push(NotSent::new(i, Outcome::Failed, Reason::RecordLost)),
         }
     }
-    // Still wanted? The subscriber's record, with this channel's opt-out; and whether a
-    // request of it may have left already (its message is written).
+    // Still wanted? The subscriber's record, with this channel's opt-out.
     let reads: Vec<SubscriberRead<'_>> = live
         .iter()
         .map(|&i| {
@@ -300,9 +299,8 @@ async fn messages<S: ChannelSender>(
         })
         .collect();
     let rows = records::subscriber_rows(conn, keys, &reads).await?;
-    let ids: Vec<String> = live.iter().map(|&i| wellformed[i].delivery.id()).collect();
-    let written = records::deliveries_marked(conn, keys, p, &ids, S::BODY_FIELD).await?;
-    for ((&i, row), written) in live.iter().zip(rows).zip(written) {
+    let mut unwanted: Vec<(usize, Reason)> = Vec::new();
+    for (&i, row) in live.iter().zip(rows) {
         let d = &wellformed[i].delivery;
         let Some(campaign) = ctx.config.campaign(&d.campaign) else {
             decided.push(NotSent::new(i, Outcome::Failed, Reason::UnknownCampaign));
@@ -310,9 +308,16 @@ async fn messages<S: ChannelSender>(
         };
         match subscribers::resolve(row) {
             Resolved::Send { data, .. } => body_of(i, &campaign.template, &data, decided),
-            Resolved::Skip(reason) => decided.push(NotSent::new(i, unwanted_outcome(written), reason)),
+            Resolved::Skip(reason) => unwanted.push((i, reason)),
             Resolved::Fail(reason) => decided.push(NotSent::new(i, Outcome::Failed, reason)),
         }
+    }
+    // Whether a request of one no longer wanted may have left already (its message is
+    // written): read for those only, the rare case.
+    let ids: Vec<String> = unwanted.iter().map(|(i, _)| wellformed[*i].delivery.id()).collect();
+    let written = records::deliveries_marked(conn, keys, p, &ids, S::BODY_FIELD).await?;
+    for ((i, reason), written) in unwanted.into_iter().zip(written) {
+        decided.push(NotSent::new(i, unwanted_outcome(written), reason));
     }
     Ok(send)
 }

@@ -9,6 +9,23 @@ use redis::aio::ConnectionLike;
 use super::keys::Keys;
 use crate::model::work::DeliveryRef;
 
+/// One command per item, pipelined in one round trip, the replies in order (nothing is
+/// sent for no items).
+async fn each<I, T: redis::FromRedisValue>(
+    conn: &mut impl ConnectionLike,
+    items: impl IntoIterator<Item = I>,
+    command: impl Fn(I) -> redis::Cmd,
+) -> anyhow::Result<Vec<T>> {
+    let mut pipe = redis::pipe();
+    for item in items {
+        pipe.add_command(command(item));
+    }
+    if pipe.cmd_iter().next().is_none() {
+        return Ok(Vec::new());
+    }
+    Ok(pipe.query_async(conn).await?)
+}
+
 /// The fields of a subscriber record (`keys::subscriber`).
 pub mod field {
     pub(crate) const EMAIL: &str = "email";
@@ -64,14 +81,10 @@ pub async fn subscriber_rows(
     keys: &Keys,
     reads: &[SubscriberRead<'_>],
 ) -> anyhow::Result<Vec<SubscriberRow>> {
-    if reads.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for r in reads {
-        pipe.cmd("HMGET").arg(keys.subscriber(r.partition, r.id)).arg(&RESOLVE_FIELDS).arg(&r.opted_out);
-    }
-    Ok(pipe.query_async(conn).await?)
+    each(conn, reads, |r| {
+        redis::cmd("HMGET").arg(keys.subscriber(r.partition, r.id)).arg(&RESOLVE_FIELDS).arg(&r.opted_out).clone()
+    })
+    .await
 }
 
 /// The request each transactional delivery's record keeps (its JSON, as ingest stored
@@ -83,14 +96,7 @@ pub async fn stored_requests(
     p: u16,
     ids: &[String],
 ) -> anyhow::Result<Vec<Option<String>>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for id in ids {
-        pipe.hget(keys.delivery(p, id), "request");
-    }
-    Ok(pipe.query_async(conn).await?)
+    deliveries_field(conn, keys, p, ids, "request").await
 }
 
 /// Whether each delivery record of `ids` (partition `p`) holds `field` (a channel's
@@ -102,14 +108,7 @@ pub async fn deliveries_marked(
     ids: &[String],
     field: &str,
 ) -> anyhow::Result<Vec<bool>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for id in ids {
-        pipe.hexists(keys.delivery(p, id), field);
-    }
-    Ok(pipe.query_async(conn).await?)
+    each(conn, ids, |id| redis::cmd("HEXISTS").arg(keys.delivery(p, id)).arg(field).clone()).await
 }
 
 /// Who holds a batch, as its record says now.
@@ -180,11 +179,8 @@ pub async fn sealed_into(store: &super::Store, p: u16, batch: &str) -> anyhow::R
     let mut conn = store.conn().await?;
     let mut members = Vec::new();
     for chunk in records.chunks(500) {
-        let mut pipe = redis::pipe();
-        for key in chunk {
-            pipe.cmd("HMGET").arg(key).arg(&["state", "batch"]);
-        }
-        let rows: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+        let rows: Vec<(Option<String>, Option<String>)> =
+            each(&mut conn, chunk, |key| redis::cmd("HMGET").arg(key).arg(&["state", "batch"]).clone()).await?;
         for (key, (state, b)) in chunk.iter().zip(rows) {
             if state.as_deref() == Some("sealed") && b.as_deref() == Some(batch) {
                 let id = key.rsplit_once(":d:").map_or("", |(_, id)| id);
@@ -214,14 +210,10 @@ pub async fn leases(
     p: u16,
     deliveries: &[DeliveryRef],
 ) -> anyhow::Result<Vec<(Option<String>, Option<u64>)>> {
-    if deliveries.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for d in deliveries {
-        pipe.cmd("HMGET").arg(keys.delivery(p, &d.id())).arg("state").arg("lease_until");
-    }
-    Ok(pipe.query_async(conn).await?)
+    each(conn, deliveries, |d| {
+        redis::cmd("HMGET").arg(keys.delivery(p, &d.id())).arg("state").arg("lease_until").clone()
+    })
+    .await
 }
 
 /// How old an unsettled batch is, as its record says.
@@ -242,15 +234,10 @@ pub async fn batch_ages(
     limit: usize,
 ) -> anyhow::Result<Vec<BatchAge>> {
     let batches = unsettled_batches(conn, keys, p, limit).await?;
-    if batches.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for b in &batches {
-        pipe.cmd("HMGET").arg(keys.batch(p, b)).arg(&["maybe_sent", "sealed_ms", "first_sealed_ms", "members"]);
-    }
+    let fields = ["maybe_sent", "sealed_ms", "first_sealed_ms", "members"];
     type AgeFields = (Option<String>, Option<u64>, Option<u64>, Option<String>);
-    let rows: Vec<AgeFields> = pipe.query_async(conn).await?;
+    let rows: Vec<AgeFields> =
+        each(conn, &batches, |b| redis::cmd("HMGET").arg(keys.batch(p, b)).arg(&fields).clone()).await?;
     Ok(rows
         .into_iter()
         .map(|(maybe_sent, sealed_ms, first_sealed_ms, members)| BatchAge {
@@ -304,14 +291,7 @@ pub async fn deliveries_field(
     ids: &[String],
     field: &str,
 ) -> anyhow::Result<Vec<Option<String>>> {
-    if ids.is_empty() {
-        return Ok(Vec::new());
-    }
-    let mut pipe = redis::pipe();
-    for id in ids {
-        pipe.hget(keys.delivery(p, id), field);
-    }
-    Ok(pipe.query_async(conn).await?)
+    each(conn, ids, |id| redis::cmd("HGET").arg(keys.delivery(p, id)).arg(field).clone()).await
 }
 
 /// A push delivery's browsers (subscriber `subscriber`'s subscriptions, raw) and the
