@@ -5,12 +5,10 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use mailstream::RunOptions;
 use mailstream::audience::suppression::{self, Act};
 use mailstream::config::Secret;
 use mailstream::model::outcome::Failpoint;
@@ -21,7 +19,6 @@ use mailstream::store::scripts::{self, Gate, GateRequest, Settlement, Settler, T
 use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{audience::ingest, audience::subscribers};
 use serde_json::json;
-use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(60);
 
@@ -45,10 +42,7 @@ async fn a_gate_write_lost_before_its_wait_is_not_followed_by_its_old_holders_re
     let subs = world.subscribers(2).await;
     world.kick().await;
     // The holder passes the last gate of the two's batch and stops before its WAIT.
-    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let failpoints = freeze_at(Failpoint::Gating, reached.clone(), Some(release.clone()));
-    let holder = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
-    tokio::time::timeout(SETTLE, reached.notified()).await.expect("the gate's write is made");
+    let (holder, release) = held_at(&world.config, Failpoint::Gating, SETTLE).await;
     let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
     let batches: Vec<String> =
         redis::cmd("ZRANGE").arg(keys.batches(0)).arg(0).arg(-1).query_async(&mut conn).await.unwrap();

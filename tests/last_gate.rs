@@ -6,11 +6,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use mailstream::RunOptions;
 use mailstream::audience::suppression::{self, Act};
 use mailstream::config::Config;
 use mailstream::model::outcome::Why;
@@ -20,7 +18,6 @@ use mailstream::store::scripts::{self, Gate, GateRequest, Reschedule, Settlement
 use mailstream::tools::emulator::{Emulator, EmulatorConfig};
 use mailstream::{audience::ingest, audience::subscribers, ops::deliveries};
 use serde_json::json;
-use tokio::sync::Notify;
 
 const SETTLE: Duration = Duration::from_secs(90);
 
@@ -143,10 +140,7 @@ async fn a_bounce_after_the_last_gate_does_not_call_its_request_back() {
     let (emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
     let subs = world.subscribers(1).await;
     world.kick().await;
-    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let failpoints = freeze_at(Failpoint::Gated, reached.clone(), Some(release.clone()));
-    let daemon = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
-    tokio::time::timeout(SETTLE, reached.notified()).await.expect("the batch passed its last gate");
+    let (daemon, release) = held_at(&world.config, Failpoint::Gated, SETTLE).await;
     hard_bounce(&world, &subs[0].email, "evt-after-gate").await;
     release.notify_one();
     let counts = world.settled(SETTLE).await;
@@ -164,10 +158,7 @@ async fn a_holder_that_finds_its_batch_settled_by_a_taker_raises_no_lost_write_a
     world.subscribers(5).await;
     world.kick().await;
     // The holder stalls right after Resend answered (as a paused process would)...
-    let (reached, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let failpoints = freeze_at(Failpoint::Answered, reached.clone(), Some(release.clone()));
-    let holder = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
-    tokio::time::timeout(SETTLE, reached.notified()).await.expect("the answer came");
+    let (holder, release) = held_at(&world.config, Failpoint::Answered, SETTLE).await;
     // ...long enough for its lease to run out and a taker to resend (a replay) and settle.
     let (keys, mut conn) = (&world.store.keys, world.store.conn().await.unwrap());
     let batches: Vec<String> =

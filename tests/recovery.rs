@@ -569,10 +569,7 @@ async fn a_timed_out_batch_whose_member_left_is_withheld_not_sent_again() {
     let (world, emulator, _stop) = timing_out().await;
     let subs = world.subscribers(3).await;
     world.kick().await;
-    let (timed_out, go_on) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let failpoints = freeze_at(Failpoint::Answered, timed_out.clone(), Some(go_on.clone()));
-    let daemon = Daemon::start(world.config.clone(), RunOptions { failpoints, ..Default::default() });
-    tokio::time::timeout(SETTLE, timed_out.notified()).await.expect("the first request timed out");
+    let (daemon, go_on) = held_at(&world.config, Failpoint::Answered, SETTLE).await;
     unsubscribe(&world, &subs[0]).await;
     go_on.notify_one();
     let counts = world.settled(SETTLE).await;

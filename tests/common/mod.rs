@@ -533,12 +533,34 @@ pub fn freeze_at(
 /// Runs a daemon on `config` until it first reaches `point`, waiting at most `within`,
 /// then aborts its tasks there, as kill -9 would.
 pub async fn crash_at(config: &Config, point: mailstream::model::outcome::Failpoint, within: Duration) {
-    let reached = Arc::new(tokio::sync::Notify::new());
-    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), None), ..Default::default() };
-    let crashing = Daemon::start(config.clone(), options);
-    tokio::time::timeout(within, reached.notified()).await.unwrap_or_else(|_| panic!("{point:?} is reached"));
+    let crashing = frozen_at(config, point, None, within).await;
     crashing.task.abort();
     let _ = crashing.task.await;
+}
+
+/// A daemon held the first time it reaches `point` (waited for, up to `within`), and what
+/// lets it go on.
+pub async fn held_at(
+    config: &Config,
+    point: mailstream::model::outcome::Failpoint,
+    within: Duration,
+) -> (Daemon, Arc<tokio::sync::Notify>) {
+    let release = Arc::new(tokio::sync::Notify::new());
+    (frozen_at(config, point, Some(release.clone()), within).await, release)
+}
+
+/// A daemon started with [`freeze_at`] `point`, once it is there.
+async fn frozen_at(
+    config: &Config,
+    point: mailstream::model::outcome::Failpoint,
+    release: Option<Arc<tokio::sync::Notify>>,
+    within: Duration,
+) -> Daemon {
+    let reached = Arc::new(tokio::sync::Notify::new());
+    let options = RunOptions { failpoints: freeze_at(point, reached.clone(), release), ..Default::default() };
+    let daemon = Daemon::start(config.clone(), options);
+    tokio::time::timeout(within, reached.notified()).await.unwrap_or_else(|_| panic!("{point:?} is reached"));
+    daemon
 }
 
 /// The last gate's limits in tests: a resend window of 23 h, deadlines of 48 h (never
