@@ -229,7 +229,7 @@ a_wrong_count_is_an_error! {
     forget: shape(1, 0, 3, 0);
     suppress: shape(4, 0, 7, 0);
     cascade: shape(3, 1, 5, 1);
-    event: shape(3, 0, 2, 0);
+    event: shape(4, 0, 4, 0);
     optout: shape(2, 0, 2, 0);
     due: shape(2, 0, 2, 0);
     fanout: Shape { set: &[(1, "finish")], ..shape(1, 0, 3, 0) };

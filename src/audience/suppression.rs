@@ -27,6 +27,25 @@ pub enum Act {
     /// Count one transient (or undetermined) bounce.
     CountTransient,
     Lift,
+    /// Resend put the address on its own list (`suppression.added`, or found by a sync):
+    /// suppressed as `provider_suppressed`, source `provider`.
+    ProviderAdd,
+    /// Resend took it off its list (`suppression.removed`, or gone at a sync): lifted only
+    /// where the suppression is Resend's own, never an operator's, a bounce's or a complaint's.
+    ProviderLift,
+}
+
+impl Act {
+    /// suppress.lua's mode, the reason written, and whether the step is Resend's list.
+    fn step(self) -> (SuppressMode, Why, bool) {
+        match self {
+            Act::Suppress(why) => (SuppressMode::Suppress, why, false),
+            Act::CountTransient => (SuppressMode::Transient, Why::TransientBounces, false),
+            Act::Lift => (SuppressMode::Remove, Why::Manual, false),
+            Act::ProviderAdd => (SuppressMode::Suppress, Why::ProviderSuppressed, true),
+            Act::ProviderLift => (SuppressMode::ProviderRemove, Why::ProviderSuppressed, true),
+        }
+    }
 }
 
 /// Acts on `email`'s suppression and cascades to its subscribers; `event` is the
@@ -51,15 +70,16 @@ pub(crate) async fn apply_to(
 ) -> anyhow::Result<Suppressed> {
     let keys = &store.keys;
     let w = &config.webhook;
-    let (mode, reason) = match act {
-        Act::Suppress(why) => (SuppressMode::Suppress, why),
-        Act::CountTransient => (SuppressMode::Transient, Why::TransientBounces),
-        Act::Lift => (SuppressMode::Remove, Why::Manual),
+    let (mode, reason, provider) = act.step();
+    let source = match (provider, event) {
+        (true, _) => "provider",
+        (false, Some(_)) => "webhook",
+        (false, None) => "operator",
     };
     let step = Suppression {
         mode,
         reason: reason.as_str(),
-        source: if event.is_some() { "webhook" } else { "operator" },
+        source,
         event: event.unwrap_or(""),
         seen_ttl_secs: w.seen_ttl().as_secs(),
         transient_window_ms: crate::model::ms(w.transient_bounce_window()),
@@ -74,17 +94,23 @@ pub(crate) async fn apply_to(
     // for a repeated event: a crash may have left it halfway (each partition's step
     // happens once per event all the same). A repeated event finishes what the record
     // says now: suppressed (a transient threshold reached included, for whatever reason
-    // the record gives), or lifted since, when there is nothing to finish.
+    // the record gives), or lifted since, when there is nothing to finish. A provider's
+    // lift that kept the suppression (not Resend's) has nothing to cascade; repeated, it
+    // finishes whichever of the two the record says.
     let recorded: Option<String> = match state {
         Suppressed::Already | Suppressed::Duplicate => conn.hget(keys.suppression(&address), "reason").await?,
         _ => None,
     };
     let cascade = match state {
-        Suppressed::Counted => None,
+        Suppressed::Counted | Suppressed::Kept => None,
         Suppressed::Removed => Some((SuppressMode::Remove, reason.as_str().to_string())),
         Suppressed::Duplicate if mode == SuppressMode::Remove => {
             Some((SuppressMode::Remove, reason.as_str().to_string()))
         }
+        Suppressed::Duplicate if mode == SuppressMode::ProviderRemove => match recorded {
+            Some(r) => Some((SuppressMode::Suppress, r)),
+            None => Some((SuppressMode::Remove, reason.as_str().to_string())),
+        },
         Suppressed::New => Some((SuppressMode::Suppress, reason.as_str().to_string())),
         Suppressed::Already => Some((SuppressMode::Suppress, recorded.unwrap_or(reason.as_str().into()))),
         Suppressed::Duplicate => recorded.map(|r| (SuppressMode::Suppress, r)),

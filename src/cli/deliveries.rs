@@ -45,7 +45,14 @@ pub async fn command(config: &crate::config::Config, args: Args) -> anyhow::Resu
         if json {
             crate::cli::outln!("{}", serde_json::to_string(r)?)?;
         } else {
-            let events: Vec<&str> = r.events.keys().map(String::as_str).collect();
+            let events: Vec<String> = r
+                .events
+                .keys()
+                .map(|k| match (k.as_str(), &r.provider_failed) {
+                    ("failed", Some(reason)) => format!("failed({reason})"),
+                    _ => k.clone(),
+                })
+                .collect();
             crate::cli::outln!(
                 "{}  {}  {}  {}  requests={}  settled={}  events={}",
                 r.id,

@@ -98,7 +98,8 @@ pub async fn refresh(metrics: &Metrics, store: &Store, config: &Config, limit: D
         let mut periods = Vec::new();
         for (campaign, period) in store.periods().await? {
             for channel in Channel::ALL {
-                let (counts, exposures) = store.counts_and_exposures(&campaign, &period, channel).await?;
+                let figures = store.period_figures(&campaign, &period, channel).await?;
+                let (counts, exposures) = (figures.counts, figures.exposed);
                 // Email always (a period's series from its kick); another channel once it has any.
                 if channel == Channel::Email || counts != Counts::default() {
                     periods.push((campaign.clone(), period.clone(), channel, counts, exposures));

@@ -68,6 +68,9 @@ pub struct DeliveryRow {
     pub claims: u64,
     /// Provider events (delivered, opened, bounced, ...) and when they came.
     pub events: BTreeMap<String, String>,
+    /// Why the provider failed the email after accepting it (`email.failed`'s reason), where
+    /// the delivery keeps a record.
+    pub provider_failed: Option<String>,
     /// The subscriber's address, masked (`a***@acme.example`).
     pub address: Option<String>,
     /// Operator mail whose sender Resend refused, sealed again from its template's
@@ -112,6 +115,7 @@ fn row(d: DeliveryRef, fields: &BTreeMap<String, String>, email: Option<&str>) -
         sends: number("sends"),
         claims: number("claims"),
         events: fields.iter().filter_map(|(k, v)| Some((k.strip_prefix("ev_")?.to_string(), time(v)?))).collect(),
+        provider_failed: get("provider_failed_reason"),
         address: email.map(mask),
         used_fallback_sender: fields.get("fallback").is_some_and(|f| f == "1"),
     }
@@ -435,7 +439,11 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     }
     for (k, v) in &fields {
         if let (Some(kind), Ok(at)) = (k.strip_prefix("ev_"), v.parse::<i64>()) {
-            history.push((at, format!("provider event: {kind}")));
+            let reason = match (kind, &row.provider_failed) {
+                ("failed", Some(reason)) => format!(" ({reason}), after the provider accepted it"),
+                _ => String::new(),
+            };
+            history.push((at, format!("provider event: {kind}{reason}")));
         }
     }
     history.sort();

@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::config::Config;
 use crate::model::work::Channel;
 use crate::send::stuck::{self, StuckKind};
-use crate::store::{Counts, Store};
+use crate::store::{Counts, PeriodFigures, Store};
 
 /// Every period within its objectives and nothing stuck.
 const EXIT_WITHIN: u8 = 0;
@@ -37,6 +37,13 @@ pub struct PeriodReport {
     /// Operator mail whose sender was refused and that was sealed again from its
     /// fallback sender, whatever came of it (a warning: a sender's domain is refused).
     pub fallbacks: u64,
+    /// Emails the provider accepted and then failed (`email.failed`), on their own line:
+    /// they are counted `sent` above, so the failure rate of decided outcomes is unchanged.
+    pub provider_failed: u64,
+    /// Those by the provider's reason.
+    pub provider_failed_by_reason: BTreeMap<String, u64>,
+    /// Emails the provider reported delayed after accepting them.
+    pub delivery_delayed: u64,
     /// `None` while nothing is sent or failed.
     pub failure_rate: Option<f64>,
     /// Stuck deliveries by kind (unclaimed, lease_expired, past_deadline).
@@ -64,10 +71,11 @@ impl SloReport {
 /// Judges one period's counts and stuck tally.
 fn judge(
     (campaign, period, channel): (&str, &str, Channel),
-    c: &Counts,
+    f: &PeriodFigures,
     stuck: BTreeMap<&'static str, u64>,
     objective: f64,
 ) -> PeriodReport {
+    let c = &f.counts;
     let failure_rate = c.failure_rate();
     let mut breached = Vec::new();
     if failure_rate.is_some_and(|r| r > objective) {
@@ -87,6 +95,9 @@ fn judge(
         outcome_unknown: c.outcome_unknown,
         pending: c.pending(),
         fallbacks: c.fallbacks,
+        provider_failed: c.provider_failed,
+        provider_failed_by_reason: f.provider_failed_by_reason.clone(),
+        delivery_delayed: c.delivery_delayed,
         failure_rate,
         stuck,
         breached,
@@ -121,16 +132,16 @@ pub async fn evaluate(
     let mut reports = Vec::new();
     for (c, p) in periods {
         for channel in Channel::ALL {
-            let counts = store.channel_counts(&c, &p, channel).await?;
+            let figures = store.period_figures(&c, &p, channel).await?;
             // Email always; another channel once the period has any of it.
-            if channel != Channel::Email && counts == Counts::default() {
+            if channel != Channel::Email && figures.counts == Counts::default() {
                 continue;
             }
             let stuck: BTreeMap<&'static str, u64> = StuckKind::ALL
                 .iter()
                 .map(|&k| (k.as_str(), tally.get(&(c.clone(), p.clone(), channel, k)).copied().unwrap_or(0)))
                 .collect();
-            reports.push(judge((&c, &p, channel), &counts, stuck, objective));
+            reports.push(judge((&c, &p, channel), &figures, stuck, objective));
         }
     }
     let status = if reports.iter().all(|r| r.breached.is_empty()) { "within" } else { "breached" };
@@ -166,6 +177,14 @@ pub fn render(report: &SloReport) -> String {
         if r.fallbacks > 0 {
             out += &format!("    fell back to a fallback sender: {} (a sender's domain is refused)\n", r.fallbacks);
         }
+        if r.provider_failed > 0 || r.delivery_delayed > 0 {
+            let reasons: Vec<String> = r.provider_failed_by_reason.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            let reasons = if reasons.is_empty() { String::new() } else { format!(" ({})", reasons.join(", ")) };
+            out += &format!(
+                "    after the provider accepted them: {} failed{reasons}, {} delayed (counted sent above)\n",
+                r.provider_failed, r.delivery_delayed
+            );
+        }
         if stuck > 0 {
             let kinds: Vec<String> = r.stuck.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();
             out += &format!("    stuck: {}\n", kinds.join(", "));
@@ -182,8 +201,9 @@ pub fn render(report: &SloReport) -> String {
 mod tests {
     use super::*;
 
-    fn counts(sent: u64, failed: u64, skipped: u64, unknown: u64, enqueued: u64) -> Counts {
-        Counts { enqueued, sent, failed, skipped, outcome_unknown: unknown, ..Default::default() }
+    fn counts(sent: u64, failed: u64, skipped: u64, unknown: u64, enqueued: u64) -> PeriodFigures {
+        let counts = Counts { enqueued, sent, failed, skipped, outcome_unknown: unknown, ..Default::default() };
+        PeriodFigures { counts, ..Default::default() }
     }
 
     #[test]
@@ -202,5 +222,26 @@ mod tests {
         assert_eq!((none.failure_rate, none.breached.len()), (None, 0));
         let stuck = judge(("c", "p", Channel::Email), &counts(10, 0, 0, 0, 11), [("unclaimed", 1)].into(), 0.01);
         assert_eq!(stuck.breached, ["stuck"]);
+    }
+
+    #[test]
+    fn failures_after_acceptance_have_their_own_line_and_leave_the_rate_alone() {
+        let mut f = counts(100, 0, 0, 0, 100);
+        f.counts.provider_failed = 3;
+        f.counts.delivery_delayed = 2;
+        f.provider_failed_by_reason = [("reached_daily_quota".to_string(), 3)].into();
+        let r = judge(("c", "p", Channel::Email), &f, Default::default(), 0.01);
+        assert_eq!((r.failure_rate, r.breached.len()), (Some(0.0), 0), "decided outcomes as defined");
+        let report = SloReport { objective: 0.01, stuck_after_seconds: 60, periods: vec![r], status: "within" };
+        let text = render(&report);
+        assert!(
+            text.contains("after the provider accepted them: 3 failed (reached_daily_quota 3), 2 delayed"),
+            "{text}"
+        );
+        let quiet = render(&SloReport {
+            periods: vec![judge(("c", "p", Channel::Email), &counts(1, 0, 0, 0, 1), Default::default(), 0.01)],
+            ..report
+        });
+        assert!(!quiet.contains("after the provider"), "{quiet}");
     }
 }

@@ -20,6 +20,11 @@ pub struct Counts {
     /// Operator mail sealed again from its fallback sender (its sender refused), whatever
     /// came of it.
     pub fallbacks: u64,
+    /// Emails the provider accepted and then failed (`email.failed`), as its webhooks
+    /// reported them: these settled `sent`, and stay so in the counts above.
+    pub provider_failed: u64,
+    /// Emails the provider reported delayed after accepting them (`email.delivery_delayed`).
+    pub delivery_delayed: u64,
 }
 
 impl Counts {
@@ -66,29 +71,30 @@ impl Store {
 
     /// The counters of `campaign` for `period` on `channel`, summed over the partitions.
     pub async fn channel_counts(&self, campaign: &str, period: &str, channel: Channel) -> anyhow::Result<Counts> {
-        Ok(self.counts_and_exposures(campaign, period, channel).await?.0)
+        Ok(self.period_figures(campaign, period, channel).await?.counts)
     }
 
     /// A campaign period's A/B exposures (emails of each variant the provider
     /// accepted), summed over partitions.
     pub async fn exposures(&self, campaign: &str, period: &str) -> anyhow::Result<BTreeMap<String, u64>> {
-        Ok(self.counts_and_exposures(campaign, period, Channel::Email).await?.1)
+        Ok(self.period_figures(campaign, period, Channel::Email).await?.exposed)
     }
 
-    /// Both, from one read of each partition's counts hash.
-    pub(crate) async fn counts_and_exposures(
+    /// Everything a campaign period's counts hashes say, from one read of each partition's.
+    pub async fn period_figures(
         &self,
         campaign: &str,
         period: &str,
         channel: Channel,
-    ) -> anyhow::Result<(Counts, BTreeMap<String, u64>)> {
+    ) -> anyhow::Result<PeriodFigures> {
         let cmds: Vec<redis::Cmd> = (0..self.keys.partitions())
             .map(|p| redis::cmd("HGETALL").arg(self.keys.channel_counts(p, campaign, period, channel)).clone())
             .collect();
         let parts: Vec<std::collections::HashMap<String, u64>> = self.conn().await?.each(&cmds).await?;
-        let (mut c, mut exposed) = (Counts::default(), BTreeMap::new());
+        let mut f = PeriodFigures::default();
+        let c = &mut f.counts;
         for part in parts {
-            let get = |f: &str| part.get(f).copied().unwrap_or(0);
+            let get = |name: &str| part.get(name).copied().unwrap_or(0);
             c.enqueued += get("enqueued");
             c.duplicates += get("duplicates");
             c.sent += get("sent");
@@ -96,12 +102,26 @@ impl Store {
             c.skipped += get("skipped");
             c.outcome_unknown += get("outcome_unknown");
             c.fallbacks += get("fallbacks");
+            c.provider_failed += get("provider_failed");
+            c.delivery_delayed += get("delivery_delayed");
             for (field, n) in &part {
-                if let Some(variant) = field.strip_prefix("exposed:") {
-                    *exposed.entry(variant.to_string()).or_default() += n;
+                let by = |prefix: &str| field.strip_prefix(prefix).map(str::to_string);
+                if let Some(variant) = by("exposed:") {
+                    *f.exposed.entry(variant).or_default() += n;
+                } else if let Some(reason) = by("provider_failed:") {
+                    *f.provider_failed_by_reason.entry(reason).or_default() += n;
                 }
             }
         }
-        Ok((c, exposed))
+        Ok(f)
     }
+}
+
+/// A campaign period's counters, its A/B exposures, and the provider's failures after
+/// acceptance by reason (event.lua counts them), summed over the partitions.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeriodFigures {
+    pub counts: Counts,
+    pub exposed: BTreeMap<String, u64>,
+    pub provider_failed_by_reason: BTreeMap<String, u64>,
 }

@@ -22,7 +22,7 @@ use redis::aio::ConnectionLike;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
-pub use self::counts::Counts;
+pub use self::counts::{Counts, PeriodFigures};
 pub use self::deployment::NoDeployment;
 use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};

@@ -40,15 +40,29 @@ names! {
         Clicked = "clicked",
         Failed = "failed",
         Suppressed = "suppressed",
+        /// `suppression.added`: Resend put an address on its own list.
+        SuppressionAdded = "suppression_added",
+        /// `suppression.removed`: Resend took it off.
+        SuppressionRemoved = "suppression_removed",
         Other = "other",
     }
 }
 
 impl EventKind {
-    /// The kind of an event `type` (`email.bounced`); one it does not know is `Other`.
+    /// The kind of an event `type` (`email.bounced`, `suppression.added`); one it does
+    /// not know is `Other`.
     fn of_type(s: &str) -> EventKind {
-        let known = s.strip_prefix("email.").and_then(|name| name.parse().ok());
-        known.filter(|&k| k != EventKind::Other).unwrap_or(EventKind::Other)
+        match s {
+            "suppression.added" => EventKind::SuppressionAdded,
+            "suppression.removed" => EventKind::SuppressionRemoved,
+            _ => {
+                let kind = s.strip_prefix("email.").and_then(|name| name.parse().ok());
+                let about_an_email = |k: &EventKind| {
+                    !matches!(k, EventKind::Other | EventKind::SuppressionAdded | EventKind::SuppressionRemoved)
+                };
+                kind.filter(about_an_email).unwrap_or(EventKind::Other)
+            }
+        }
     }
 }
 
@@ -62,6 +76,9 @@ struct Event {
     pub to: Vec<String>,
     /// What to do to those addresses.
     pub act: Option<Act>,
+    /// Why Resend failed an email after accepting it (`email.failed`'s `failed.reason`),
+    /// as a bounded name.
+    pub failed_reason: Option<String>,
 }
 
 /// Reads an event envelope `{type, created_at, data}`; `None` when the body is not
@@ -83,15 +100,34 @@ fn parse_event(body: &[u8]) -> Option<Event> {
         }
         EventKind::Complained => Some(Act::Suppress(Why::Complained)),
         EventKind::Suppressed => Some(Act::Suppress(Why::ProviderSuppressed)),
+        EventKind::SuppressionAdded => Some(Act::ProviderAdd),
+        EventKind::SuppressionRemoved => Some(Act::ProviderLift),
         _ => None,
     };
-    let to = match (&act, data.get("to")) {
+    // An email event names its recipients in `to`; a suppression event its one address in `email`.
+    let to = match (&act, data.get("to").or_else(|| data.get("email"))) {
         (None, _) => Vec::new(),
         (Some(_), Some(Value::String(s))) => vec![s.clone()],
         (Some(_), Some(Value::Array(a))) => a.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
         _ => Vec::new(),
     };
-    Some(Event { kind, delivery, to, act })
+    let failed_reason = (kind == EventKind::Failed).then(|| {
+        let reason = data.get("failed").and_then(|f| f.get("reason")).and_then(Value::as_str);
+        reason_name(reason.unwrap_or(""))
+    });
+    Some(Event { kind, delivery, to, act, failed_reason })
+}
+
+/// A provider's failure reason as a name safe to count and show: Resend's reasons are
+/// snake_case codes (`reached_daily_quota`); anything else (free text, which might hold
+/// an address) is `other`, and none is `unspecified`.
+pub fn reason_name(reason: &str) -> String {
+    let r = reason.trim();
+    if r.is_empty() {
+        return "unspecified".into();
+    }
+    let code = r.len() <= 48 && r.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if code { r.to_string() } else { "other".into() }
 }
 
 /// A tag's value: `tags` is usually an object `{"name": "value"}`, sometimes an
@@ -190,7 +226,13 @@ impl Webhooks {
             // Concurrent events share one connection: their scripts reach Redis in one write
             // and are made durable by one fsync (no WAIT follows on it).
             let mut conn = self.store.shared().await?;
-            let wrote = scripts::event(&mut conn, &self.store.keys, d, id, event.kind.as_str(), ttl).await?;
+            let counter = match (event.kind, &event.failed_reason) {
+                (EventKind::Failed, Some(reason)) => Some(("provider_failed", reason.as_str())),
+                (EventKind::DeliveryDelayed, _) => Some(("delivery_delayed", "")),
+                _ => None,
+            };
+            let e = scripts::DeliveryEvent { id, kind: event.kind.as_str(), counter, seen_ttl_secs: ttl };
+            let wrote = scripts::event(&mut conn, &self.store.keys, d, &e).await?;
             duplicate &= wrote == scripts::EventWrite::Repeat;
         }
         if let Some(act) = event.act {
@@ -200,6 +242,7 @@ impl Webhooks {
                 if state == scripts::Suppressed::New {
                     let why = match act {
                         Act::Suppress(why) => why,
+                        Act::ProviderAdd => Why::ProviderSuppressed,
                         _ => Why::TransientBounces,
                     };
                     self.metrics.suppressed(why.as_str());

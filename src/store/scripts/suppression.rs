@@ -21,6 +21,9 @@ names! {
         Transient = "transient",
         /// Lift it (an operator).
         Remove = "remove",
+        /// Lift it only if it is Resend's own (`provider_suppressed`): Resend took the
+        /// address off its list.
+        ProviderRemove = "provider_remove",
     }
 }
 
@@ -34,6 +37,8 @@ pub enum Suppressed {
     /// A transient bounce was counted, below the threshold.
     Counted,
     Removed,
+    /// A provider's lift left it: the suppression is not Resend's (or there is none).
+    Kept,
     /// This event had its effect before (a retried or repeated webhook).
     Duplicate,
 }
@@ -43,7 +48,7 @@ pub enum Suppressed {
 pub struct Suppression<'a> {
     pub mode: SuppressMode,
     pub reason: &'a str,
-    /// `webhook` or `operator`.
+    /// `webhook`, `operator` or `provider` (Resend's own list: its webhooks and a sync).
     pub source: &'a str,
     /// The webhook event's id ('' for an operator).
     pub event: &'a str,
@@ -59,8 +64,11 @@ pub struct Suppression<'a> {
 /// ```text
 /// KEYS[1] seen key, KEYS[2] suppression hash, KEYS[3] transient-bounce zset, KEYS[4] address index
 /// ARGV[1] mode: 'suppress' (permanent bounce, complaint, provider suppression, operator),
-///   'transient' (a transient or undetermined bounce: counted), 'remove' (operator lifts it)
-/// ARGV[2] reason, ARGV[3] source ('webhook' | 'operator'), ARGV[4] event id ('' for an operator),
+///   'transient' (a transient or undetermined bounce: counted), 'remove' (operator lifts it),
+///   'provider_remove' (Resend took it off its own list: lifted only when the suppression is
+///   Resend's, reason 'provider_suppressed'; an operator's, a bounce's or a complaint's stays)
+/// ARGV[2] reason, ARGV[3] source ('webhook' | 'operator' | 'provider'), ARGV[4] event id ('' for
+///   an operator or a sync),
 /// ARGV[5] seen TTL s, ARGV[6] transient window ms, ARGV[7] transient bounces that suppress
 /// ```
 pub async fn suppress(
@@ -95,6 +103,7 @@ pub(super) fn read_suppress(row: Vec<String>) -> RedisResult<(Suppressed, Vec<St
         Some("already") => Suppressed::Already,
         Some("counted") => Suppressed::Counted,
         Some("removed") => Suppressed::Removed,
+        Some("kept") => Suppressed::Kept,
         Some("duplicate") => Suppressed::Duplicate,
         other => return Err(unexpected("suppress.lua", other.unwrap_or(""))),
     };
@@ -125,7 +134,8 @@ pub(crate) async fn cascade(
     for id in ids {
         call.key(keys.subscriber(p, id));
     }
-    let mode = if s.mode == SuppressMode::Remove { "remove" } else { "suppress" };
+    let lift = matches!(s.mode, SuppressMode::Remove | SuppressMode::ProviderRemove);
+    let mode = if lift { "remove" } else { "suppress" };
     call.arg(mode).arg(s.reason).arg(s.event).arg(s.seen_ttl_secs).arg(&address.hash).arg(ids);
     read_cascade(call.invoke_async(conn).await?)
 }
@@ -150,30 +160,48 @@ pub(crate) enum EventWrite {
     Repeat,
 }
 
-/// Counts a provider event (`kind`, e.g. `delivered`) about a delivery, and writes it on the
-/// delivery's record if it has one, once per event id.
+/// A provider event about one delivery, as event.lua takes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeliveryEvent<'a> {
+    /// The event's id (each effect once per id).
+    pub id: &'a str,
+    /// Its type's name, e.g. `delivered`.
+    pub kind: &'a str,
+    /// The campaign period counter it adds to, with its reason ('' for none), for an event
+    /// after the provider accepted the email: `provider_failed`, `delivery_delayed`.
+    pub counter: Option<(&'a str, &'a str)>,
+    pub seen_ttl_secs: u64,
+}
+
+/// Counts a provider event about a delivery (in the hour's tally and, after acceptance,
+/// its period's counts), and writes it on the delivery's record if it has one, once per
+/// event id.
 ///
 /// Runs `lua/event.lua`:
 /// ```text
-/// KEYS[1] seen key, KEYS[2] delivery record, KEYS[3] the hour's webhook tally
-/// ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s
+/// KEYS[1] seen key, KEYS[2] delivery record, KEYS[3] the hour's webhook tally,
+/// KEYS[4] the delivery's campaign period counts
+/// ARGV[1] event type (e.g. delivered), ARGV[2] seen TTL s, ARGV[3] the period counter this
+/// event adds to ('' for none: provider_failed, delivery_delayed), ARGV[4] its reason ('' for none)
 /// ```
 pub(crate) async fn event(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     delivery: &DeliveryRef,
-    event: &str,
-    kind: &str,
-    seen_ttl_secs: u64,
+    e: &DeliveryEvent<'_>,
 ) -> RedisResult<EventWrite> {
     let p = keys.partition_of(delivery.home());
+    let (counter, reason) = e.counter.unwrap_or(("", ""));
     let written: i64 = SCRIPTS
         .event
-        .key(keys.seen(p, event, "e"))
+        .key(keys.seen(p, e.id, "e"))
         .key(keys.delivery(p, &delivery.id()))
         .key(keys.webhooks(p, chrono::Utc::now().timestamp_millis() / HOUR_MS))
-        .arg(kind)
-        .arg(seen_ttl_secs)
+        .key(keys.channel_counts(p, &delivery.campaign, &delivery.period, delivery.channel))
+        .arg(e.kind)
+        .arg(e.seen_ttl_secs)
+        .arg(counter)
+        .arg(reason)
         .invoke_async(conn)
         .await?;
     read_event(written)
