@@ -146,6 +146,15 @@ impl Config {
             }
             _ => {}
         }
+        if self.resend.requests_per_second > RESEND_DEFAULT_RATE {
+            warnings.push(format!(
+                "resend.requests_per_second: {} is above Resend's default limit of {RESEND_DEFAULT_RATE} requests/s \
+                 per team: the account's limit must have been raised. If it was not, the first answers' \
+                 ratelimit-limit lowers the rate team-wide, after at most one second's excess is refused with \
+                 429 and sent again (docs/resend.md)",
+                self.resend.requests_per_second
+            ));
+        }
         if errors.is_empty() { Ok(warnings) } else { Err(ConfigError::Invalid(errors)) }
     }
 
@@ -164,6 +173,9 @@ impl Config {
         if errors.is_empty() { Ok(warnings) } else { Err(ConfigError::Invalid(errors)) }
     }
 }
+
+/// Resend's default request rate per team (its docs, 2026; raised on request).
+pub const RESEND_DEFAULT_RATE: u32 = 5;
 
 /// What `run` says when no Resend API key is set.
 pub const NO_API_KEY: &str =

@@ -113,6 +113,8 @@ pub(crate) struct Dispatcher {
     book: tokio::sync::Mutex<()>,
     /// How long requests on the wire may take to finish at shutdown.
     drain: Duration,
+    /// Whether the provider's `ratelimit-limit` has been logged (once a process).
+    limit_told: std::sync::atomic::AtomicBool,
 }
 
 impl Dispatcher {
@@ -126,6 +128,7 @@ impl Dispatcher {
             gates,
             book: tokio::sync::Mutex::new(()),
             drain: Duration::from_secs(ctx.config.resend.timeout_seconds + 5),
+            limit_told: Default::default(),
         }
     }
 
@@ -350,6 +353,16 @@ impl Dispatcher {
 
     /// Applies what the provider said about pacing, team-wide.
     async fn obey(&self, news: &PacingNews) {
+        if let Some(limit) = news.rate.limit
+            && !self.limit_told.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // The team's real limit, once: what a raised (or not raised) account says.
+            tracing::info!(
+                ratelimit_limit = limit,
+                configured = self.limiter.configured(),
+                "the provider's rate limit, first seen"
+            );
+        }
         if let Some(after) = news.pause {
             self.limiter.pause_for(after).await;
         }

@@ -77,6 +77,14 @@ impl Limiter {
         }
     }
 
+    /// The configured rate (`resend.requests_per_second`).
+    pub(crate) fn configured(&self) -> u32 {
+        match self {
+            Limiter::Process(l) => l.state.lock().expect("pacer lock").configured,
+            Limiter::Redis(s) => s.rps,
+        }
+    }
+
     /// When the next slot is, as far as can be told now (to seal and gate a batch just before it).
     pub(crate) async fn next_slot(&self) -> Instant {
         match self {
