@@ -1,14 +1,16 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
 //! idempotency (replay and both 409s), the rate limit and its headers, reading
-//! sent emails back (one by id, lists), quota refusals by name, and the official
-//! Python SDK against it.
+//! sent emails back (one by id, lists), quota refusals by name, the suppression
+//! list (its routes, cursor walks, sends to listed addresses, its webhooks), and the
+//! official Python SDK against it.
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::start_emulator;
-use mailstream::tools::emulator::{EmulatorConfig, Faults, QuotaRefusal};
+use mailstream::tools::emulator::{EmulatorConfig, Faults, QuotaRefusal, SuppressionOrigin, WebhookTarget};
 use serde_json::{Value, json};
 
 fn email(i: usize) -> Value {
@@ -50,6 +52,16 @@ impl Api {
 impl Api {
     async fn get(&self, path: &str) -> (u16, Value) {
         json_of(self.http.get(format!("{}{path}", self.url)).bearer_auth("re_test").send().await.unwrap()).await
+    }
+
+    async fn delete(&self, path: &str) -> (u16, Value) {
+        json_of(self.http.delete(format!("{}{path}", self.url)).bearer_auth("re_test").send().await.unwrap()).await
+    }
+
+    /// `POST /_emulator/suppressions`: the test control, without a key.
+    async fn seed(&self, entries: &Value) -> (u16, Value) {
+        json_of(self.http.post(format!("{}/_emulator/suppressions", self.url)).json(entries).send().await.unwrap())
+            .await
     }
 }
 
@@ -483,4 +495,311 @@ print(json.dumps({{"sent": drop(sent), "got": drop(got), "listed": drop(listed),
     assert_eq!(emulator.stats().emails_accepted, 1);
     let seen = emulator.seen();
     assert_eq!(seen.len(), 1, "the reads are not sending requests");
+}
+
+#[tokio::test]
+async fn the_suppression_list_is_seeded_listed_read_and_changed() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let seeded = json!([
+        {"email": "bounced.user@acme.example", "origin": "bounce"},
+        {"email": " Ann+News@Acme.Example ", "origin": "complaint"},
+        {"email": "hand@acme.example"},
+    ]);
+    assert_eq!(api.seed(&seeded).await, (200, json!({"added": 3})));
+    let (status, body) = api.seed(&json!([{"email": "x@acme.example", "origin": "spam"}])).await;
+    assert_eq!((status, body["name"].as_str()), (400, Some("validation_error")));
+
+    let (status, list) = api.get("/suppressions").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!((list["object"].as_str(), list["has_more"].as_bool()), (Some("list"), Some(false)));
+    let listed: Vec<(&str, &str)> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["email"].as_str().unwrap(), e["origin"].as_str().unwrap()))
+        .collect();
+    let want = [
+        ("bounced.user@acme.example", "bounce"),
+        ("ann+news@acme.example", "complaint"),
+        ("hand@acme.example", "manual"),
+    ];
+    assert_eq!(listed, want, "oldest first, trimmed and lowercased");
+    let first = &list["data"][0];
+    assert_eq!((first["object"].as_str(), first["source_id"].is_null()), (Some("suppression"), true));
+    let created = first["created_at"].as_str().unwrap();
+    assert!(chrono::DateTime::parse_from_rfc3339(created).is_ok() && created.ends_with('Z'), "{created}");
+    let pairs = want.iter().map(|(e, o)| (e.to_string(), o.to_string())).collect::<Vec<_>>();
+    assert_eq!(emulator.suppression_list(), pairs);
+
+    // By a percent-encoded address (the `+` stays a plus), and by id.
+    let (status, got) = api.get("/suppressions/ann%2Bnews%40acme.example").await;
+    assert_eq!((status, got["origin"].as_str()), (200, Some("complaint")), "{got}");
+    let (status, by_id) = api.get(&format!("/suppressions/{}", got["id"].as_str().unwrap())).await;
+    assert_eq!((status, &by_id), (200, &got));
+    let missing = json!({"statusCode": 404, "name": "not_found", "message": "Suppression not found"});
+    assert_eq!(api.get("/suppressions/nobody%40acme.example").await, (404, missing.clone()));
+
+    // Added by hand: twice is the same entry.
+    let (status, added) =
+        json_of(api.post("/suppressions", None, &json!({"email": "New@acme.example"}), false).await).await;
+    assert_eq!((status, added["object"].as_str()), (200, Some("suppression")), "{added}");
+    let (_, again) = json_of(api.post("/suppressions", None, &json!({"email": "new@acme.example"}), false).await).await;
+    assert_eq!(again["id"], added["id"]);
+    let (status, body) =
+        json_of(api.post("/suppressions", None, &json!({"email": "not an address"}), false).await).await;
+    assert_eq!((status, body["name"].as_str()), (422, Some("validation_error")));
+    let (_, batch) = json_of(
+        api.post("/suppressions/batch/add", None, &json!({"emails": ["b1@acme.example", "b2@acme.example"]}), false)
+            .await,
+    )
+    .await;
+    assert_eq!(batch["data"].as_array().unwrap().len(), 2, "{batch}");
+    assert_eq!(emulator.stats().suppressions_listed, 6);
+
+    // Removed by address, by id, and in a batch.
+    let (status, deleted) = api.delete("/suppressions/new%40acme.example").await;
+    assert_eq!((status, &deleted), (200, &json!({"object": "suppression", "id": added["id"], "deleted": true})));
+    assert_eq!(api.delete("/suppressions/new%40acme.example").await, (404, missing));
+    assert_eq!(api.delete(&format!("/suppressions/{}", batch["data"][0]["id"].as_str().unwrap())).await.0, 200);
+    let remove = json!({"emails": ["b2@acme.example", "nobody@acme.example"]});
+    let (status, removed) = json_of(api.post("/suppressions/batch/remove", None, &remove, false).await).await;
+    assert_eq!((status, removed["data"].as_array().unwrap().len()), (200, 1), "{removed}");
+    let both = json!({"emails": ["b2@acme.example"], "ids": ["x"]});
+    assert_eq!(api.post("/suppressions/batch/remove", None, &both, false).await.status(), 422);
+    assert_eq!(emulator.stats().suppressions_listed, 3);
+
+    // Every route needs a key, as Resend's do.
+    let bare = api.http.get(format!("{url}/suppressions")).send().await.unwrap();
+    assert_eq!(bare.status(), 401);
+    let put = api.http.put(format!("{url}/suppressions")).bearer_auth("re_test").send().await.unwrap();
+    assert_eq!(put.status(), 405);
+}
+
+#[tokio::test]
+async fn a_send_to_a_listed_address_is_accepted_but_not_delivered() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let seeded = json!([{"email": "gone@acme.example", "origin": "bounce"}, {"email": "delivered+u1@resend.dev"}]);
+    assert_eq!(api.seed(&seeded).await.0, 200);
+    let mut listed = email(0);
+    listed["to"] = json!(["Gone <GONE@acme.example>"]);
+    let (status, answer) = json_of(api.post("/emails", None, &listed, false).await).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, got) = api.get(&format!("/emails/{}", answer["id"].as_str().unwrap())).await;
+    assert_eq!(got["last_event"], "suppressed");
+    // In a batch: the listed one (u1) is accepted with the rest, and not delivered.
+    let (status, answer) = json_of(api.post("/emails/batch", None, &batch(3), false).await).await;
+    assert_eq!((status, answer["data"].as_array().unwrap().len()), (200, 3));
+    let (_, got) = api.get(&format!("/emails/{}", answer["data"][1]["id"].as_str().unwrap())).await;
+    assert_eq!(got["last_event"], "suppressed");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.suppressed_sends), (4, 2));
+    assert_eq!((stats.distinct_sends, stats.duplicate_sends), (2, 0), "only u0 and u2 were really sent");
+    assert!(emulator.sends_matching("Digest").keys().all(|to| !to.contains("u1@")));
+    // The test address keeps its behaviour: suppressed, yet a real send as before.
+    let mut test_address = email(7);
+    test_address["to"] = json!(["suppressed@resend.dev"]);
+    let (_, answer) = json_of(api.post("/emails", None, &test_address, false).await).await;
+    let (_, got) = api.get(&format!("/emails/{}", answer["id"].as_str().unwrap())).await;
+    assert_eq!(got["last_event"], "suppressed");
+    let stats = emulator.stats();
+    assert_eq!((stats.suppressed_sends, stats.distinct_sends), (2, 3));
+    // Lifted, the address is sent to again.
+    assert_eq!(api.delete("/suppressions/gone%40acme.example").await.0, 200);
+    assert_eq!(api.post("/emails", None, &listed, false).await.status(), 200);
+    assert_eq!((emulator.stats().suppressed_sends, emulator.stats().distinct_sends), (2, 4));
+}
+
+#[tokio::test]
+async fn a_long_suppression_list_is_walked_by_cursor_each_entry_once() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let entries: Vec<Value> = (0..10_000).map(|i| json!({"email": format!("user{i:05}@acme.example")})).collect();
+    assert_eq!(api.seed(&Value::Array(entries)).await, (200, json!({"added": 10_000})));
+    let mut seen = std::collections::HashSet::new();
+    let (mut pages, mut path) = (0, "/suppressions?limit=100".to_string());
+    loop {
+        let (status, page) = api.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        pages += 1;
+        let data = page["data"].as_array().unwrap();
+        assert_eq!(data.len(), 100);
+        for entry in data {
+            assert!(seen.insert(entry["email"].as_str().unwrap().to_string()), "an entry twice: {entry}");
+        }
+        if !page["has_more"].as_bool().unwrap() {
+            break;
+        }
+        path = format!("/suppressions?limit=100&after={}", data.last().unwrap()["id"].as_str().unwrap());
+    }
+    assert_eq!((pages, seen.len()), (100, 10_000));
+    assert_eq!(emulator.stats().suppressions_listed, 10_000);
+    let (status, body) = api.get("/suppressions?after=4ef9a417-02e9-4d39-ad75-9611e0fcc33c").await;
+    assert_eq!((status, body["name"].as_str()), (422, Some("validation_error")));
+    for bad in ["limit=0", "limit=101"] {
+        assert_eq!(api.get(&format!("/suppressions?{bad}")).await.0, 422, "{bad}");
+    }
+}
+
+#[tokio::test]
+async fn the_rate_limit_counts_suppression_requests() {
+    let config = EmulatorConfig { requests_per_second: Some(2), ..Default::default() };
+    let (emulator, url, _stop) = start_emulator(config).await;
+    let api = Api::new(&url);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(api.http.get(format!("{url}/suppressions")).bearer_auth("re_test").send().await.unwrap());
+    }
+    let statuses: Vec<u16> = answers.iter().map(|r| r.status().as_u16()).collect();
+    assert_eq!(statuses, vec![200, 200, 429]);
+    assert_eq!(answers[0].headers()["ratelimit-limit"], "2");
+    assert_eq!(answers[0].headers()["ratelimit-remaining"], "1");
+    let limited = answers.pop().unwrap();
+    assert_eq!(limited.headers()["ratelimit-remaining"], "0");
+    assert_eq!(limited.headers()["retry-after"], "1");
+    assert_eq!(json_of(limited).await.1["name"], "rate_limit_exceeded");
+    assert_eq!(emulator.stats().rate_limited, 1);
+    // The test control is not limited, and needs no key.
+    assert_eq!(api.seed(&json!([{"email": "a@acme.example"}])).await.0, 200);
+}
+
+/// A webhook receiver on a loopback port: every request's svix headers and body.
+async fn receiver() -> (String, Arc<Mutex<Vec<(String, String, String, String)>>>, mailstream::shutdown::Trigger) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/webhooks/resend", listener.local_addr().unwrap());
+    let got: Arc<Mutex<Vec<_>>> = Arc::default();
+    let (stop, down) = mailstream::shutdown::channel();
+    let kept = got.clone();
+    let handler = move |req: mailstream::http::server::HttpRequest| {
+        let header = |name: &str| req.headers()[name].to_str().unwrap().to_string();
+        let body = String::from_utf8(req.body().to_vec()).unwrap();
+        kept.lock().unwrap().push((header("svix-id"), header("svix-timestamp"), header("svix-signature"), body));
+        async { mailstream::http::server::json(hyper::StatusCode::OK, &json!({"ok": true})) }
+    };
+    tokio::spawn(mailstream::http::server::serve(listener, handler, down, Default::default()));
+    (url, got, stop)
+}
+
+#[tokio::test]
+async fn suppression_changes_and_suppressed_sends_post_signed_webhooks() {
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let (hook, got, _hook_stop) = receiver().await;
+    let webhook = Some(WebhookTarget { url: hook, secret: SECRET.into() });
+    let (emulator, url, _stop) = start_emulator(EmulatorConfig { webhook, ..unlimited() }).await;
+    let api = Api::new(&url);
+    // Seeded: no webhook (listed before the webhook was configured).
+    let seeded = json!([{"email": "bounced.user@acme.example", "origin": "bounce"}, {"email": "hand@acme.example"}]);
+    assert_eq!(api.seed(&seeded).await.0, 200);
+    emulator.suppress("complainer@acme.example", SuppressionOrigin::Complaint);
+    let (_, added) = json_of(api.post("/suppressions", None, &json!({"email": "new@acme.example"}), false).await).await;
+    api.post("/suppressions", None, &json!({"email": "new@acme.example"}), false).await; // already listed: no event
+    api.post("/suppressions/batch/add", None, &json!({"emails": ["new@acme.example", "b@acme.example"]}), false).await;
+    assert_eq!(api.delete("/suppressions/hand%40acme.example").await.0, 200);
+    for to in ["bounced.user@acme.example", "complainer@acme.example", "new@acme.example"] {
+        let mut listed = email(1);
+        listed["to"] = json!([to]);
+        assert_eq!(api.post("/emails", None, &listed, false).await.status(), 200);
+    }
+    let all_in =
+        common::eventually(Duration::from_secs(10), || async { (got.lock().unwrap().len() >= 6).then_some(()) });
+    assert!(all_in.await.is_some(), "{:?}", emulator.stats());
+    tokio::time::sleep(Duration::from_millis(300)).await; // nothing more comes
+    let events = got.lock().unwrap().clone();
+    let key = mailstream::model::svix::SigningKey::parse(SECRET).unwrap();
+    let mut kinds = Vec::new();
+    for (id, timestamp, signature, body) in &events {
+        assert_eq!(signature, &key.sign(id, timestamp.parse().unwrap(), body.as_bytes()), "signed as the rest");
+        let event: Value = serde_json::from_str(body).unwrap();
+        let data = &event["data"];
+        let about = match event["type"].as_str().unwrap() {
+            "email.suppressed" => format!("{}:{}", data["to"][0].as_str().unwrap(), data["suppressed"]["reason"]),
+            _ => {
+                assert!(
+                    data["id"].is_string() && data["source_id"].is_null() && data["created_at"].is_string(),
+                    "{event}"
+                );
+                format!("{}:{}", data["email"].as_str().unwrap(), data["origin"])
+            }
+        };
+        kinds.push(format!("{} {about}", event["type"].as_str().unwrap()));
+    }
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![
+            "email.suppressed bounced.user@acme.example:\"previous_bounce\"",
+            "email.suppressed complainer@acme.example:\"previous_complaint\"",
+            "email.suppressed new@acme.example:\"manually_suppressed\"",
+            "suppression.added b@acme.example:\"manual\"",
+            "suppression.added new@acme.example:\"manual\"",
+            "suppression.removed hand@acme.example:\"manual\"",
+        ]
+    );
+    let new_added = events.iter().find(|e| e.3.contains("suppression.added") && e.3.contains("new@")).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&new_added.3).unwrap()["data"]["id"], added["id"]);
+    assert_eq!(emulator.stats().webhooks_delivered, 6);
+}
+
+/// The official Python SDK's suppressions methods against the emulator: add, get by an
+/// address it percent-encodes, batch add, list pages, remove one and a batch.
+#[tokio::test]
+async fn the_official_python_sdk_manages_suppressions() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    assert_eq!(Api::new(&url).seed(&json!([{"email": "old@acme.example", "origin": "bounce"}])).await.0, 200);
+    let script = format!(
+        r#"import json, resend, resend.exceptions
+resend.api_key = "re_python_sdk"
+resend.api_url = "{url}"
+added = resend.Suppressions.add({{"email": "Ann+News@Acme.Example"}})
+got = resend.Suppressions.get("ann+news@acme.example")
+batch = resend.Suppressions.Batch.add({{"emails": ["b1@acme.example", "b2@acme.example"]}})
+first = resend.Suppressions.list({{"limit": 2}})
+rest = resend.Suppressions.list({{"limit": 2, "after": first["data"][-1]["id"]}})
+bounces = resend.Suppressions.list({{"origin": "bounce"}})
+removed = resend.Suppressions.remove("ann+news@acme.example")
+batch_removed = resend.Suppressions.Batch.remove({{"ids": [batch["data"][0]["id"]]}})
+try:
+    resend.Suppressions.get("ann+news@acme.example")
+    missing = None
+except resend.exceptions.ResendError as e:
+    missing = {{"code": e.code, "type": e.error_type, "message": e.message}}
+drop = lambda d: {{k: v for k, v in d.items() if k != "http_headers"}}
+out = {{"added": added, "got": got, "batch": batch, "first": first, "rest": rest, "bounces": bounces,
+    "removed": removed, "batch_removed": batch_removed}}
+print(json.dumps({{**{{k: drop(v) for k, v in out.items()}}, "missing": missing}}))
+"#
+    );
+    let python =
+        tokio::task::spawn_blocking(move || std::process::Command::new("python3").args(["-c", &script]).output());
+    let out = python.await.unwrap().expect("python3 is needed for this test, with the resend package");
+    assert!(
+        out.status.success(),
+        "the SDK script failed; it needs the resend Python package (python3 -m pip install resend): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let result: Value = serde_json::from_slice(&out.stdout).expect("the script prints JSON");
+    let id = result["added"]["id"].as_str().expect("an id");
+    assert_eq!(result["added"]["object"], "suppression");
+    let got = &result["got"];
+    assert_eq!((got["id"].as_str(), got["email"].as_str()), (Some(id), Some("ann+news@acme.example")));
+    assert_eq!((got["origin"].as_str(), got["object"].as_str()), (Some("manual"), Some("suppression")));
+    let emails = |page: &Value| -> Vec<String> {
+        page["data"].as_array().unwrap().iter().map(|e| e["email"].as_str().unwrap().to_string()).collect()
+    };
+    assert_eq!(
+        (emails(&result["first"]), result["first"]["has_more"].as_bool()),
+        (vec!["old@acme.example".to_string(), "ann+news@acme.example".into()], Some(true))
+    );
+    assert_eq!(
+        (emails(&result["rest"]), result["rest"]["has_more"].as_bool()),
+        (vec!["b1@acme.example".to_string(), "b2@acme.example".into()], Some(false))
+    );
+    assert_eq!(emails(&result["bounces"]), vec!["old@acme.example"]);
+    assert_eq!(result["removed"], json!({"object": "suppression", "id": id, "deleted": true}));
+    let batch_id = &result["batch"]["data"][0]["id"];
+    assert_eq!(result["batch_removed"]["data"], json!([{"object": "suppression", "id": batch_id, "deleted": true}]));
+    assert_eq!(result["missing"], json!({"code": 404, "type": "not_found", "message": "Suppression not found"}));
+    let listed: Vec<String> = emulator.suppression_list().into_iter().map(|(email, _)| email).collect();
+    assert_eq!(listed, vec!["old@acme.example", "b2@acme.example"]);
 }

@@ -31,12 +31,14 @@ use mailstream::tools::emulator::EmulatorConfig;
 /// use) and before `deploy/README.md`'s. Each is listed by name, so a new file joins
 /// at the place its lines need rather than wherever the directory lists it: the
 /// configuration (schedules, the dry run, a preview of u42), the HTTP API (ingest
-/// through the running daemon's public listener, then suppressions), the channels
+/// through the running daemon's public listener, then suppressions), Resend as it is today
+/// (a dry run of the suppressions sync against the emulator), the channels
 /// (u42's application events and browsers), operations (dead letters, the delivery
 /// log, the SLO, over what the lines before wrote); the rest have no command lines.
-const DOCS: [&str; 7] = [
+const DOCS: [&str; 8] = [
     "docs/configuration.md",
     "docs/http-api.md",
+    "docs/resend.md",
     "docs/channels.md",
     "docs/operations.md",
     "docs/redis.md",

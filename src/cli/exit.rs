@@ -6,6 +6,7 @@ use crate::audience::kick::PeriodClosed;
 use crate::config::ConfigError;
 use crate::http::server::AddressInUse;
 use crate::model::{BadData, BadValue};
+use crate::ops::suppression_sync::ProviderUnreachable;
 use crate::store::{NoDeployment, Unfit};
 
 use super::{CannotCreate, NoInput};
@@ -46,7 +47,7 @@ pub fn code(e: &anyhow::Error) -> u8 {
         NO_INPUT
     } else if is::<CannotCreate>(e) {
         CANNOT_CREATE
-    } else if is::<AddressInUse>(e) || crate::store::unavailable(e) {
+    } else if is::<AddressInUse>(e) || is::<ProviderUnreachable>(e) || crate::store::unavailable(e) {
         UNAVAILABLE
     } else {
         FAILED
@@ -77,6 +78,7 @@ mod tests {
             (NoInput("x".into()).into(), NO_INPUT),
             (CannotCreate("x".into()).into(), CANNOT_CREATE),
             (AddressInUse("x".into()).into(), UNAVAILABLE),
+            (ProviderUnreachable("x".into()).into(), UNAVAILABLE),
             (crate::store::Unreachable("x".into()).into(), UNAVAILABLE),
             (ConfigError::Parse("x".into()).into(), CONFIG),
             (Unfit("x".into()).into(), CONFIG),

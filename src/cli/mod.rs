@@ -337,7 +337,11 @@ impl Command {
             Completions { .. } | Man { .. } => true,
             Kick { args, .. } => args.dry_run,
             DeadLetters { action, .. } => matches!(action, dead_letters::DeadLettersCommand::List { .. }),
-            Suppressions { action, .. } => matches!(action, suppressions::SuppressionsCommand::List { .. }),
+            Suppressions { action, .. } => match action {
+                suppressions::SuppressionsCommand::List { .. } => true,
+                suppressions::SuppressionsCommand::Sync { dry_run, .. } => *dry_run,
+                _ => false,
+            },
             Slo { args, .. } => !args.mail,
             Run(_) | Subscribe { .. } | Enqueue { .. } | Resume { .. } | Upgrade { .. } | VapidKeys { .. } => false,
             Emulator(_) | Demo(_) => false,

@@ -1,4 +1,5 @@
-//! `mailstream suppressions`: list, add and lift address suppressions.
+//! `mailstream suppressions`: list, add and lift address suppressions, and mirror Resend's
+//! own suppression list (`sync`).
 
 use crate::audience::suppression::{Act, apply, list};
 use crate::config::Config;
@@ -33,6 +34,16 @@ pub enum SuppressionsCommand {
         #[arg(long)]
         email: String,
         /// One JSON object on stdout: `{"lifted": true}`.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Mirror Resend's own suppression list: suppress what it lists (as `provider_suppressed`)
+    /// and lift Resend's suppressions it no longer lists; resumes an interrupted sync.
+    Sync {
+        /// Walk the whole list and say what would change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// A JSON object as the last line on stdout: `{"added", "lifted", "unchanged", "pages"}`.
         #[arg(long)]
         json: bool,
     },
@@ -78,6 +89,17 @@ pub async fn command(config: &Config, command: SuppressionsCommand) -> anyhow::R
             let out = crate::cli::Report { json };
             out.line("suppression lifted");
             out.object(&serde_json::json!({ "lifted": true }))?;
+        }
+        SuppressionsCommand::Sync { dry_run, json } => {
+            let store = if dry_run { Store::open_deployed(config).await? } else { Store::open(config).await? };
+            let r = crate::ops::suppression_sync::sync(&store, config, dry_run).await?;
+            let out = crate::cli::Report { json };
+            let would = if dry_run { "would be " } else { "" };
+            out.line(format!(
+                "{} {would}added, {} {would}lifted, {} unchanged, in {} page(s) of Resend's suppression list",
+                r.added, r.lifted, r.unchanged, r.pages
+            ));
+            out.object(&serde_json::to_value(r)?)?;
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -7,3 +7,4 @@ pub mod logging;
 pub mod schedule;
 pub mod slo;
 pub mod slo_mail;
+pub mod suppression_sync;

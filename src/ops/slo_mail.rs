@@ -57,6 +57,8 @@ fn data(report: &slo::SloReport, suppressions: &BTreeMap<String, u64>, name: &st
                 "outcome_unknown": p.outcome_unknown,
                 "stuck": p.stuck.values().sum::<u64>(),
                 "fallbacks": p.fallbacks,
+                "provider_failed": p.provider_failed,
+                "delivery_delayed": p.delivery_delayed,
             })
         })
         .collect();
@@ -124,6 +126,9 @@ mod tests {
             outcome_unknown: 2,
             pending: 0,
             fallbacks: 1,
+            provider_failed: 3,
+            provider_failed_by_reason: [("reached_daily_quota".to_string(), 3)].into(),
+            delivery_delayed: 0,
             failure_rate: Some(0.1),
             stuck: [("unclaimed", 3)].into(),
             breached: vec!["failure_rate", "stuck"],
@@ -156,6 +161,7 @@ mod tests {
             "2 outcome unknown",
             "3 stuck",
             "1 fell back to a fallback sender",
+            "3 failed by Resend after it accepted them",
             "bounced: 4",
         ] {
             assert!(text.contains(figure), "{figure:?} in {text}");

@@ -55,9 +55,11 @@ pub struct BatchAccepted {
 /// A pooled Resend client.
 #[derive(Clone)]
 pub struct Client {
-    http: reqwest::Client,
+    pub(super) http: reqwest::Client,
     batch_url: String,
-    api_key: Secret,
+    /// The API's root (`https://api.resend.com`), without a trailing slash.
+    pub(super) base_url: String,
+    pub(super) api_key: Secret,
     /// The connections answers came on (by local address), with when last: a request
     /// on one not seen before is the first on a new connection.
     connections: Arc<Mutex<HashMap<SocketAddr, Instant>>>,
@@ -109,6 +111,7 @@ impl Client {
         Ok(Client {
             http,
             batch_url: format!("{}/emails/batch", base_url.trim_end_matches('/')),
+            base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
             connections: Arc::default(),
         })
@@ -199,7 +202,7 @@ pub fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn transport_error(e: &reqwest::Error) -> ProviderError {
+pub(super) fn transport_error(e: &reqwest::Error) -> ProviderError {
     if e.is_timeout() {
         ProviderError::local(ErrorName::Timeout, true)
     } else if e.is_connect() {
@@ -210,9 +213,9 @@ fn transport_error(e: &reqwest::Error) -> ProviderError {
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct ErrorBody {
-    name: Option<String>,
-    message: Option<String>,
+pub(super) struct ErrorBody {
+    pub name: Option<String>,
+    pub message: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -271,7 +274,7 @@ fn parse_batch_success(bytes: &[u8], count: usize) -> Option<Vec<AcceptedEmail>>
         .collect()
 }
 
-fn rate_headers(h: &HeaderMap) -> RateHeaders {
+pub(super) fn rate_headers(h: &HeaderMap) -> RateHeaders {
     let num = |name: &str| -> Option<u64> {
         h.get(name).and_then(|v: &HeaderValue| v.to_str().ok()).and_then(|s| s.trim().parse().ok())
     };

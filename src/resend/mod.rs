@@ -3,6 +3,8 @@
 
 pub mod client;
 pub mod error;
+pub mod suppressions;
 
 pub use client::{AcceptedEmail, BatchAccepted, Client, RateHeaders};
 pub use error::{Action, ProviderError};
+pub use suppressions::{ListedSuppression, SuppressionPage};

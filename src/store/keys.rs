@@ -315,6 +315,18 @@ impl Keys {
         format!("{}:provider", self.prefix)
     }
 
+    /// Hash: an unfinished `mailstream suppressions sync` (the cursor `after`, `started_ms`,
+    /// and its counts so far); deleted when a sync completes.
+    pub fn suppressions_sync(&self) -> String {
+        format!("{}:suppressions:sync", self.prefix)
+    }
+
+    /// Set: the address hashes an unfinished sync has seen on Resend's list (a suppression
+    /// of Resend's it did not see is lifted when it completes); deleted with it.
+    pub fn suppressions_sync_seen(&self) -> String {
+        format!("{}:suppressions:sync:seen", self.prefix)
+    }
+
     /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).
     pub fn limiter(&self) -> String {
         format!("{}:limiter", self.prefix)

@@ -281,6 +281,26 @@ mod tests {
         let unknown = parse_event(br#"{"type":"contact.created","data":{"id":"c"}}"#).unwrap();
         assert_eq!((unknown.kind, unknown.act), (EventKind::Other, None));
         assert_eq!(parse_event(b"[1,2]").unwrap().kind, EventKind::Other, "JSON, not an envelope");
+        // Resend's own list: the address is `data.email`.
+        let added =
+            br#"{"type":"suppression.added","data":{"id":"s1","email":"ann@person.example","origin":"bounce"}}"#;
+        let e = parse_event(added).unwrap();
+        assert_eq!(
+            (e.kind, e.act, e.to.as_slice()),
+            (EventKind::SuppressionAdded, Some(Act::ProviderAdd), &["ann@person.example".to_string()][..])
+        );
+        let removed = br#"{"type":"suppression.removed","data":{"id":"s1","email":"ann@person.example"}}"#;
+        assert_eq!(parse_event(removed).unwrap().act, Some(Act::ProviderLift));
+        assert_eq!(parse_event(br#"{"type":"email.suppression_added","data":{}}"#).unwrap().kind, EventKind::Other);
+        // After a 200: the reason as a bounded name.
+        let failed = br#"{"type":"email.failed","data":{"failed":{"reason":"reached_daily_quota"}}}"#;
+        assert_eq!(parse_event(failed).unwrap().failed_reason.as_deref(), Some("reached_daily_quota"));
+        let free_text = br#"{"type":"email.failed","data":{"failed":{"reason":"ann@x.example bounced"}}}"#;
+        assert_eq!(parse_event(free_text).unwrap().failed_reason.as_deref(), Some("other"));
+        assert_eq!(
+            parse_event(br#"{"type":"email.failed","data":{}}"#).unwrap().failed_reason.as_deref(),
+            Some("unspecified")
+        );
         assert!(parse_event(b"not json").is_none() && parse_event(b"").is_none());
     }
 

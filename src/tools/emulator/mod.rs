@@ -1,8 +1,10 @@
 //! A local Resend: `POST /emails` and `POST /emails/batch` with Resend's shapes
-//! and rules, `GET /emails/{id}` and `GET /emails` over the emails it accepted,
-//! injectable faults, and counters that tests and benchmarks read from
-//! `GET /_emulator/stats`. Nothing here reaches the network. Each concern has a
-//! room: the rate window, the idempotency store, the sent emails, faults, validation.
+//! and rules, `GET /emails/{id}` and `GET /emails` over the emails it accepted, the
+//! team's suppression list (`/suppressions…`, seeded by tests through
+//! `POST /_emulator/suppressions`), injectable faults, and counters that tests and
+//! benchmarks read from `GET /_emulator/stats`. Nothing here reaches the network. Each
+//! concern has a room: the rate window, the idempotency store, the sent emails, the
+//! suppression list, faults, validation.
 
 pub mod app;
 pub mod emails;
@@ -11,6 +13,7 @@ pub mod hold;
 pub mod idempotency;
 pub mod push;
 pub mod rate;
+pub mod suppressions;
 pub mod validate;
 pub mod webhooks;
 
@@ -30,6 +33,8 @@ use self::faults::FaultState;
 pub use self::faults::{Faults, QuotaRefusal, Storm};
 use self::idempotency::{IdempotencyStore, Lookup};
 use self::rate::{RateInfo, SlidingWindow};
+pub use self::suppressions::SuppressionOrigin;
+use self::suppressions::Suppressions;
 use self::validate::ApiError;
 use self::webhooks::Outbox;
 pub use self::webhooks::WebhookTarget;
@@ -103,17 +108,28 @@ pub struct Stats {
     pub webhooks_delivered: u64,
     pub webhooks_retried: u64,
     pub webhooks_failed: u64,
+    /// Emails accepted (and in `emails_accepted`) but not delivered, a recipient being on
+    /// the suppression list: neither a distinct nor a duplicate send.
+    #[serde(default)]
+    pub suppressed_sends: u64,
+    /// Addresses on the suppression list now.
+    #[serde(default)]
+    pub suppressions_listed: u64,
 }
 
+/// An accepted email: its id, the email as sent, and the reason it was not delivered
+/// when a recipient is on the suppression list.
+type Accepted = (String, Value, Option<&'static str>);
+
 /// What one request came to: the answer, the rate facts, a hang, the emails accepted.
-type Decided = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<(String, Value)>);
+type Decided = (Result<Value, ApiError>, RateInfo, Option<Duration>, Vec<Accepted>);
 
 /// A sending request's outcome, and the quota's usage after it (header name, emails).
 struct Processed {
     result: Result<Value, ApiError>,
     rate: RateInfo,
     hang: Option<Duration>,
-    accepted: Vec<(String, Value)>,
+    accepted: Vec<Accepted>,
     quota: Option<(&'static str, u64)>,
 }
 
@@ -147,6 +163,7 @@ struct Inner {
     idempotency: IdempotencyStore,
     faults: FaultState,
     emails: Emails,
+    suppressions: Suppressions,
     /// When each real send of (recipient, subject) happened.
     sends: HashMap<(String, String), Vec<Instant>>,
     rng: StdRng,
@@ -170,6 +187,7 @@ impl Emulator {
                 idempotency: IdempotencyStore::default(),
                 faults: FaultState::new(Instant::now()),
                 emails: Emails::default(),
+                suppressions: Suppressions::default(),
                 sends: HashMap::with_capacity(SENDS_PRESIZED),
                 rng: StdRng::seed_from_u64(config.seed),
             })),
@@ -185,7 +203,11 @@ impl Emulator {
     /// Current counters.
     pub fn stats(&self) -> Stats {
         let inner = self.lock();
-        let mut stats = Stats { max_requests_in_1s: inner.window.max_in_1s, ..inner.stats.clone() };
+        let mut stats = Stats {
+            max_requests_in_1s: inner.window.max_in_1s,
+            suppressions_listed: inner.suppressions.len() as u64,
+            ..inner.stats.clone()
+        };
         if let Some(outbox) = &self.outbox {
             let c = &outbox.counters;
             let get = |n: &std::sync::atomic::AtomicU64| n.load(std::sync::atomic::Ordering::Relaxed);
@@ -209,6 +231,21 @@ impl Emulator {
     /// `GET /emails/{id}` shows each.
     pub fn accepted(&self) -> Vec<Value> {
         self.lock().emails.all()
+    }
+
+    /// Lists `email` (trimmed, lowercased) on the suppression list as `origin`, without a
+    /// webhook (as `POST /_emulator/suppressions` does); its entry's id, the existing one
+    /// if it was listed already.
+    ///
+    /// # Panics
+    /// If `email` is not an address.
+    pub fn suppress(&self, email: &str, origin: SuppressionOrigin) -> String {
+        self.lock().suppressions.seed(email, origin).unwrap_or_else(|e| panic!("not suppressed: {}", e.message))
+    }
+
+    /// The suppression list as (address, origin), oldest first.
+    pub fn suppression_list(&self) -> Vec<(String, String)> {
+        self.lock().suppressions.all()
     }
 
     /// The requests seen so far to the sending endpoints, oldest first.
@@ -274,16 +311,48 @@ impl Emulator {
             (&Method::GET, "/_emulator/stats") => {
                 server::json(StatusCode::OK, &serde_json::to_value(self.stats()).expect("stats serialize"))
             }
+            (&Method::POST, "/_emulator/suppressions") => match self.lock().suppressions.seed_all(req.body()) {
+                Ok(body) => server::json(StatusCode::OK, &body),
+                Err(e) => e.response(None),
+            },
             (&Method::POST, "/emails") => self.send(req, false).await,
             (&Method::POST, "/emails/batch") => self.send(req, true).await,
             (&Method::GET, "/emails") => self.read(&req, None),
-            (_, "/emails" | "/emails/batch") => {
-                ApiError::new(405, "method_not_allowed", "Method not allowed").response(None)
+            (&Method::GET, "/suppressions") => {
+                self.counted(&req, |inner| Ok((inner.suppressions.list(req.uri().query())?, Vec::new())))
             }
-            (method, path) => match path.strip_prefix("/emails/").filter(|id| !id.is_empty() && !id.contains('/')) {
-                Some(id) if method == Method::GET => self.read(&req, Some(id)),
-                Some(_) => ApiError::new(405, "method_not_allowed", "Method not allowed").response(None),
-                None => ApiError::new(404, "not_found", "The requested endpoint does not exist.").response(None),
+            (&Method::POST, "/suppressions") => self.counted(&req, |inner| inner.suppressions.add(req.body())),
+            (&Method::POST, "/suppressions/batch/add") => {
+                self.counted(&req, |inner| inner.suppressions.batch_add(req.body()))
+            }
+            (&Method::POST, "/suppressions/batch/remove") => {
+                self.counted(&req, |inner| inner.suppressions.batch_remove(req.body()))
+            }
+            (
+                _,
+                "/emails"
+                | "/emails/batch"
+                | "/suppressions"
+                | "/suppressions/batch/add"
+                | "/suppressions/batch/remove"
+                | "/_emulator/suppressions",
+            ) => ApiError::new(405, "method_not_allowed", "Method not allowed").response(None),
+            (method, path) => match (item(path, "/emails/"), item(path, "/suppressions/")) {
+                (Some(id), _) if method == Method::GET => self.read(&req, Some(id)),
+                (_, Some(key)) if method == Method::GET => {
+                    let key = suppressions::decode_segment(key);
+                    self.counted(&req, |inner| Ok((inner.suppressions.get(&key)?, Vec::new())))
+                }
+                (_, Some(key)) if method == Method::DELETE => {
+                    let key = suppressions::decode_segment(key);
+                    self.counted(&req, |inner| inner.suppressions.delete(&key))
+                }
+                (Some(_), _) | (_, Some(_)) => {
+                    ApiError::new(405, "method_not_allowed", "Method not allowed").response(None)
+                }
+                (None, None) => {
+                    ApiError::new(404, "not_found", "The requested endpoint does not exist.").response(None)
+                }
             },
         }
     }
@@ -291,6 +360,24 @@ impl Emulator {
     /// `GET /emails/{id}` (`id`) or `GET /emails`: the same key and team rate limit
     /// as sending (Resend counts every request), then the emails kept.
     fn read(&self, req: &HttpRequest, id: Option<&str>) -> HttpResponse {
+        self.counted(req, |inner| {
+            let body = match id {
+                Some(id) => inner.emails.get(id)?,
+                None => inner.emails.list(req.uri().query())?,
+            };
+            Ok((body, Vec::new()))
+        })
+    }
+
+    /// A request to an endpoint other than sending (reading emails, the suppression
+    /// list): the key, and the team rate limit (Resend counts every request, and one
+    /// over it is answered 429 with its headers), then `act` under the lock. The
+    /// webhooks its change leads to are posted once the lock is released.
+    fn counted(
+        &self,
+        req: &HttpRequest,
+        act: impl FnOnce(&mut Inner) -> Result<suppressions::Changed, ApiError>,
+    ) -> HttpResponse {
         let mut inner = self.lock();
         let rate = inner.window.arrive(arrival(req), self.config.requests_per_second);
         let result = match validate::check_headers(req, self.config.api_key.as_deref()) {
@@ -299,14 +386,18 @@ impl Emulator {
                 inner.stats.rate_limited += 1;
                 Err(ApiError::rate_limited())
             }
-            Ok(()) => match id {
-                Some(id) => inner.emails.get(id),
-                None => inner.emails.list(req.uri().query()),
-            },
+            Ok(()) => act(&mut inner),
         };
         drop(inner);
         let mut response = match result {
-            Ok(body) => server::json(StatusCode::OK, &body),
+            Ok((body, events)) => {
+                if let Some(outbox) = &self.outbox {
+                    for event in events {
+                        outbox.post_event(event);
+                    }
+                }
+                server::json(StatusCode::OK, &body)
+            }
             Err(e) => e.response(rate.retry_after),
         };
         rate.write(response.headers_mut());
@@ -317,8 +408,8 @@ impl Emulator {
         let Processed { result, rate, hang, accepted, quota } = self.process(&req, batch);
         self.remember(&req, &result, hang.is_some());
         if let Some(outbox) = &self.outbox {
-            for (id, email) in &accepted {
-                outbox.accepted(id, email);
+            for (id, email, suppressed) in &accepted {
+                outbox.accepted(id, email, *suppressed);
             }
         }
         let mut response = match result {
@@ -463,7 +554,7 @@ impl Inner {
         req: &HttpRequest,
         faults: &Faults,
         now: Instant,
-    ) -> Result<(Value, Vec<(String, Value)>), ApiError> {
+    ) -> Result<(Value, Vec<Accepted>), ApiError> {
         let value: Value = serde_json::from_slice(body)
             .map_err(|_| ApiError::new(400, "validation_error", "Request body is not valid JSON."))?;
         let emails: Vec<Value> = if batch {
@@ -509,15 +600,24 @@ impl Inner {
         for (index, (c, email)) in checked.into_iter().zip(emails).enumerate() {
             match c {
                 Ok(recipients) => {
-                    for to in recipients.to {
-                        self.record_send(to, recipients.subject.clone(), now);
+                    // As Resend does: accepted (an id, and counted), but not delivered.
+                    let suppressed = self.suppressions.reason_for(&email);
+                    if suppressed.is_some() {
+                        self.stats.suppressed_sends += 1;
+                    } else {
+                        for to in recipients.to {
+                            self.record_send(to, recipients.subject.clone(), now);
+                        }
                     }
                     self.stats.emails_accepted += 1;
                     let id = new_uuid();
                     data.push(json!({ "id": id }));
-                    let last_event = webhooks::fate(&email).last().map_or("sent", |e| e.trim_start_matches("email."));
+                    let last_event = match suppressed {
+                        Some(_) => "suppressed",
+                        None => webhooks::fate(&email).last().map_or("sent", |e| e.trim_start_matches("email.")),
+                    };
                     self.emails.insert(&id, &email, created_at.clone(), last_event);
-                    accepted.push((id, email));
+                    accepted.push((id, email, suppressed));
                 }
                 Err(e) => {
                     self.stats.invalid_emails += 1;
@@ -544,6 +644,11 @@ impl Inner {
             self.stats.duplicate_sends += 1;
         }
     }
+}
+
+/// The item a path names under `prefix` (`/emails/{id}`): one non-empty segment.
+fn item<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
+    path.strip_prefix(prefix).filter(|id| !id.is_empty() && !id.contains('/'))
 }
 
 /// When the request's head arrived: the rate limit counts requests then, as a

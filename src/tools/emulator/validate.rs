@@ -157,7 +157,8 @@ pub(crate) fn bare_address(s: &str) -> &str {
     }
 }
 
-fn is_address(s: &str) -> bool {
+/// Whether `s` is a bare address (`local@domain.tld`, no spaces).
+pub(crate) fn is_address(s: &str) -> bool {
     match s.split_once('@') {
         Some((local, domain)) => {
             !local.is_empty()

@@ -3,7 +3,9 @@
 //! ordinary recipients and `delivered@resend.dev`, `email.bounced` (Permanent)
 //! for `bounced@resend.dev`, `email.delivered` then `email.complained` for
 //! `complained@resend.dev`, `email.suppressed` for `suppressed@resend.dev` (any
-//! `+label` allowed). A non-2xx answer is retried a few times with backoff.
+//! `+label` allowed) and for a recipient on the suppression list (with the reason its
+//! entry gives), and `suppression.added` / `suppression.removed` when the list is
+//! changed through the API. A non-2xx answer is retried a few times with backoff.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,13 +51,19 @@ impl Outbox {
         Outbox { target, queue: OnceLock::new(), counters: Default::default() }
     }
 
-    /// Queues the events for one accepted email (`email` as it was sent, `id` Resend's).
-    pub fn accepted(&self, id: &str, email: &Value) {
-        let sender = self.queue.get_or_init(|| self.start());
-        for body in events_for(id, email) {
-            let message = format!("msg_{}", crate::model::id::new_uuid().replace('-', ""));
-            let _ = sender.send((message, body));
+    /// Queues the events for one accepted email (`email` as it was sent, `id` Resend's;
+    /// `suppressed`, the reason, when a recipient is on the suppression list).
+    pub fn accepted(&self, id: &str, email: &Value, suppressed: Option<&str>) {
+        for body in events_for(id, email, suppressed) {
+            self.post_event(body);
         }
+    }
+
+    /// Queues one event's body (a suppression's, say), signed and retried as the rest.
+    pub fn post_event(&self, body: String) {
+        let sender = self.queue.get_or_init(|| self.start());
+        let message = format!("msg_{}", crate::model::id::new_uuid().replace('-', ""));
+        let _ = sender.send((message, body));
     }
 
     /// Starts the posting task (in the runtime the first email arrives in).
@@ -131,10 +139,16 @@ pub(crate) fn fate(email: &Value) -> &'static [&'static str] {
     }
 }
 
-/// The event bodies an accepted email leads to, by its recipient.
-fn events_for(id: &str, email: &Value) -> Vec<String> {
+/// A `suppression.added` or `suppression.removed` event's body, `data` the entry.
+pub(crate) fn suppression_event(kind: &str, data: Value) -> String {
+    json!({ "type": kind, "created_at": chrono::Utc::now().to_rfc3339(), "data": data }).to_string()
+}
+
+/// The event bodies an accepted email leads to, by its recipient; only
+/// `email.suppressed` (with `suppressed`, the reason) when its recipient is listed.
+fn events_for(id: &str, email: &Value, suppressed: Option<&str>) -> Vec<String> {
     let to = recipients(email);
-    let kinds = fate(email);
+    let kinds: &[&str] = if suppressed.is_some() { &["email.suppressed"] } else { fate(email) };
     // Resend writes tags as an object in its webhooks.
     let tags: serde_json::Map<String, Value> = email
         .get("tags")
@@ -160,7 +174,7 @@ fn events_for(id: &str, email: &Value) -> Vec<String> {
                     data["bounce"] = json!({"type": "Permanent", "subType": "General",
                         "message": "The recipient's mail server permanently rejected the email."});
                 }
-                "email.suppressed" => data["suppressed"] = json!({"reason": "previous_bounce"}),
+                "email.suppressed" => data["suppressed"] = json!({"reason": suppressed.unwrap_or("previous_bounce")}),
                 _ => {}
             }
             json!({ "type": kind, "created_at": now, "data": data }).to_string()
@@ -179,7 +193,7 @@ mod tests {
             "tags": [{"name": "delivery", "value": "x"}]})
         };
         let kinds = |to: &str| -> Vec<String> {
-            events_for("id1", &email(to))
+            events_for("id1", &email(to), None)
                 .iter()
                 .map(|b| serde_json::from_str::<Value>(b).unwrap()["type"].as_str().unwrap().to_string())
                 .collect()
@@ -188,8 +202,24 @@ mod tests {
         assert_eq!(kinds("complained@resend.dev"), vec!["email.delivered", "email.complained"]);
         assert_eq!(kinds("delivered+u2@resend.dev"), vec!["email.delivered"]);
         assert_eq!(kinds("ann@acme.example"), vec!["email.delivered"]);
-        let bounced: Value = serde_json::from_str(&events_for("id1", &email("bounced@resend.dev"))[0]).unwrap();
+        let bounced: Value = serde_json::from_str(&events_for("id1", &email("bounced@resend.dev"), None)[0]).unwrap();
         assert_eq!(bounced["data"]["bounce"]["type"], "Permanent");
         assert_eq!(bounced["data"]["tags"]["delivery"], "x");
+        let test_address: Value =
+            serde_json::from_str(&events_for("id1", &email("suppressed@resend.dev"), None)[0]).unwrap();
+        assert_eq!(test_address["data"]["suppressed"]["reason"], "previous_bounce");
+    }
+
+    #[test]
+    fn a_listed_recipient_is_suppressed_whatever_its_address() {
+        let email = json!({"from": "a@acme.example", "to": ["bounced@resend.dev"], "subject": "s"});
+        let events = events_for("id1", &email, Some("previous_complaint"));
+        assert_eq!(events.len(), 1);
+        let event: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(
+            (event["type"].as_str(), event["data"]["email_id"].as_str()),
+            (Some("email.suppressed"), Some("id1"))
+        );
+        assert_eq!(event["data"]["suppressed"], json!({"reason": "previous_complaint"}));
     }
 }
