@@ -1,5 +1,5 @@
 //! `bench/headroom [--rates 10,25,50,100,200] [--daemons 1,2] [--seconds S]
-//! [--partitions P] [--perf] [--json]`: how far past Resend's default 10 requests/s
+//! [--partitions P] [--account R] [--perf] [--json]`: how far past Resend's default 10 requests/s
 //! one Redis goes. For each number of daemons and each rate: a private Redis
 //! (append-only, fsync always), the emulator at that rate (in this process),
 //! `rate × 100 × S` deliveries kicked, then the daemons (the release binary, as
@@ -8,7 +8,10 @@
 //! went meanwhile: Redis's CPU and its busiest commands (`INFO commandstats`),
 //! the daemons' CPU, and this process's (the emulator's). `--profile` also records
 //! the first daemon with `perf` and prints where its CPU went, and Redis's time by
-//! script (every call in the slow log, its threshold at 0).
+//! script (every call in the slow log, its threshold at 0). `--account R` gives the
+//! emulator a team limit of R requests/s below the configured rate (a 5/s account that
+//! mailstream was configured at 10 for): the ceiling is then R × 100, and the 429s are
+//! what learning the real limit from the first answers cost.
 
 #[path = "process.rs"]
 mod process;
@@ -33,6 +36,8 @@ struct Options {
     daemons: Vec<u32>,
     seconds: f64,
     partitions: u16,
+    /// The emulator's team limit when it is below the configured rate.
+    account: Option<u32>,
     profile: bool,
     json: bool,
 }
@@ -40,6 +45,8 @@ struct Options {
 #[derive(Debug, Serialize)]
 struct Point {
     rps: u32,
+    /// The account's real limit (the emulator's), when below `rps`.
+    account: Option<u32>,
     partitions: u16,
     daemons: u32,
     ceiling: f64,
@@ -72,6 +79,7 @@ fn main() -> ExitCode {
         daemons: vec![1, 2],
         seconds: 20.0,
         partitions: 4,
+        account: None,
         profile: false,
         json: false,
     };
@@ -83,6 +91,9 @@ fn main() -> ExitCode {
             "--seconds" => o.seconds = args.next().and_then(|v| v.parse().ok()).expect("--seconds needs a number"),
             "--partitions" => {
                 o.partitions = args.next().and_then(|v| v.parse().ok()).expect("--partitions needs a number")
+            }
+            "--account" => {
+                o.account = Some(args.next().and_then(|v| v.parse().ok()).expect("--account needs a number"))
             }
             "--profile" => o.profile = true,
             "--json" => o.json = true,
@@ -101,10 +112,11 @@ fn main() -> ExitCode {
             match runtime.block_on(point(&o, daemons, rps)) {
                 Ok(p) => {
                     eprintln!(
-                        "{} daemon(s), {:3} requests/s: {:7.0} emails/s, {:.3} of the ceiling ({} rate-limited, {} duplicates); \
+                        "{} daemon(s), {:3} requests/s{}: {:7.0} emails/s, {:.3} of the ceiling ({} rate-limited, {} duplicates); \
                          CPU per second: Redis {:.2}, daemons {:.2}, emulator {:.2}; Redis µs per email: {}",
                         p.daemons,
                         p.rps,
+                        p.account.map(|a| format!(" on a {a}/s account")).unwrap_or_default(),
                         p.emails_per_second,
                         p.ratio,
                         p.rate_limited,
@@ -207,7 +219,8 @@ fn cpu_of(pid: u32) -> f64 {
 
 async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
     let redis = RedisServer::start(RedisOptions { appendonly: true, ..Default::default() }).await?;
-    let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(rps), ..Default::default() });
+    let limit = o.account.unwrap_or(rps).min(rps);
+    let emulator = Emulator::new(EmulatorConfig { requests_per_second: Some(limit), ..Default::default() });
     let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
     let dir = std::env::temp_dir().join(format!("mailstream-headroom-{}-{daemons}-{rps}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
@@ -226,7 +239,7 @@ async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
     let mut config = Config::load(&config_path)?;
     config.resend.api_key = Some(Secret::new("re_headroom"));
     let store = Store::open(&config).await?;
-    let ceiling = f64::from(rps) * 100.0;
+    let ceiling = f64::from(limit) * 100.0;
     let n = (ceiling * o.seconds) as u64;
     for start in (0..n).step_by(100_000) {
         let subs: Vec<Subscriber> = (start..n.min(start + 100_000)).map(Subscriber::synthetic).collect();
@@ -330,7 +343,7 @@ async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
     }
     let times: Vec<Instant> = emulator.send_times_matching("").into_values().flatten().collect();
     let window = match (times.iter().min(), times.iter().max()) {
-        (Some(first), Some(last)) => (*last - *first).as_secs_f64() + 1.0 / f64::from(rps),
+        (Some(first), Some(last)) => (*last - *first).as_secs_f64() + 1.0 / f64::from(limit),
         _ => started.elapsed().as_secs_f64(),
     };
     let emails = stats.emails_accepted as f64;
@@ -341,6 +354,7 @@ async fn point(o: &Options, daemons: u32, rps: u32) -> anyhow::Result<Point> {
     let _ = std::fs::remove_dir_all(&dir);
     Ok(Point {
         rps,
+        account: o.account.filter(|&a| a < rps),
         partitions: o.partitions,
         daemons,
         ceiling,

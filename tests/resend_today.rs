@@ -466,3 +466,47 @@ async fn every_new_event_type_signed_by_svixs_own_library_has_its_effect() {
     assert_eq!((figures.counts.provider_failed, figures.counts.delivery_delayed), (1, 1));
     assert_eq!(figures.provider_failed_by_reason, [("suspended_domain".into(), 1)].into());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_daemon_says_what_it_was_told_of_the_rate_once_and_warns_at_start() {
+    let redis =
+        mailstream::store::redis_server::RedisServer::start(Default::default()).await.expect("redis-server starts");
+    let (emulator, api, _stop) =
+        start_emulator(EmulatorConfig { requests_per_second: Some(5), ..Default::default() }).await;
+    let base_url = format!("base_url = \"{api}\"");
+    let path = config_file(
+        "five.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            TEST_REDIS,
+            ANY_METRICS_PORT,
+            ("batch_size = 100", "batch_size = 1"),
+        ],
+    );
+    let url = redis.url();
+    for i in 0..6 {
+        let (id, email) = (format!("u{i}"), format!("delivered+u{i}@resend.dev"));
+        assert!(run(&path, &url, &["subscribe", "--id", &id, "--email", &email], "").status.success());
+    }
+    assert!(run(&path, &url, &["kick", "--campaign", "weekly_digest"], "").status.success());
+    let mut daemon = common::cli::bin();
+    daemon.arg("run").arg("--config").arg(&path).env("MAILSTREAM_REDIS_URL", &url);
+    daemon.env("RESEND_API_KEY", "re_cli_test").stdout(std::process::Stdio::null());
+    let daemon = Logged::spawn(&mut daemon);
+    let sent = eventually(Duration::from_secs(60), || {
+        let n = emulator.stats().distinct_sends;
+        async move { (n >= 6).then_some(n) }
+    })
+    .await;
+    daemon.signal("TERM");
+    let (code, lines) = daemon.wait().await;
+    assert_eq!((sent, code), (Some(6), Some(0)), "{lines:#?}");
+    assert!(emulator.stats().requests >= 6);
+    let told: Vec<&String> = lines.iter().filter(|l| l.contains("the provider's rate limit, first seen")).collect();
+    assert_eq!(told.len(), 1, "once, however many answers said it: {lines:#?}");
+    let said = |field: &str, n: u32| {
+        told[0].contains(&format!("\"{field}\":{n}")) || told[0].contains(&format!("{field}={n}"))
+    };
+    assert!(said("ratelimit_limit", 5) && said("configured", 10), "{}", told[0]);
+    assert!(lines.iter().any(|l| l.contains("Resend's default limit of 5")), "the warning at start: {lines:#?}");
+}
