@@ -127,10 +127,19 @@ async fn suppression_removed_lifts_resends_own_suppression_and_no_one_elses() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failures_and_delays_after_a_200_are_recorded_counted_by_reason_and_reported() {
-    let world = World::with(Default::default(), listening).await;
+    let world = World::with(Default::default(), |c| {
+        listening(c);
+        c.http.admin_tokens = vec![Secret::new("an-admin-token-for-tests")];
+    })
+    .await;
     let subs = world.subscribers(4).await;
     world.kick().await;
-    let (daemon, url) = daemon_with_public(&world.config).await;
+    let public = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let private = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", public.local_addr().unwrap());
+    let admin = format!("http://{}/admin/overview", private.local_addr().unwrap());
+    let listeners = Listeners { metrics: Some(private), public: Some(public) };
+    let daemon = Daemon::start_listening(world.config.clone(), RunOptions::default(), listeners);
     // No Resend answers (base_url is a closed port): the deliveries keep their records.
     let failed = |s: &Subscriber, reason: &str| {
         json!({"type": "email.failed", "data": {"email_id": "e", "to": [s.email], "tags": {"delivery": delivery_of(s).tag()},
@@ -144,6 +153,16 @@ async fn failures_and_delays_after_a_200_are_recorded_counted_by_reason_and_repo
     let delayed = json!({"type": "email.delivery_delayed", "data": {"email_id": "e", "to": [subs[3].email],
                          "tags": {"delivery": delivery_of(&subs[3]).tag()}}});
     assert_eq!(post_event(&url, "msg_d3", &delayed).await, 200);
+    // The admin overview's period row says it in its own column.
+    let page = http().get(&admin).bearer_auth("an-admin-token-for-tests").send().await.unwrap().text().await.unwrap();
+    let cell = page.split("class=\"after-acceptance\"").nth(1).unwrap_or_default().split("</td>").next().unwrap();
+    assert!(
+        cell.contains("3 failed")
+            && cell.contains("reached_daily_quota 2")
+            && cell.contains("other 1")
+            && cell.contains("1 delayed"),
+        "{cell}"
+    );
     daemon.stop().await;
 
     let record = delivery(&world.store, &delivery_of(&subs[0]).id()).await;
