@@ -60,6 +60,8 @@ fn how(path: &str) -> Option<(Vec<&'static str>, Reads, bool)> {
         "suppressions list" => (vec!["--json"], Redis, false),
         "suppressions add" => (vec!["--email", "a@acme.example", "--json"], Redis, true),
         "suppressions remove" => (vec!["--email", "a@acme.example", "--json"], Redis, true),
+        // A dry run: it reaches Redis (and refuses a fresh prefix) before Resend.
+        "suppressions sync" => (vec!["--dry-run", "--json"], Redis, false),
         "slo" => (vec!["--json"], Redis, false),
         "vapid-keys" => (vec!["--json"], Nothing, false),
         "completions" => (vec!["bash"], Nothing, false),

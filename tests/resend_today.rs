@@ -529,3 +529,44 @@ async fn the_daemon_says_what_it_was_told_of_the_rate_once_and_warns_at_start() 
     assert!(said("ratelimit_limit", 5) && said("configured", 10), "{}", told[0]);
     assert!(lines.iter().any(|l| l.contains("Resend's default limit of 5")), "the warning at start: {lines:#?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_that_resend_refuses_or_does_not_answer_exits_as_the_contract_says() {
+    let world = World::new().await;
+    let url = world.redis.url();
+    // A key Resend refuses: configuration, 78.
+    let (_emulator, api, _stop) =
+        start_emulator(EmulatorConfig { api_key: Some("re_right".into()), ..Default::default() }).await;
+    let base_url = format!("base_url = \"{api}\"");
+    let path = config_file(
+        "sync-refused.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            TEST_REDIS,
+            ANY_METRICS_PORT,
+            ("partitions = 1", "partitions = 2"),
+        ],
+    );
+    let refused = run(&path, &url, &["suppressions", "sync", "--json"], "");
+    assert_eq!(refused.status.code(), Some(78), "{}", String::from_utf8_lossy(&refused.stderr));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("resend.api_key"));
+    assert!(stdout(&refused).is_empty(), "no result on stdout");
+    // Nothing listening: unavailable, 69, and the sync is kept to resume.
+    let (_socket, port) = closed_port();
+    let base_url = format!("base_url = \"http://127.0.0.1:{port}\"");
+    let path = config_file(
+        "sync-down.toml",
+        &[
+            ("base_url = \"https://api.resend.com\"", &base_url),
+            TEST_REDIS,
+            ANY_METRICS_PORT,
+            ("partitions = 1", "partitions = 2"),
+        ],
+    );
+    let down = run(&path, &url, &["suppressions", "sync", "--json"], "");
+    assert_eq!(down.status.code(), Some(69), "{}", String::from_utf8_lossy(&down.stderr));
+    let mut conn = world.store.conn().await.unwrap();
+    let kept: bool =
+        redis::cmd("EXISTS").arg(world.store.keys.suppressions_sync()).query_async(&mut conn).await.unwrap();
+    assert!(kept, "the interrupted sync is kept to resume");
+}

@@ -48,7 +48,7 @@ pub struct ProviderUnreachable(pub String);
 const PAGE: u32 = 100;
 
 /// Tries of one page that got no answer or a 5xx before the sync stops (resumable).
-const TRIES: u32 = 6;
+const TRIES: u32 = 5;
 
 /// 429s in a row on one page before the sync stops: another sender holds the team's rate.
 const MOST_429S: u32 = 30;
