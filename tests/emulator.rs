@@ -1,14 +1,17 @@
 //! The Resend emulator over real HTTP: Resend's shapes, batch rules,
 //! idempotency (replay and both 409s), the rate limit and its headers, reading
 //! sent emails back (one by id, lists), quota refusals by name, the suppression
-//! list (its routes, cursor walks, sends to listed addresses, its webhooks), and the
-//! official Python SDK against it.
+//! list (its routes, cursor walks, sends to listed addresses, its webhooks), attachments
+//! (counted, refused in a batch and when malformed or over 40 MB), and the official Python
+//! SDK against it.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use common::start_emulator;
 use mailstream::tools::emulator::{EmulatorConfig, Faults, QuotaRefusal, SuppressionOrigin, WebhookTarget};
 use serde_json::{Value, json};
@@ -802,4 +805,116 @@ print(json.dumps({{**{{k: drop(v) for k, v in out.items()}}, "missing": missing}
     assert_eq!(result["missing"], json!({"code": 404, "type": "not_found", "message": "Suppression not found"}));
     let listed: Vec<String> = emulator.suppression_list().into_iter().map(|(email, _)| email).collect();
     assert_eq!(listed, vec!["old@acme.example", "b2@acme.example"]);
+}
+
+/// `email(i)` carrying `attachments`.
+fn with_attachments(i: usize, attachments: Value) -> Value {
+    let mut email = email(i);
+    email["attachments"] = attachments;
+    email
+}
+
+#[tokio::test]
+async fn an_attachment_is_counted_once_and_its_bytes_not_kept() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let file: Vec<u8> = (0..1_048_576u32).map(|i| (i % 251) as u8).collect();
+    let sent = with_attachments(
+        1,
+        json!([{"filename": "report.pdf", "content": STANDARD.encode(&file), "content_type": "application/pdf"}]),
+    );
+    let (status, first) = json_of(api.post("/emails", Some("att-1"), &sent, false).await).await;
+    assert_eq!(status, 200, "{first}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.attachments_accepted, stats.attachment_bytes), (1, 1, 1_048_576));
+
+    // The replay sends nothing, so counts nothing again.
+    let (status, again) = json_of(api.post("/emails", Some("att-1"), &sent, false).await).await;
+    assert_eq!((status, &again), (200, &first));
+    let stats = emulator.stats();
+    assert_eq!((stats.replays, stats.emails_accepted), (1, 1));
+    assert_eq!((stats.attachments_accepted, stats.attachment_bytes), (1, 1_048_576));
+
+    // It reads back as any email, without the file.
+    let (status, got) = api.get(&format!("/emails/{}", first["id"].as_str().unwrap())).await;
+    assert_eq!((status, &got["subject"]), (200, &sent["subject"]));
+    assert!(got.to_string().len() < 4096, "no attachment content kept: {} bytes", got.to_string().len());
+}
+
+#[tokio::test]
+async fn a_path_attachment_is_accepted_with_no_bytes() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let sent = with_attachments(1, json!([{"filename": "invoice.pdf", "path": "https://files.acme.example/i.pdf"}]));
+    let (status, answer) = json_of(api.post("/emails", None, &sent, false).await).await;
+    assert_eq!(status, 200, "{answer}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.attachments_accepted, stats.attachment_bytes), (1, 1, 0));
+}
+
+#[tokio::test]
+async fn a_batch_carrying_an_attachment_is_refused_whole() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let mut body = batch(3);
+    body[1]["attachments"] = json!([{"filename": "a.txt", "content": STANDARD.encode(b"hello")}]);
+    for permissive in [false, true] {
+        let (status, answer) = json_of(api.post("/emails/batch", None, &body, permissive).await).await;
+        assert_eq!(
+            (status, answer),
+            (
+                422,
+                json!({"statusCode": 422, "name": "validation_error",
+                    "message": "Attachments are not supported in the batch endpoint."})
+            ),
+            "permissive: {permissive}"
+        );
+    }
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.invalid_emails, stats.attachments_accepted), (0, 0, 0));
+    assert!(emulator.accepted().is_empty(), "nothing sent");
+    // An empty `attachments` attaches nothing: the batch goes.
+    body[1]["attachments"] = json!([]);
+    assert_eq!(api.post("/emails/batch", None, &body, false).await.status(), 200);
+    assert_eq!(emulator.stats().emails_accepted, 3);
+}
+
+#[tokio::test]
+async fn malformed_attachments_are_refused() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    let cases = [
+        (
+            json!([{"filename": "a.txt", "content": "not base64!"}]),
+            "`attachments[0].content` is not valid base64 (the standard alphabet, padded).",
+        ),
+        (json!([{"content": STANDARD.encode(b"hello")}]), "`attachments[0].filename` is missing or empty."),
+        (json!([{"filename": "a.txt"}]), "`attachments[0]` needs a `content` or a `path`."),
+        (json!("a.txt"), "The `attachments` field must be an array."),
+    ];
+    for (attachments, message) in cases {
+        let (status, answer) = json_of(api.post("/emails", None, &with_attachments(1, attachments), false).await).await;
+        assert_eq!(
+            (status, answer["name"].as_str(), answer["message"].as_str()),
+            (422, Some("validation_error"), Some(message))
+        );
+    }
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.attachments_accepted, stats.attachment_bytes), (0, 0, 0));
+}
+
+#[tokio::test]
+async fn an_email_over_40_mb_of_encoded_attachments_is_refused_not_too_large_to_read() {
+    let (emulator, url, _stop) = start_emulator(unlimited()).await;
+    let api = Api::new(&url);
+    // Over the listener's usual 16 MB: the emulator reads it, and Resend's rule answers.
+    let content = "A".repeat(40_000_004);
+    let sent = with_attachments(1, json!([{"filename": "big.bin", "content": content}]));
+    let (status, answer) = json_of(api.post("/emails", None, &sent, false).await).await;
+    assert_eq!((status, answer["name"].as_str()), (422, Some("validation_error")));
+    assert_eq!(
+        answer["message"],
+        "The email is too large: its attachments come to 40000004 bytes after base64 encoding, above the limit of 40 MB (40000000 bytes)."
+    );
+    assert_eq!(emulator.stats().emails_accepted, 0);
 }

@@ -1,5 +1,5 @@
-//! Resend's idempotency store: a keyed request's body and answer kept for 24
-//! hours. The same key with the same body replays the answer without sending;
+//! Resend's idempotency store: a keyed request's body (its SHA-256: an email with a
+//! 10 MB attachment is not held for a day) and answer kept for 24 hours. The same key with the same body replays the answer without sending;
 //! with another body it is 409 `invalid_idempotent_request`; while the first
 //! is still being processed (a hung request) it is 409 `concurrent_idempotent_requests`.
 
@@ -14,7 +14,7 @@ pub const TTL: Duration = Duration::from_secs(24 * 3600);
 /// A keyed request's answer. Until `ready_at` (a hung request still "running")
 /// the same key gets 409 `concurrent_idempotent_requests`.
 struct StoredAnswer {
-    body: Bytes,
+    body: [u8; 32],
     response: Bytes,
     at: Instant,
     ready_at: Instant,
@@ -46,15 +46,20 @@ impl IdempotencyStore {
         match self.entries.get(key) {
             None => Lookup::Fresh,
             Some(stored) if now < stored.ready_at => Lookup::InFlight,
-            Some(stored) if stored.body == *body => Lookup::Replay(stored.response.clone()),
+            Some(stored) if stored.body == digest(body) => Lookup::Replay(stored.response.clone()),
             Some(_) => Lookup::Mismatch,
         }
     }
 
     /// Remembers the answer to a processed request; `ready_at` is when its answer leaves.
     pub fn store(&mut self, key: String, body: Bytes, response: Bytes, now: Instant, ready_at: Instant) {
-        self.entries.insert(key, StoredAnswer { body, response, at: now, ready_at });
+        self.entries.insert(key, StoredAnswer { body: digest(&body), response, at: now, ready_at });
     }
+}
+
+fn digest(body: &[u8]) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(body).into()
 }
 
 #[cfg(test)]

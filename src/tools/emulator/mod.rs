@@ -2,10 +2,12 @@
 //! and rules, `GET /emails/{id}` and `GET /emails` over the emails it accepted, the
 //! team's suppression list (`/suppressions…`, seeded by tests through
 //! `POST /_emulator/suppressions`), injectable faults, and counters that tests and
-//! benchmarks read from `GET /_emulator/stats`. Nothing here reaches the network. Each
-//! concern has a room: the rate window, the idempotency store, the sent emails, the
-//! suppression list, faults, validation.
+//! benchmarks read from `GET /_emulator/stats`. Attachments are validated and counted,
+//! never kept (nor a `path` fetched). Nothing here reaches the network. Each concern has a
+//! room: the rate window, the idempotency store, the sent emails, the suppression list,
+//! faults, validation.
 
+mod accept;
 pub mod app;
 pub mod emails;
 pub mod faults;
@@ -26,7 +28,7 @@ use hyper::{Method, StatusCode};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use self::emails::Emails;
 use self::faults::FaultState;
@@ -39,7 +41,6 @@ use self::validate::ApiError;
 use self::webhooks::Outbox;
 pub use self::webhooks::WebhookTarget;
 use crate::http::server::{self, HttpRequest, HttpResponse};
-use crate::model::id::new_uuid;
 
 /// How the emulator behaves.
 #[derive(Debug, Clone, Deserialize)]
@@ -115,6 +116,12 @@ pub struct Stats {
     /// Addresses on the suppression list now.
     #[serde(default)]
     pub suppressions_listed: u64,
+    /// Attachments on emails accepted for sending (replays excluded), `path` ones included.
+    #[serde(default)]
+    pub attachments_accepted: u64,
+    /// The decoded bytes of those attachments' `content` (a `path` one adds 0).
+    #[serde(default)]
+    pub attachment_bytes: u64,
 }
 
 /// An accepted email: its id, the email as sent, and the reason it was not delivered
@@ -152,6 +159,11 @@ pub struct Seen {
 /// limit was counted in the same second as one sent a second later, and refused 429 (the
 /// headroom run at 50 requests/s, request 624 of 1,000). Resend does not stall so.
 const SENDS_PRESIZED: usize = 1 << 17;
+
+/// The largest request body read (413 beyond): above the listener's usual 16 MB, so that an
+/// email near Resend's 40 MB of attachments, with its html besides, reaches validation and
+/// is answered there (accepted, or 422 past the limit) as Resend answers it.
+const MAX_BODY: usize = 64 * 1024 * 1024;
 
 /// Requests remembered by [`Emulator::seen`]; older ones are forgotten.
 const SEEN_LIMIT: usize = 100_000;
@@ -295,6 +307,7 @@ impl Emulator {
         let limits = server::ListenerLimits {
             first_read_delay: Duration::from_millis(self.config.connect_delay_ms),
             connection_lifetime: self.config.close_idle_after_ms.map(Duration::from_millis),
+            max_body: MAX_BODY,
             ..server::ListenerLimits::default()
         };
         let handler = move |req| {
@@ -542,107 +555,6 @@ impl Emulator {
             inner.seen.pop_front();
         }
         inner.seen.push_back(seen);
-    }
-}
-
-impl Inner {
-    /// Validates and "sends" a request's emails.
-    fn accept(
-        &mut self,
-        body: &[u8],
-        batch: bool,
-        req: &HttpRequest,
-        faults: &Faults,
-        now: Instant,
-    ) -> Result<(Value, Vec<Accepted>), ApiError> {
-        let value: Value = serde_json::from_slice(body)
-            .map_err(|_| ApiError::new(400, "validation_error", "Request body is not valid JSON."))?;
-        let emails: Vec<Value> = if batch {
-            match value {
-                Value::Array(items) => items,
-                _ => return Err(ApiError::new(422, "validation_error", "The batch must be a JSON array of emails.")),
-            }
-        } else {
-            vec![value]
-        };
-        if batch && emails.len() > 100 {
-            return Err(ApiError::new(422, "validation_error", "Too many emails: a batch holds at most 100."));
-        }
-        if batch && emails.is_empty() {
-            return Err(ApiError::new(422, "validation_error", "The batch is empty."));
-        }
-        let permissive = batch
-            && req
-                .headers()
-                .get("x-batch-validation")
-                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"permissive"));
-
-        let checked: Vec<_> = emails.iter().map(|e| validate::email(e, batch, faults)).collect();
-        // A sender's domain that is not verified is not a per-email validation error: the
-        // whole request is refused (403), permissive or not, as a single email would be.
-        let refused_sender = |c: &&Result<_, ApiError>| c.as_ref().is_err_and(|e| e.status.as_u16() == 403);
-        if let Some(Err(first)) = checked.iter().find(refused_sender) {
-            return Err(ApiError::new(first.status.as_u16(), first.name, first.message.clone()));
-        }
-        if !permissive && let Some(Err(first)) = checked.iter().find(|c| c.is_err()) {
-            return Err(ApiError::new(first.status.as_u16(), first.name, first.message.clone()));
-        }
-        let valid = checked.iter().filter(|c| c.is_ok()).count() as u64;
-        if !self.faults.take_quota(valid, now, faults) {
-            self.stats.quota_refusals += 1;
-            return Err(faults.quota_refusal.error());
-        }
-        let created_at = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%S%.6f+00:00").to_string();
-
-        let mut data = Vec::new();
-        let mut errors = Vec::new();
-        let mut accepted = Vec::new();
-        for (index, (c, email)) in checked.into_iter().zip(emails).enumerate() {
-            match c {
-                Ok(recipients) => {
-                    // As Resend does: accepted (an id, and counted), but not delivered.
-                    let suppressed = self.suppressions.reason_for(&email);
-                    if suppressed.is_some() {
-                        self.stats.suppressed_sends += 1;
-                    } else {
-                        for to in recipients.to {
-                            self.record_send(to, recipients.subject.clone(), now);
-                        }
-                    }
-                    self.stats.emails_accepted += 1;
-                    let id = new_uuid();
-                    data.push(json!({ "id": id }));
-                    let last_event = match suppressed {
-                        Some(_) => "suppressed",
-                        None => webhooks::fate(&email).last().map_or("sent", |e| e.trim_start_matches("email.")),
-                    };
-                    self.emails.insert(&id, &email, created_at.clone(), last_event);
-                    accepted.push((id, email, suppressed));
-                }
-                Err(e) => {
-                    self.stats.invalid_emails += 1;
-                    errors.push(json!({ "index": index, "message": e.message }));
-                }
-            }
-        }
-        if !batch {
-            return Ok((data.pop().expect("one email"), accepted));
-        }
-        let mut out = json!({ "data": data });
-        if permissive && !errors.is_empty() {
-            out["errors"] = Value::Array(errors);
-        }
-        Ok((out, accepted))
-    }
-
-    fn record_send(&mut self, to: String, subject: String, now: Instant) {
-        let at = self.sends.entry((to, subject)).or_default();
-        at.push(now);
-        if at.len() == 1 {
-            self.stats.distinct_sends += 1;
-        } else {
-            self.stats.duplicate_sends += 1;
-        }
     }
 }
 
