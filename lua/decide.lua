@@ -37,6 +37,7 @@ for m = 1, n do
       local field = 'reason'
       if state == 'failed' then field = 'error' end
       redis.call('HSET', dkey, 'state', state, field, reason, 'settled_ms', now)
+      drop_attachments(dkey)
       redis.call('HDEL', dkey, 'lease_owner', 'lease_until')
       redis.call('PEXPIREAT', dkey, keep_until(KEYS[3 + ci], now, retention))
     end

@@ -11,21 +11,34 @@
 -- the request (its template and data keys, never an address): the email's record is gone
 -- once it is sent (prelude.lua). The day's first item fixes the day's number of
 -- settled-history buckets, for as many deliveries as the day before had.
+-- An item's attachments are kept in a field of their own (`attachments`, deleted when it
+-- settles: settle.lua, decide.lua) and their size in the partition's pending-attachments hash
+-- (delivery id -> bytes); an item whose attachments would take the partition's pending bytes
+-- past the limit is not enqueued ('over': the caller tries again later). Entries of deliveries
+-- since settled are pruned by the caller before, so the sum only over-counts.
 --
 -- KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
 --   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
---   hash of the day before; then per item: KEYS[4+3i] guard key, KEYS[5+3i] delivery key,
---   KEYS[6+3i] its event's key
--- ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
---   hash, request JSON, its event's request JSON ('' without the application channel)
--- Returns per item {status, delivery id} with status 'new', 'duplicate' or 'conflict'.
-local n = arity(6, 3, 2, 4)
+--   hash of the day before, KEYS[7] the partition's pending attachments; then per item:
+--   KEYS[5+3i] guard key, KEYS[6+3i] delivery key, KEYS[7+3i] its event's key
+-- ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the most attachment bytes
+--   pending in the partition; then per item: delivery id, request hash, request JSON, its
+--   event's request JSON ('' without the application channel), its attachments' JSON ('' for
+--   none), their bytes (0 for none)
+-- Returns per item {status, delivery id} with status 'new', 'duplicate', 'conflict' or 'over'.
+local n = arity(7, 3, 3, 6)
 -- Item i's keys and arguments.
 local function member(i)
-  return {guard = KEYS[4 + 3 * i], dkey = KEYS[5 + 3 * i], akey = KEYS[6 + 3 * i], id = ARGV[4 * i - 1],
-    hash = ARGV[4 * i], request = ARGV[4 * i + 1], event = ARGV[4 * i + 2]}
+  local a = 3 + 6 * (i - 1)
+  return {guard = KEYS[5 + 3 * i], dkey = KEYS[6 + 3 * i], akey = KEYS[7 + 3 * i], id = ARGV[a + 1],
+    hash = ARGV[a + 2], request = ARGV[a + 3], event = ARGV[a + 4], attachments = ARGV[a + 5],
+    bytes = tonumber(ARGV[a + 6])}
 end
-local retention = tonumber(ARGV[1])
+local retention, most_pending = tonumber(ARGV[1]), tonumber(ARGV[3])
+local pending = 0
+for _, b in ipairs(redis.call('HVALS', KEYS[7])) do
+  pending = pending + tonumber(b)
+end
 local now = now_ms()
 local out, added, dups, app_added, app_dups = {}, 0, 0, 0, 0
 local function fix_buckets(counts)
@@ -39,7 +52,9 @@ for i = 1, n do
   local id, hash, request, event = item.id, item.hash, item.request, item.event
   local app = event ~= ''
   local seen = redis.call('GET', guard)
-  if seen then
+  if not seen and item.bytes > 0 and pending + item.bytes > most_pending then
+    out[i] = {'over', id}
+  elseif seen then
     local sid, shash = string.match(seen, '^(%S+) (%S+)$')
     if shash == hash then
       out[i] = {'duplicate', sid}
@@ -53,6 +68,11 @@ for i = 1, n do
   else
     redis.call('SET', guard, id .. ' ' .. hash, 'PXAT', now + retention * 1000)
     redis.call('HSET', dkey, 'state', 'pending', 'request', request, 'enqueued_ms', now)
+    if item.attachments ~= '' then
+      redis.call('HSET', dkey, 'attachments', item.attachments)
+      redis.call('HSET', KEYS[7], id, item.bytes)
+      pending = pending + item.bytes
+    end
     redis.call('XADD', KEYS[1], '*', 'delivery', id)
     added = added + 1
     if app and redis.call('HSETNX', akey, 'state', 'pending') == 1 then

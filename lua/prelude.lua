@@ -202,6 +202,15 @@ local function list_period(index, member, keep, now)
   end
 end
 
+-- A delivery's attachments wait only to be sent: once it settles failed or outcome_unknown
+-- (its record kept for the operator) they are deleted, and the record says so (a retry of it
+-- is refused: its files are gone).
+local function drop_attachments(dkey)
+  if redis.call('HDEL', dkey, 'attachments') == 1 then
+    redis.call('HSET', dkey, 'attachments_deleted', '1')
+  end
+end
+
 -- Settles the delivery of record `dkey` compactly: its entry written, its bucket's expiry
 -- renewed (keep_until), its record deleted.
 local function compact(dkey, value, now, retention)

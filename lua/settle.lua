@@ -78,6 +78,7 @@ for m = 1, n do
       compact(dkey, entry_text('sent', now, detail, sends, d.fallback, d.variant), now, retention)
     else
       redis.call('HSET', dkey, 'state', state, 'error', detail, 'settled_ms', now, 'sends', sends)
+      drop_attachments(dkey)
       if mb.said ~= '' then
         redis.call('HSET', dkey, 'error_message', mb.said)
       end

@@ -209,7 +209,7 @@ macro_rules! a_wrong_count_is_an_error {
 a_wrong_count_is_an_error! {
     // KEYS: periods index, audience, one channel's three; ARGV[4] '0' (no release times), ARGV[5] one channel.
     enqueue: Shape { set: &[(4, "0"), (5, "1")], ..shape(5, 1, 7, 1) };
-    ingest: shape(6, 3, 2, 4);
+    ingest: shape(7, 3, 3, 6);
     defer: shape(2, 1, 6, 2);
     claim: shape(0, 1, 2, 0);
     seal: shape(4, 1, 5, 5);

@@ -50,6 +50,23 @@ pub struct Request {
     pub text: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Files sent with the email (a receipt's PDF): kept in a field of the record of
+    /// their own, deleted when the delivery settles, never in `request`.
+    #[serde(default, skip_serializing)]
+    pub attachments: Vec<Attachment>,
+}
+
+/// One file sent with an email, as Resend takes it: its name, its bytes in base64 and
+/// its media type. Resend's `path` (a URL it fetches) is not taken: mailstream never
+/// has anything fetched on a caller's word.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Attachment {
+    pub filename: String,
+    /// The file's bytes, base64 (the standard alphabet, padded).
+    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// Why an item was refused: which field, and why (never the field's value).
@@ -80,6 +97,7 @@ impl Request {
             match name.as_str() {
                 "data" if !v.is_object() => return Err(refuse(name, "must be a JSON object")),
                 "data" => {}
+                "attachments" => check_attachments(v, config)?,
                 "idempotency_key" | "to" | "subscriber" | "template" | "subject" | "html" | "text" => {
                     if !v.is_string() {
                         return Err(refuse(name, "must be a string"));
@@ -139,6 +157,16 @@ impl Request {
         }
     }
 
+    /// Its attachments as the record keeps them (a JSON array, in Resend's shape) and their
+    /// bytes (base64); `None` without any.
+    pub fn stored_attachments(&self) -> Option<(String, u64)> {
+        if self.attachments.is_empty() {
+            return None;
+        }
+        let bytes = self.attachments.iter().map(|a| a.content.len() as u64).sum();
+        Some((serde_json::to_string(&self.attachments).expect("attachments serialize"), bytes))
+    }
+
     /// The delivery this item makes on `day` (UTC, `YYYY-MM-DD`).
     pub fn delivery(&self, day: &str) -> DeliveryRef {
         DeliveryRef::new(TRANSACTIONAL, day, self.subscriber.as_deref().unwrap_or(INLINE), &self.idempotency_key)
@@ -159,9 +187,70 @@ impl Request {
         hash.update(self.idempotency_key.as_bytes());
         hash.update(b"\n");
         hash.update(json.as_bytes());
+        // The same key with other files is another request; without any, the hash is as it
+        // always was.
+        if let Some((attachments, _)) = self.stored_attachments() {
+            hash.update(b"\n");
+            hash.update(attachments.as_bytes());
+        }
         let hex: String = hash.finalize()[..12].iter().map(|b| format!("{b:02x}")).collect();
         (json, hex)
     }
+}
+
+/// The attachments of an item, field by field (an error names the field, never a value):
+/// each `{filename, content, content_type?}`, `content` valid base64, a `path` refused, and
+/// all of them together within `attachments.max_bytes` after base64.
+fn check_attachments(v: &serde_json::Value, config: &Config) -> Result<(), FieldError> {
+    use base64::Engine;
+    let Some(items) = v.as_array() else { return Err(refuse("attachments", "must be a JSON array")) };
+    let mut bytes = 0u64;
+    for (i, a) in items.iter().enumerate() {
+        let field = |name: &str| format!("attachments[{i}].{name}");
+        let Some(a) = a.as_object() else { return Err(refuse(&format!("attachments[{i}]"), "must be a JSON object")) };
+        for (name, value) in a {
+            match name.as_str() {
+                "path" => return Err(refuse(&field("path"), REMOTE_PATH)),
+                "filename" | "content" | "content_type" if value.is_string() => {}
+                "filename" | "content" | "content_type" => return Err(refuse(&field(name), "must be a string")),
+                _ => return Err(refuse(&field(name), "unknown field (filename, content, content_type)")),
+            }
+        }
+        let text = |name: &str| a.get(name).and_then(|v| v.as_str());
+        let filename = text("filename").unwrap_or("");
+        if filename.trim().is_empty() || filename.len() > 255 || filename.chars().any(|c| c.is_control()) {
+            return Err(refuse(&field("filename"), "required: 1-255 characters, no control characters"));
+        }
+        let Some(content) = text("content") else {
+            return Err(refuse(&field("content"), "required: the file's bytes in base64"));
+        };
+        if base64::engine::general_purpose::STANDARD.decode(content).is_err() {
+            return Err(refuse(&field("content"), "not base64 (the standard alphabet, padded)"));
+        }
+        if text("content_type").is_some_and(|t| t.len() > 255 || !t.contains('/') || !t.is_ascii()) {
+            return Err(refuse(&field("content_type"), "a media type such as application/pdf"));
+        }
+        bytes += content.len() as u64;
+    }
+    let max = config.attachments.max_bytes;
+    if bytes > max {
+        return Err(refuse("attachments", &format!("{bytes} bytes after base64, above attachments.max_bytes ({max})")));
+    }
+    Ok(())
+}
+
+/// Why an attachment's `path` is refused.
+pub const REMOTE_PATH: &str =
+    "a URL for Resend to fetch is not taken: send the file's bytes as content (mailstream enqueue --attach FILE)";
+
+/// The first item of `items` that names an attachment by a remote `path`, as its field
+/// (the ingest API refuses such a request whole, 400).
+pub fn remote_path(items: &[serde_json::Value]) -> Option<String> {
+    items.iter().enumerate().find_map(|(n, item)| {
+        let attachments = item.get("attachments")?.as_array()?;
+        let i = attachments.iter().position(|a| a.get("path").is_some())?;
+        Some(format!("deliveries[{n}].attachments[{i}].path"))
+    })
 }
 
 /// What became of one item.
@@ -179,6 +268,9 @@ pub enum ItemResult {
     /// Refused: well-formed, but what it names is not there (`unknown_subscriber`: no
     /// such subscriber in the registry).
     Refused { index: usize, field: String, error: String },
+    /// Not enqueued now: its attachments would take the partition past
+    /// `attachments.max_pending_bytes`. The same request later enqueues it.
+    RetryLater { index: usize, field: String, error: String },
 }
 
 impl ItemResult {
@@ -189,19 +281,27 @@ impl ItemResult {
             | ItemResult::Duplicate { index, .. }
             | ItemResult::Conflict { index, .. }
             | ItemResult::Invalid { index, .. }
-            | ItemResult::Refused { index, .. } => *index += by,
+            | ItemResult::Refused { index, .. }
+            | ItemResult::RetryLater { index, .. } => *index += by,
         }
     }
 
     pub fn is_refused(&self) -> bool {
-        matches!(self, ItemResult::Conflict { .. } | ItemResult::Invalid { .. } | ItemResult::Refused { .. })
+        matches!(
+            self,
+            ItemResult::Conflict { .. }
+                | ItemResult::Invalid { .. }
+                | ItemResult::Refused { .. }
+                | ItemResult::RetryLater { .. }
+        )
     }
 }
 
 /// A valid item as ingest.lua takes it: its index, delivery, stored request, the
 /// request's hash, and whether its template lists the application channel.
-/// An item to enqueue: its index, delivery, request, hash, and its event's request if any.
-type StoredItem = (usize, DeliveryRef, String, String, Option<String>);
+/// An item to enqueue: its index, delivery, request, hash, its event's request if any, and
+/// its attachments if any (their JSON, their bytes).
+type StoredItem = (usize, DeliveryRef, String, String, Option<String>, Option<(String, u64)>);
 
 /// Checks `items` and enqueues the valid ones; one result per item, in order. An item
 /// naming a subscriber the registry does not hold is refused (`unknown_subscriber`).
@@ -263,17 +363,27 @@ pub async fn enqueue_with(
             .and_then(|t| config.templates.get(t))
             .is_some_and(|t| t.channels.contains(&Channel::App));
         let event = app.then(|| r.for_event());
-        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, event));
+        let files = r.stored_attachments();
+        by_partition.entry(keys.partition_of(d.home())).or_default().push((*index, d, request, hash, event, files));
     }
     let mut conn = store.waited_conn().await?;
-    let retention = config.retention().as_secs();
+    let limits = (config.retention().as_secs(), config.attachments.max_pending_bytes);
     for (p, list) in &by_partition {
+        if list.iter().any(|item| item.5.is_some()) {
+            crate::store::records::prune_pending_attachments(&mut conn, keys, *p).await?;
+        }
         for chunk in list.chunks(500) {
             let calls: Vec<IngestItem<'_>> = chunk
                 .iter()
-                .map(|(_, d, request, hash, event)| IngestItem { delivery: d, hash, request, event: event.as_deref() })
+                .map(|(_, d, request, hash, event, files)| IngestItem {
+                    delivery: d,
+                    hash,
+                    request,
+                    event: event.as_deref(),
+                    attachments: files.as_ref().map(|(json, bytes)| (json.as_str(), *bytes)),
+                })
                 .collect();
-            let done = scripts::ingest(&mut conn, keys, *p, &calls, retention).await?;
+            let done = scripts::ingest(&mut conn, keys, *p, &calls, limits).await?;
             for ((index, ..), ingested) in chunk.iter().zip(done) {
                 let index = *index;
                 results[index] = Some(match ingested {
@@ -283,6 +393,15 @@ pub async fn enqueue_with(
                         index,
                         delivery,
                         error: "idempotency_key was used before for a different request".into(),
+                    },
+                    Ingested::Over(_) => ItemResult::RetryLater {
+                        index,
+                        field: "attachments".into(),
+                        error: format!(
+                            "attachments.max_pending_bytes ({}) of attachments wait to be sent in this partition: \
+                             send the same request again later",
+                            config.attachments.max_pending_bytes
+                        ),
                     },
                 });
             }
@@ -326,6 +445,35 @@ mod tests {
 
     fn check(item: serde_json::Value) -> Result<Request, FieldError> {
         Request::from_json(item, &Config::example())
+    }
+
+    #[test]
+    fn attachments_are_checked_field_by_field_and_kept_apart() {
+        let item = |attachments: serde_json::Value| json!({"idempotency_key": "k", "to": "a@b.example", "subject": "s", "text": "t", "attachments": attachments});
+        let ok = check(item(json!([{"filename": "a.pdf", "content": "JVBERg==", "content_type": "application/pdf"}])));
+        let r = ok.unwrap();
+        let (request, _) = r.stored();
+        assert!(!request.contains("JVBERg=="), "not in the request: {request}");
+        assert_eq!(r.stored_attachments().map(|(_, bytes)| bytes), Some(8));
+        let err = |a| {
+            let e = check(item(a)).unwrap_err();
+            (e.field, e.error)
+        };
+        assert_eq!(err(json!([{"filename": "a", "path": "https://x.example/a"}])).0, "attachments[0].path");
+        assert_eq!(err(json!([{"filename": "a", "content": "not base64!"}])).0, "attachments[0].content");
+        assert_eq!(err(json!([{"content": "JVBERg=="}])).0, "attachments[0].filename");
+        assert_eq!(
+            err(json!([{"filename": "a", "content": "JVBERg==", "content_type": "pdf"}])).0,
+            "attachments[0].content_type"
+        );
+        assert_eq!(err(json!({"filename": "a"})).0, "attachments");
+        let big = "A".repeat(10 * 1024 * 1024 + 4);
+        let (field, error) = err(json!([{"filename": "a", "content": big}]));
+        assert_eq!(field, "attachments");
+        assert!(error.contains("10485764 bytes") && error.contains("(10485760)"), "{error}");
+        // The same key with other files is another request.
+        let other = check(item(json!([{"filename": "b.pdf", "content": "JVBERg=="}]))).unwrap();
+        assert_ne!(r.stored().1, other.stored().1);
     }
 
     #[test]

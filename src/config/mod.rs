@@ -3,6 +3,7 @@
 //! overrides for secrets (`RESEND_API_KEY`, `MAILSTREAM_REDIS_URL`). Each section
 //! lives in its own file with the checks of its own settings.
 
+mod attachments;
 mod campaign;
 mod channels;
 mod delivery;
@@ -24,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use self::attachments::{AttachmentsConfig, RESEND_MAX_BYTES};
 pub use self::campaign::{CampaignConfig, RenderHookConfig, RenderHookSecret, VariantsConfig};
 pub use self::channels::{AppChannelConfig, ChannelsConfig, PushChannelConfig, Urgency};
 pub use self::delivery::DeliveryConfig;
@@ -66,6 +68,8 @@ pub struct Config {
     pub resend: ResendConfig,
     #[serde(default)]
     pub delivery: DeliveryConfig,
+    #[serde(default)]
+    pub attachments: AttachmentsConfig,
     #[serde(default)]
     pub http: HttpConfig,
     #[serde(default)]
@@ -267,6 +271,7 @@ impl Config {
         }
         self.resend.validate(&mut errors);
         self.delivery.validate(&mut errors);
+        self.attachments.validate(&mut errors);
         self.subscribers.validate(&mut errors);
         self.log.validate(&mut errors);
         self.http.validate_admin_tokens(&mut errors);

@@ -27,11 +27,20 @@ pub type HttpResponse = Response<Full<Bytes>>;
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Arrived(pub std::time::Instant);
 
+/// A larger body limit for the requests it names from their head alone (an ingest request
+/// with its token, which may carry attachments), read before any byte of the body.
+pub type LargerBody = Arc<BodyLimitOf>;
+
+/// What tells a request's body limit from its head.
+pub type BodyLimitOf = dyn Fn(&hyper::http::request::Parts) -> Option<usize> + Send + Sync;
+
 /// How a listener treats its requests.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct ListenerLimits {
     /// Largest body read (413 beyond).
     pub max_body: usize,
+    /// A larger limit for some requests, told by their head; `None`: `max_body` for all.
+    pub larger_body: Option<LargerBody>,
     /// Longest a request may take, head to answer (408 after the head, 503 after).
     pub timeout: Duration,
     /// Requests per second one client address may make (429 beyond); `None`: no limit.
@@ -52,6 +61,7 @@ impl Default for ListenerLimits {
     fn default() -> Self {
         ListenerLimits {
             max_body: 16 * 1024 * 1024,
+            larger_body: None,
             timeout: Duration::from_secs(120),
             per_source: None,
             drain: Duration::from_secs(1),
@@ -140,14 +150,15 @@ where
             },
         };
         let _ = stream.set_nodelay(true);
-        let (handler, sources) = (handler.clone(), sources.clone());
+        let (handler, sources, larger) = (handler.clone(), sources.clone(), limits.larger_body.clone());
+        let (timeout, max_body) = (limits.timeout, limits.max_body);
         let service = service_fn(move |req: Request<Incoming>| {
-            let (handler, sources) = (handler.clone(), sources.clone());
+            let (handler, sources, larger) = (handler.clone(), sources.clone(), larger.clone());
             async move {
                 if let Some(refused) = sources.as_deref().and_then(|s| over_limit(s, peer.ip())) {
                     return Ok::<_, Infallible>(refused);
                 }
-                let answer = tokio::time::timeout(limits.timeout, handle(req, &*handler, limits.max_body));
+                let answer = tokio::time::timeout(timeout, handle(req, &*handler, max_body, larger.as_deref()));
                 Ok::<_, Infallible>(
                     answer.await.unwrap_or_else(|_| text(StatusCode::SERVICE_UNAVAILABLE, "request took too long\n")),
                 )
@@ -192,7 +203,12 @@ fn over_limit(sources: &SourceLimiter, ip: std::net::IpAddr) -> Option<HttpRespo
     Some(response)
 }
 
-async fn handle<H, F>(req: Request<Incoming>, handler: &H, max_body: usize) -> HttpResponse
+async fn handle<H, F>(
+    req: Request<Incoming>,
+    handler: &H,
+    max_body: usize,
+    larger: Option<&BodyLimitOf>,
+) -> HttpResponse
 where
     H: Fn(HttpRequest) -> F,
     F: Future<Output = HttpResponse>,
@@ -200,6 +216,7 @@ where
     let arrived = Arrived(std::time::Instant::now());
     let (mut parts, body) = req.into_parts();
     parts.extensions.insert(arrived);
+    let max_body = larger.and_then(|l| l(&parts)).map_or(max_body, |n| n.max(max_body));
     match Limited::new(body, max_body).collect().await {
         Ok(collected) => handler(Request::from_parts(parts, collected.to_bytes())).await,
         Err(_) => text(StatusCode::PAYLOAD_TOO_LARGE, "request body too large or unreadable\n"),
@@ -272,7 +289,7 @@ pub(crate) fn bearer(req: &HttpRequest) -> &str {
 
 /// The token of an `Authorization: Bearer <token>` value. The scheme is matched
 /// case-insensitively (RFC 9110 §11.1: `bearer re_…` is the same credential).
-fn bearer_token(value: &str) -> Option<&str> {
+pub(crate) fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)

@@ -214,6 +214,8 @@ pub enum Requeue {
     Missing,
     /// Not requeued: its state does not allow it (sent, pending, outcome_unknown without leave).
     Refused(DeliveryState),
+    /// Not requeued: its attachments were deleted when it settled (enqueue it again).
+    FilesGone,
 }
 
 impl Requeue {
@@ -232,6 +234,9 @@ impl fmt::Display for Requeue {
             Requeue::Requeued => f.write_str("requeued"),
             Requeue::Missing => f.write_str("missing"),
             Requeue::Refused(state) => write!(f, "not requeued: it is {state}"),
+            Requeue::FilesGone => f.write_str(
+                "not requeued: its attachments were deleted when it settled; enqueue it again under a new key",
+            ),
         }
     }
 }

@@ -204,12 +204,37 @@ pub struct Ready {
 }
 
 impl Ready {
+    /// Whether it travels in a request of its own: operator mail (never beside customer
+    /// mail), and an email with attachments (Resend's batch endpoint refuses them: it goes
+    /// through `POST /emails`).
+    pub(crate) fn alone(&self) -> bool {
+        self.audience == Audience::Operators || carries_attachments(&self.json)
+    }
+
     /// Every address its email is addressed to (`to`, `cc`, `bcc`; a string or a list
     /// each), read from the JSON that will be sealed, so the last gate checks exactly
     /// the addresses the request carries, whoever supplied them.
     pub(crate) fn recipients(&self) -> Vec<String> {
         serde_json::from_str(&self.json).map(|email| recipients_of(&email)).unwrap_or_default()
     }
+}
+
+/// How an email's attachments read in its JSON, spliced in last by [`with_attachments`].
+/// Inside a JSON string every `"` is escaped, so `,"` here can only open a key.
+const ATTACHMENTS: &str = ",\"attachments\":[";
+
+/// The email object `json` with `attachments` (a JSON array) as its last field.
+pub fn with_attachments(json: &str, attachments: &str) -> String {
+    let Some(open) = json.trim_end().strip_suffix('}') else { return json.to_string() };
+    let attachments = attachments.strip_prefix('[').unwrap_or(attachments);
+    format!("{open}{ATTACHMENTS}{attachments}}}")
+}
+
+/// Whether an email object's JSON carries attachments: it is sent alone, through
+/// `POST /emails`, not in a batch.
+pub fn carries_attachments(json: &str) -> bool {
+    // As spliced, or first of an object serialized again in key order (a fallback sender's).
+    json.contains(ATTACHMENTS) || json.contains(&ATTACHMENTS.replacen(',', "{", 1))
 }
 
 /// Every address an email object is addressed to: `to`, `cc` and `bcc`, each a string
@@ -273,6 +298,20 @@ pub(crate) enum Work {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attachments_are_spliced_in_last_and_found_only_as_a_key() {
+        let email = r#"{"from":"a@b.example","to":"c@d.example","text":"\",\"attachments\":[ in a body"}"#;
+        assert!(!carries_attachments(email), "inside a string it is escaped");
+        let with = with_attachments(email, r#"[{"filename":"x.pdf","content":"eA=="}]"#);
+        assert!(with.ends_with(r#","attachments":[{"filename":"x.pdf","content":"eA=="}]}"#), "{with}");
+        let parsed: serde_json::Value = serde_json::from_str(&with).unwrap();
+        assert_eq!(parsed["attachments"][0]["filename"], "x.pdf");
+        assert!(carries_attachments(&with));
+        // Serialized again in key order (a fallback sender's), it is the first key.
+        let resorted = serde_json::to_string(&parsed).unwrap();
+        assert!(carries_attachments(&resorted), "{resorted}");
+    }
 
     #[test]
     fn recipients_are_read_from_the_email_itself() {

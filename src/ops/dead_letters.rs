@@ -11,8 +11,8 @@ use serde::Serialize;
 
 use crate::model::outcome::Requeue;
 use crate::model::work::DeliveryRef;
-use crate::store::Store;
 use crate::store::scripts;
+use crate::store::{Store, records};
 
 /// One listed entry (ids and names only: no addresses).
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -85,9 +85,15 @@ pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow
         let result = match DeliveryRef::parse(id) {
             Some(d) => {
                 let p = store.keys.partition_of(d.home());
-                scripts::requeue(&mut conn, &store.keys, p, &d, allow_unknown)
-                    .await
-                    .with_context(|| format!("requeue of {id}"))?
+                let ids = [d.id()];
+                let gone = records::deliveries_marked(&mut conn, &store.keys, p, &ids, "attachments_deleted").await?;
+                if gone.first() == Some(&true) {
+                    Requeue::FilesGone
+                } else {
+                    scripts::requeue(&mut conn, &store.keys, p, &d, allow_unknown)
+                        .await
+                        .with_context(|| format!("requeue of {id}"))?
+                }
             }
             None => Requeue::Missing,
         };

@@ -57,6 +57,8 @@ pub struct BatchAccepted {
 pub struct Client {
     pub(super) http: reqwest::Client,
     batch_url: String,
+    /// `POST /emails`: one email a request, the only endpoint that takes attachments.
+    emails_url: String,
     /// The API's root (`https://api.resend.com`), without a trailing slash.
     pub(super) base_url: String,
     pub(super) api_key: Secret,
@@ -111,6 +113,7 @@ impl Client {
         Ok(Client {
             http,
             batch_url: format!("{}/emails/batch", base_url.trim_end_matches('/')),
+            emails_url: format!("{}/emails", base_url.trim_end_matches('/')),
             base_url: base_url.trim_end_matches('/').to_string(),
             api_key,
             connections: Arc::default(),
@@ -150,34 +153,56 @@ impl Client {
         count: usize,
         on_wire: Option<oneshot::Sender<()>>,
     ) -> (Result<BatchAccepted, (ProviderError, RateHeaders)>, bool) {
+        // A sealed body of one email with attachments goes to `POST /emails` as that email
+        // (the batch endpoint refuses attachments): the same bytes every time, under the
+        // same key, so Resend's idempotency holds as for a batch.
+        let single = (count == 1).then(|| only_email_with_attachments(&body)).flatten();
+        let alone = single.is_some();
+        let (url, body) = match single {
+            Some(email) => (&self.emails_url, email),
+            None => (&self.batch_url, body),
+        };
         let len = body.len() as u64;
-        let sent = self
+        let mut request = self
             .http
-            .post(&self.batch_url)
+            .post(url)
             .bearer_auth(self.api_key.expose())
             .header("Idempotency-Key", idempotency_key)
-            .header("x-batch-validation", "permissive")
-            .header("Content-Type", "application/json")
-            .body(reqwest::Body::wrap(OnWire { bytes: Some(body), len, tell: on_wire }))
-            .send()
-            .await;
+            .header("Content-Type", "application/json");
+        if !alone {
+            request = request.header("x-batch-validation", "permissive");
+        }
+        let sent = request.body(reqwest::Body::wrap(OnWire { bytes: Some(body), len, tell: on_wire })).send().await;
         let local = sent.as_ref().ok().and_then(|r| r.extensions().get::<HttpInfo>()).map(HttpInfo::local_addr);
         let first = self.first_on_its_connection(local);
-        (read_batch(sent, count).await, first)
+        (read_batch(sent, count, alone).await, first)
     }
+}
+
+/// The one email of a sealed body `[email]`, when it carries attachments.
+fn only_email_with_attachments(body: &Bytes) -> Option<Bytes> {
+    let inner = body.strip_prefix(b"[")?.strip_suffix(b"]")?;
+    let email = std::str::from_utf8(inner).ok()?;
+    (email.starts_with('{') && crate::model::work::carries_attachments(email)).then(|| body.slice(1..body.len() - 1))
 }
 
 /// What the answer to a batch request says: per-email results, or the classified error.
 async fn read_batch(
     sent: reqwest::Result<reqwest::Response>,
     count: usize,
+    single: bool,
 ) -> Result<BatchAccepted, (ProviderError, RateHeaders)> {
     let response = sent.map_err(|e| (transport_error(&e), RateHeaders::default()))?;
     let status = response.status().as_u16();
     let rate = rate_headers(response.headers());
     let bytes = response.bytes().await.map_err(|e| (transport_error(&e), rate))?;
     if (200..300).contains(&status) {
-        match parse_batch_success(&bytes, count) {
+        let items = if single {
+            serde_json::from_slice::<IdBody>(&bytes).ok().map(|b| vec![AcceptedEmail::Sent(b.id)])
+        } else {
+            parse_batch_success(&bytes, count)
+        };
+        match items {
             Some(items) => Ok(BatchAccepted { items, rate }),
             None => Err((ProviderError::local(ErrorName::UnexpectedResponse, true), rate)),
         }
@@ -289,6 +314,15 @@ pub(super) fn rate_headers(h: &HeaderMap) -> RateHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_single_email_with_attachments_goes_to_emails_as_itself() {
+        let email =
+            crate::model::work::with_attachments(r#"{"to":"a@b.example"}"#, r#"[{"filename":"x","content":""}]"#);
+        let body = Bytes::from(format!("[{email}]"));
+        assert_eq!(only_email_with_attachments(&body).as_deref(), Some(email.as_bytes()));
+        assert_eq!(only_email_with_attachments(&Bytes::from_static(br#"[{"to":"a@b.example"}]"#)), None);
+    }
 
     #[test]
     fn batch_answers_both_readings() {

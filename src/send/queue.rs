@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
-use crate::model::work::{Audience, DeliveryRef, Lane, Ready, Sealed, Work};
+use crate::model::work::{DeliveryRef, Lane, Ready, Sealed, Work};
 use crate::send::partition_gate::{PartitionGate, REPLICA_BACKOFF_MAX};
 
 /// A batch in hand, for as long as this lives ([`Batcher::hold`]).
@@ -327,16 +327,16 @@ impl Batcher {
         q.gates[p].trying(now);
         // The partition's receipts first, the spare room filled with its digest emails:
         // a receipt costs the digest no request slot. Operator mail goes in a request of
-        // its own: never beside customer mail, whose sender a fallback must not touch.
-        let operator = |r: &Ready| r.audience == Audience::Operators;
+        // its own: never beside customer mail, whose sender a fallback must not touch; so
+        // does an email with attachments, which only `POST /emails` takes.
         let queue = &mut q.fresh[tx][p];
         let n = match queue.front() {
-            Some((_, first)) if operator(first) => 1,
-            _ => queue.iter().take(self.batch_size).take_while(|(_, r)| !operator(r)).count(),
+            Some((_, first)) if first.alone() => 1,
+            _ => queue.iter().take(self.batch_size).take_while(|(_, r)| !r.alone()).count(),
         };
         let mut items: Vec<Ready> = queue.drain(..n).map(|(_, r)| r).collect();
         self.space[tx][p].add_permits(n);
-        if !items.first().is_some_and(operator) {
+        if !items.first().is_some_and(Ready::alone) {
             let queue = &mut q.fresh[digest][p];
             let n = queue.len().min(self.batch_size - items.len());
             items.extend(queue.drain(..n).map(|(_, r)| r));
@@ -354,7 +354,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::model::work::DeliveryRef;
+    use crate::model::work::{Audience, DeliveryRef};
 
     fn ready(n: usize) -> Vec<Ready> {
         lane_ready("c", n)
@@ -453,6 +453,23 @@ mod tests {
         let lanes: Vec<Lane> = items.iter().map(|r| r.delivery.lane()).collect();
         assert_eq!((lanes.len(), lanes[..2].iter().all(|l| *l == Lane::Transactional)), (100, true));
         assert_eq!(b.queued(), (102, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_email_with_attachments_goes_in_a_request_of_its_own() {
+        let b = Batcher::new(1, 100, 300);
+        b.push(0, Lane::Digest, ready(50)).await.unwrap();
+        let mut tx = lane_ready(crate::model::work::TRANSACTIONAL, 3);
+        tx[1].json = crate::model::work::with_attachments(&tx[1].json, r#"[{"filename":"x.pdf","content":"eA=="}]"#);
+        b.try_push(0, Lane::Transactional, tx).unwrap();
+        let lengths: Vec<usize> = std::iter::from_fn(|| match next(&b) {
+            Some(Work::Fresh(0, items)) => Some(items.len()),
+            _ => None,
+        })
+        .collect();
+        // The receipt before it, the digest filling its room; the one with the file alone
+        // (nothing beside it); then the last receipt.
+        assert_eq!(lengths, [51, 1, 1]);
     }
 
     #[tokio::test(start_paused = true)]

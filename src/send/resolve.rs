@@ -202,8 +202,10 @@ impl Resolver {
         let (config, keys) = (&self.ctx.config, &self.ctx.store.keys);
         let ids: Vec<String> = live.iter().map(|(_, d)| d.id()).collect();
         let requests = records::stored_requests(conn, keys, p, &ids).await?;
+        // Files kept apart from the request, spliced into the email as it is sealed.
+        let files = records::deliveries_field(conn, keys, p, &ids, "attachments").await?;
         let mut fates = Vec::with_capacity(live.len());
-        for ((_, d), request) in live.iter().zip(requests) {
+        for (((_, d), request), files) in live.iter().zip(requests).zip(files) {
             let Some(request) = request.as_deref().and_then(ingest::Request::from_stored) else {
                 fates.push(Fate::Decide(Outcome::Failed, Reason::RecordLost));
                 continue;
@@ -260,6 +262,10 @@ impl Resolver {
                 }
                 (None, None) => Err(Reason::RenderError),
             };
+            let json = json.map(|json| match &files {
+                Some(files) => crate::model::work::with_attachments(&json, files),
+                None => json,
+            });
             let audience = request.template.as_ref().and_then(|t| config.templates.get(t)).map(|t| t.audience);
             fates.push(match json {
                 Ok(json) => Fate::Ready { json, variant: None, audience: audience.unwrap_or_default() },

@@ -315,6 +315,12 @@ impl Keys {
         format!("{}:provider", self.prefix)
     }
 
+    /// Hash: delivery id -> bytes of its attachments, for the unsettled receipts of
+    /// partition `p` that carry some (ingest.lua writes; entries of settled ones are pruned).
+    pub fn attachments(&self, p: u16) -> String {
+        self.tagged(p, "attachments")
+    }
+
     /// Hash: an unfinished `mailstream suppressions sync` (the cursor `after`, `started_ms`,
     /// and its counts so far); deleted when a sync completes.
     pub fn suppressions_sync(&self) -> String {

@@ -99,6 +99,22 @@ pub async fn stored_requests(
     deliveries_field(conn, keys, p, ids, "request").await
 }
 
+/// Forgets the pending-attachment entries of partition `p` whose delivery no longer keeps
+/// its attachments (settled: deleted then, or compacted), so ingest.lua's sum of what is
+/// pending counts only what waits.
+pub async fn prune_pending_attachments(conn: &mut impl ConnectionLike, keys: &Keys, p: u16) -> anyhow::Result<()> {
+    let pending: Vec<String> = redis::cmd("HKEYS").arg(keys.attachments(p)).query_async(conn).await?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let kept = deliveries_marked(conn, keys, p, &pending, "attachments").await?;
+    let gone: Vec<&String> = pending.iter().zip(kept).filter(|(_, kept)| !kept).map(|(id, _)| id).collect();
+    if !gone.is_empty() {
+        let _: () = redis::cmd("HDEL").arg(keys.attachments(p)).arg(gone).query_async(conn).await?;
+    }
+    Ok(())
+}
+
 /// Whether each delivery record of `ids` (partition `p`) holds `field` (a channel's
 /// message, or its maybe-taken mark).
 pub async fn deliveries_marked(

@@ -20,6 +20,10 @@
 //! period kicked as "the next one") and one at 2 a late one; a delivery's trace (its
 //! compact entry, or its failed / outcome_unknown record) is stamped with an expiry when it
 //! settles (prelude.lua, `keep_until`) and is gone once the clock reaches it.
+//! Left out on purpose: which endpoint a request goes to (a batch, or one email with
+//! attachments through `POST /emails`: the same keyed request of a sealed body, replayed
+//! alike), and record fields no step reads (a receipt's attachments, deleted when it
+//! settles; the partition's pending attachment bytes, which only refuse an ingest).
 
 use std::fmt;
 

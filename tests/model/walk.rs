@@ -253,8 +253,14 @@ impl Walker {
                         }
                     }
                     Lane::Transactional => {
-                        let item = scripts::IngestItem { delivery: dref, hash: "h", request: "{}", event: None };
-                        scripts::ingest(conn, keys, p, &[item], RETENTION).await?;
+                        let item = scripts::IngestItem {
+                            delivery: dref,
+                            hash: "h",
+                            request: "{}",
+                            event: None,
+                            attachments: None,
+                        };
+                        scripts::ingest(conn, keys, p, &[item], (RETENTION, u64::MAX)).await?;
                     }
                 }
             }

@@ -27,6 +27,9 @@ use crate::send::ctx::Ctx;
 use crate::store::Store;
 
 pub const PATH: &str = "/v1/deliveries";
+
+/// What a 429 for pending attachments says to wait: about the time a receipt takes to go.
+const RETRY_LATER_SECONDS: u64 = 10;
 pub const PUSH_PATH: &str = "/v1/push-subscriptions";
 
 pub(crate) struct Ingest {
@@ -122,6 +125,10 @@ impl Ingest {
         if items.is_empty() {
             return refuse(StatusCode::BAD_REQUEST, "no deliveries");
         }
+        // A file for Resend to fetch is a caller's mistake, not one item's: nothing is taken.
+        if let Some(field) = ingest::remote_path(&items) {
+            return refuse(StatusCode::BAD_REQUEST, &format!("{field}: {}", ingest::REMOTE_PATH));
+        }
         let results = match ingest::enqueue(&self.store, &self.config, items).await {
             Ok(results) => results,
             Err(e) => {
@@ -138,21 +145,29 @@ impl Ingest {
         let conflicts = count(|r| matches!(r, ItemResult::Conflict { .. }));
         let invalid = count(|r| matches!(r, ItemResult::Invalid { .. }));
         let unknown = count(|r| matches!(r, ItemResult::Refused { .. }));
+        let later = count(|r| matches!(r, ItemResult::RetryLater { .. }));
         let counted = [
             ("accepted", accepted),
             ("duplicate", duplicates),
             ("conflict", conflicts),
             ("invalid", invalid),
             ("refused", unknown),
+            ("retry_later", later),
         ];
         for (result, n) in counted {
             if n > 0 {
                 self.metrics.ingested(result, n as u64);
             }
         }
-        let refused = conflicts + invalid + unknown;
-        let status = if refused == 0 { StatusCode::ACCEPTED } else { StatusCode::MULTI_STATUS };
-        server::json(
+        let refused = conflicts + invalid + unknown + later;
+        let status = match (refused, later) {
+            (0, _) => StatusCode::ACCEPTED,
+            // Attachments wait past the partition's limit: the same request again later
+            // enqueues what is left (what was accepted now is a duplicate then).
+            (_, 1..) => StatusCode::TOO_MANY_REQUESTS,
+            _ => StatusCode::MULTI_STATUS,
+        };
+        let mut response = server::json(
             status,
             &json!({
                 "accepted": accepted,
@@ -160,7 +175,11 @@ impl Ingest {
                 "refused": refused,
                 "results": results,
             }),
-        )
+        );
+        if later > 0 {
+            response.headers_mut().insert(hyper::header::RETRY_AFTER, RETRY_LATER_SECONDS.into());
+        }
+        response
     }
 }
 

@@ -28,8 +28,20 @@ pub(crate) fn serve(
 ) -> impl std::future::Future<Output = ()> + use<> {
     let routes = std::sync::Arc::new(Public::new(ctx));
     let h = &ctx.config.http;
+    // A request to the ingest API with its token may carry attachments: its body may be as
+    // large as one delivery's attachments allow, plus 64 KiB. It stays bounded: only a caller
+    // holding the token gets it (told from the head, before a byte of the body is read), at
+    // most `public_requests_per_second_per_source` a second, each within `public_timeout_ms`.
+    let (tokens, larger) = (h.ingest_tokens.clone(), ctx.config.attachments.ingest_body_bytes());
+    let larger_body: server::LargerBody = std::sync::Arc::new(move |head: &hyper::http::request::Parts| {
+        let header = head.headers.get(hyper::header::AUTHORIZATION).and_then(|v| v.to_str().ok())?;
+        let presented = server::bearer_token(header)?;
+        let ours = tokens.iter().any(|t| server::same_secret(presented, t.expose()));
+        (ours && head.method == hyper::Method::POST && head.uri.path() == ingest::PATH).then_some(larger)
+    });
     let limits = server::ListenerLimits {
         max_body: h.public_max_body_bytes,
+        larger_body: Some(larger_body),
         timeout: Duration::from_millis(h.public_timeout_ms),
         per_source: std::num::NonZeroU32::new(h.public_requests_per_second_per_source),
         drain: Duration::from_secs(5),

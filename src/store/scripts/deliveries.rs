@@ -157,6 +157,8 @@ pub struct IngestItem<'a> {
     /// Its template lists the application channel: its event is enqueued with it, and its
     /// record keeps this much of the request (`Request::for_event`).
     pub event: Option<&'a str>,
+    /// Its attachments' JSON and their bytes (base64), kept apart from the request.
+    pub attachments: Option<(&'a str, u64)>,
 }
 
 /// What ingest.lua did with one item; each names the delivery of its idempotency key.
@@ -167,25 +169,30 @@ pub enum Ingested {
     Duplicate(String),
     /// The key was used before for a different request: refused.
     Conflict(String),
+    /// Its attachments would take the partition past its pending bytes: not enqueued.
+    Over(String),
 }
 
-/// Enqueues transactional items of one partition and one period (see lua/ingest.lua).
+/// Enqueues transactional items of one partition and one period (see lua/ingest.lua), at
+/// most `most_pending` attachment bytes pending in the partition.
 ///
 /// Runs `lua/ingest.lua`:
 /// ```text
 /// KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
 ///   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
-///   hash of the day before; then per item: KEYS[4+3i] guard key, KEYS[5+3i] delivery key,
-///   KEYS[6+3i] its event's key
-/// ARGV[1] retention seconds, ARGV[2] `campaign:period`; then per item: delivery id, request
-///   hash, request JSON, its event's request JSON ('' without the application channel)
+///   hash of the day before, KEYS[7] the partition's pending attachments; then per item:
+///   KEYS[5+3i] guard key, KEYS[6+3i] delivery key, KEYS[7+3i] its event's key
+/// ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the most attachment bytes
+///   pending in the partition; then per item: delivery id, request hash, request JSON, its
+///   event's request JSON ('' without the application channel), its attachments' JSON ('' for
+///   none), their bytes (0 for none)
 /// ```
 pub async fn ingest(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     items: &[IngestItem<'_>],
-    retention_secs: u64,
+    (retention_secs, most_pending): (u64, u64),
 ) -> RedisResult<Vec<Ingested>> {
     let Some(first) = items.first() else { return Ok(Vec::new()) };
     let (campaign, period) = (&first.delivery.campaign, &first.delivery.period);
@@ -196,8 +203,10 @@ pub async fn ingest(
         .key(keys.lane_stream(partition, Lane::App))
         .key(keys.channel_counts(partition, campaign, period, Channel::App))
         .key(keys.counts(partition, campaign, &day_before(period)))
+        .key(keys.attachments(partition))
         .arg(retention_secs)
-        .arg(format!("{campaign}:{period}"));
+        .arg(format!("{campaign}:{period}"))
+        .arg(most_pending);
     for item in items {
         debug_assert!(item.delivery.lane() == Lane::Transactional && &item.delivery.period == period);
         let id = item.delivery.id();
@@ -205,7 +214,8 @@ pub async fn ingest(
         call.key(keys.idempotency(partition, item.delivery.home()))
             .key(keys.delivery(partition, &id))
             .key(keys.delivery(partition, &event));
-        call.arg(id).arg(item.hash).arg(item.request).arg(item.event.unwrap_or(""));
+        let (attachments, bytes) = item.attachments.unwrap_or(("", 0));
+        call.arg(id).arg(item.hash).arg(item.request).arg(item.event.unwrap_or("")).arg(attachments).arg(bytes);
     }
     read_ingested(call.invoke_async(conn).await?)
 }
@@ -225,6 +235,7 @@ pub(super) fn read_ingested(rows: Vec<(String, String)>) -> RedisResult<Vec<Inge
             "new" => Ok(Ingested::New(id)),
             "duplicate" => Ok(Ingested::Duplicate(id)),
             "conflict" => Ok(Ingested::Conflict(id)),
+            "over" => Ok(Ingested::Over(id)),
             other => Err(unexpected("ingest.lua", other)),
         })
         .collect()
