@@ -15,7 +15,6 @@ use mailstream::audience::ingest;
 use mailstream::config::{Config, Secret};
 use mailstream::model::outcome::Requeue;
 use mailstream::model::work::TRANSACTIONAL;
-use mailstream::store::Store;
 use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Listeners, RunOptions};
 use serde_json::{Value, json};
@@ -25,24 +24,6 @@ const TOKEN: &str = "ingest-token-0123456789";
 fn http() -> reqwest::Client {
     mailstream::resend::client::install_crypto_provider();
     reqwest::Client::builder().build().unwrap()
-}
-
-async fn today(store: &Store) -> String {
-    store.time().await.unwrap().format("%Y-%m-%d").to_string()
-}
-
-/// Waits until `n` transactional deliveries of today are settled; returns the counts.
-async fn tx_settled(store: &Store, n: u64) -> mailstream::store::Counts {
-    let day = today(store).await;
-    eventually(Duration::from_secs(90), || {
-        let (store, day) = (store.clone(), day.clone());
-        async move {
-            let c = store.counts(TRANSACTIONAL, &day).await.ok()?;
-            (c.settled() >= n).then_some(c)
-        }
-    })
-    .await
-    .expect("transactional deliveries settle")
 }
 
 /// `n` bytes that do not compress, as a PDF would not.

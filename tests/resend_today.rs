@@ -414,28 +414,6 @@ async fn resends_list_reaches_the_daemon_through_its_webhooks_and_a_send_to_it_i
     assert!(lifted.is_some(), "suppression.removed lifted Resend's own suppression");
 }
 
-/// `body` signed as event `id` at `ts` by Svix's own Python library (`pip install svix`;
-/// `.ci/run` installs it).
-fn svix_signed(id: &str, ts: i64, body: &str) -> String {
-    use std::io::Write;
-    let script = format!(
-        "import datetime, sys\nfrom svix.webhooks import Webhook\n\
-         ts = datetime.datetime.fromtimestamp({ts}, tz=datetime.timezone.utc)\n\
-         sys.stdout.write(Webhook('{SECRET}').sign('{id}', ts, sys.stdin.read()))"
-    );
-    let mut python = std::process::Command::new("python3")
-        .args(["-c", &script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3 runs");
-    python.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
-    let out = python.wait_with_output().unwrap();
-    assert!(out.status.success(), "the svix Python package signs: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_new_event_type_signed_by_svixs_own_library_has_its_effect() {
     let world = World::with(Default::default(), listening).await;
@@ -465,7 +443,7 @@ async fn every_new_event_type_signed_by_svixs_own_library_has_its_effect() {
             .post(format!("{url}/webhooks/resend"))
             .header("svix-id", *id)
             .header("svix-timestamp", ts.to_string())
-            .header("svix-signature", svix_signed(id, ts, &body))
+            .header("svix-signature", svix_signed(SECRET, id, ts, &body))
             .body(body)
             .send()
             .await

@@ -11,7 +11,6 @@ use common::*;
 use mailstream::audience::ingest;
 use mailstream::config::{Config, Secret};
 use mailstream::model::work::TRANSACTIONAL;
-use mailstream::store::Store;
 use mailstream::tools::emulator::EmulatorConfig;
 use mailstream::{Listeners, RunOptions};
 use serde_json::{Value, json};
@@ -46,24 +45,6 @@ async fn post(url: &str, token: Option<&str>, body: String) -> (u16, Value) {
 
 fn receipt(key: &str, to: &str) -> Value {
     json!({"idempotency_key": key, "to": to, "subject": "Your receipt", "text": "Thanks.", "html": "<p>Thanks.</p>"})
-}
-
-async fn today(store: &Store) -> String {
-    store.time().await.unwrap().format("%Y-%m-%d").to_string()
-}
-
-/// Waits until `n` transactional deliveries of today are settled; returns the counts.
-async fn tx_settled(store: &Store, n: u64) -> mailstream::store::Counts {
-    let day = today(store).await;
-    eventually(Duration::from_secs(60), || {
-        let (store, day) = (store.clone(), day.clone());
-        async move {
-            let c = store.counts(TRANSACTIONAL, &day).await.ok()?;
-            (c.settled() >= n).then_some(c)
-        }
-    })
-    .await
-    .expect("transactional deliveries settle")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

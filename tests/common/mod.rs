@@ -583,3 +583,48 @@ pub fn metric(text: &str, name: &str, containing: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// `body` signed as event `id` at `ts` (Unix seconds) with `secret` by Svix's own Python
+/// library (`pip install svix`; `.ci/run` installs it).
+pub fn svix_signed(secret: &str, id: &str, ts: i64, body: &str) -> String {
+    use std::io::Write;
+    let script = format!(
+        "import datetime, sys\nfrom svix.webhooks import Webhook\n\
+         ts = datetime.datetime.fromtimestamp({ts}, tz=datetime.timezone.utc)\n\
+         sys.stdout.write(Webhook('{secret}').sign('{id}', ts, sys.stdin.read()))"
+    );
+    let mut python = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    python.stdin.take().unwrap().write_all(body.as_bytes()).unwrap();
+    let out = python.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the svix Python package is needed for this test (pip install svix): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Today (UTC, by Redis's clock): the transactional lane's period.
+pub async fn today(store: &Store) -> String {
+    store.time().await.unwrap().format("%Y-%m-%d").to_string()
+}
+
+/// Waits until `n` transactional deliveries of today are settled; returns the counts.
+pub async fn tx_settled(store: &Store, n: u64) -> Counts {
+    let day = today(store).await;
+    eventually(Duration::from_secs(90), || {
+        let (store, day) = (store.clone(), day.clone());
+        async move {
+            let c = store.counts(mailstream::model::work::TRANSACTIONAL, &day).await.ok()?;
+            (c.settled() >= n).then_some(c)
+        }
+    })
+    .await
+    .expect("transactional deliveries settle")
+}
