@@ -153,11 +153,7 @@ impl Emails {
         for (key, value) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
             match key.as_ref() {
                 "limit" => {
-                    limit = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or_else(|| invalid("The `limit` must be a number between 1 and 100."))?;
+                    limit = super::validate::list_limit(&value, MAX_LIMIT)?;
                 }
                 "after" | "before" => {
                     if !matches!(cursor, EmailsCursor::Newest) {

@@ -266,11 +266,7 @@ impl Suppressions {
             match key.as_ref() {
                 "origin" => origin = Some(value.parse::<SuppressionOrigin>().map_err(invalid)?),
                 "limit" => {
-                    limit = value
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=MAX_LIMIT).contains(n))
-                        .ok_or_else(|| invalid("The `limit` must be a number between 1 and 100."))?;
+                    limit = super::validate::list_limit(&value, MAX_LIMIT)?;
                 }
                 "after" | "before" => {
                     if after.is_some() || before.is_some() {

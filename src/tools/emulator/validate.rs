@@ -89,6 +89,12 @@ pub(crate) fn check_headers(req: &HttpRequest, allowed: Option<&str>) -> Result<
     if ok { Ok(()) } else { Err(ApiError::new(403, "invalid_api_key", "API key is invalid.")) }
 }
 
+/// A list endpoint's `limit`: 1 to `most`, else 422 as Resend answers it.
+pub(crate) fn list_limit(value: &str, most: usize) -> Result<usize, ApiError> {
+    let message = format!("The `limit` must be a number between 1 and {most}.");
+    value.parse().ok().filter(|n| (1..=most).contains(n)).ok_or_else(|| ApiError::new(422, "validation_error", message))
+}
+
 /// The recipients and subject of an email that passed validation, and what it attaches.
 pub(crate) struct Recipients {
     pub to: Vec<String>,
