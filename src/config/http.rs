@@ -31,6 +31,9 @@ pub struct HttpConfig {
     pub admin_token_file: Option<PathBuf>,
     #[serde(skip)]
     pub admin_tokens: Vec<Secret>,
+    /// How long a sign-in to the admin pages lasts (a session kept in Redis; the cookie
+    /// holds only its random id). Signing out ends it sooner.
+    pub admin_session_hours: u64,
     /// The ingest API (`POST /v1/deliveries` on the public listener) needs a bearer
     /// token of at least 16 characters: `MAILSTREAM_INGEST_TOKEN`, this file, or the
     /// credential `ingest_token`. Without one the API is off (404).
@@ -89,6 +92,7 @@ impl Default for HttpConfig {
             public_timeout_ms: 10_000,
             admin_token_file: None,
             admin_tokens: Vec::new(),
+            admin_session_hours: 8,
             ingest_token_file: None,
             ingest_tokens: Vec::new(),
             bind_retry_seconds: 10,
@@ -120,6 +124,11 @@ impl Default for UnsubscribeConfig {
 }
 
 impl HttpConfig {
+    /// How long an admin session lasts (`admin_session_hours`).
+    pub(crate) fn admin_session(&self) -> Duration {
+        Duration::from_secs(self.admin_session_hours * 3600)
+    }
+
     /// Adds a message for each limit of the public listener that is wrong.
     pub(super) fn validate(&self, errors: &mut Vec<String>) {
         let mut check = |ok: bool, message: String| {
@@ -135,6 +144,10 @@ impl HttpConfig {
         check(
             (1024..=64 * 1024 * 1024).contains(&h.public_max_body_bytes),
             format!("http.public_max_body_bytes: must be 1024..=67108864 (got {})", h.public_max_body_bytes),
+        );
+        check(
+            (1..=168).contains(&h.admin_session_hours),
+            format!("http.admin_session_hours: must be 1..=168 (got {})", h.admin_session_hours),
         );
         check(
             h.public_requests_per_second_per_source >= 1,

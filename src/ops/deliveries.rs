@@ -27,6 +27,7 @@ use crate::store::{Store, history};
 
 mod newest;
 mod scan;
+pub mod waiting;
 
 /// The statuses a delivery can be in (what `--status` accepts).
 pub(crate) const STATUSES: [&str; 8] =
@@ -394,6 +395,9 @@ pub struct Detail {
     /// service's host and the subscription's id, never the endpoint), each marked when
     /// this delivery reached it.
     pub browsers: Vec<String>,
+    /// What it waits for while not settled (filled by [`waiting::of`], which needs the
+    /// delivery settings).
+    pub waiting: Option<waiting::WaitingStory>,
 }
 
 /// The inline address of a transactional request (`to`), if the record holds one.
@@ -459,7 +463,7 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
             browsers.push(format!("{}{}", s.masked(), if reached { ": reached" } else { "" }));
         }
     }
-    Ok(Some(Detail { row, fields, history, browsers }))
+    Ok(Some(Detail { row, fields, history, browsers, waiting: None }))
 }
 
 /// `2h`, `30m`, `7d`, `90s` before `now`, or an RFC 3339 time.

@@ -333,6 +333,12 @@ impl Keys {
         format!("{}:suppressions:sync:seen", self.prefix)
     }
 
+    /// Hash with a TTL: a signed-in admin session (the token's name and owner mark), under
+    /// the SHA-256 of the random id its cookie holds (the id itself is never stored).
+    pub fn admin_session(&self, id_hash: &str) -> String {
+        format!("{}:admin:session:{id_hash}", self.prefix)
+    }
+
     /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).
     pub fn limiter(&self) -> String {
         format!("{}:limiter", self.prefix)

@@ -14,6 +14,7 @@ pub mod records;
 pub mod redis_server;
 mod restamp;
 pub mod scripts;
+pub mod sessions;
 pub mod streams;
 
 use anyhow::{Context, bail};

@@ -1,103 +1,52 @@
 //! The admin pages on the private listener, for operators in an incident: the
 //! overview first (`/admin/overview`, `/admin/api/overview`: each campaign period
-//! against the SLO, the pause, the backlog, recent suppressions; `overview.rs`),
-//! then the delivery log: `/admin/api/deliveries` (JSON, the same filters as
-//! `mailstream deliveries`) and `/admin/deliveries` (filters, pages, one delivery's
-//! history). Pages are minijinja templates, auto-escaped (`pages.rs`). Every route
-//! needs an admin token (`http.admin_token_file`, `MAILSTREAM_ADMIN_TOKEN` or the
-//! credential `admin_token`): `Authorization: Bearer <token>`, or the session cookie
-//! that signing in at `/admin/login` sets (an HMAC of the token, never the token).
-//! Without a token configured the log is off (404).
+//! against the SLO, failures by reason, the pause, the backlog, recent suppressions;
+//! `overview.rs`), one campaign period (`/admin/period`: its progress, its failures by
+//! reason, the instances reading; `period.rs`), then the delivery log:
+//! `/admin/api/deliveries` (JSON, the same filters as `mailstream deliveries`) and
+//! `/admin/deliveries` (filters, pages, one delivery's history). What an operator can
+//! do is in `actions.rs`. Pages are minijinja templates, auto-escaped (`pages.rs`).
+//! Every route needs an admin token (`http.admin_token_file`, `MAILSTREAM_ADMIN_TOKEN`
+//! or the credential `admin_token`): `Authorization: Bearer <token>`, or a session
+//! opened by signing in at `/admin/login` (`session.rs`). Without a token configured
+//! the log is off (404).
 
 mod actions;
 mod overview;
 mod pages;
+mod period;
+mod session;
 
-use hmac::{Hmac, Mac};
 use hyper::{Method, StatusCode};
 use minijinja::context;
-use sha2::Sha256;
 
 use self::pages::{page, value};
+use self::session::{Credentials, Via, guard, redirect};
 use crate::config::Secret;
 use crate::http::server::{self, HttpRequest, HttpResponse};
 use crate::ops::deliveries::{self, Filter, STATUSES};
 use crate::send::ctx::Ctx;
 use crate::store::Store;
 
-const COOKIE: &str = "mailstream_admin";
-
-/// How a request proved itself: a form sent with a cookie must also carry the page's token.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Via {
-    Bearer,
-    Cookie,
-}
 const PAGE_SIZE: usize = 50;
 
-/// One admin token and the name the log of admin actions gives it.
-pub(crate) struct Credential {
-    name: String,
-    token: Secret,
-}
-
-/// The tokens that open the admin pages.
+/// The tokens that open the admin pages, and the routes behind them.
 pub(crate) struct Admin {
-    credentials: Vec<Credential>,
+    credentials: Credentials,
 }
 
 impl Admin {
     /// `NAME:TOKEN` names a token; a bare token is named by its position (`#1`, …).
     pub fn new(tokens: &[Secret]) -> Admin {
-        let credentials = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| match t.expose().split_once(':') {
-                Some((name, token)) => Credential { name: name.to_string(), token: Secret::new(token) },
-                None => Credential { name: format!("#{}", i + 1), token: t.clone() },
-            })
-            .collect();
-        Admin { credentials }
+        Admin { credentials: Credentials::new(tokens) }
     }
 
-    fn mac(token: &[u8], purpose: &[u8]) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(token).expect("HMAC takes any key length");
-        mac.update(purpose);
-        mac.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
-    }
-
-    /// The session cookie's value for a token.
-    fn session(c: &Credential) -> String {
-        Self::mac(c.token.expose().as_bytes(), b"mailstream admin session")
-    }
-
-    /// The token a signed-in page's forms carry, bound to the session: another site can
-    /// make the browser send the cookie, not read this.
-    fn csrf(c: &Credential) -> String {
-        Self::mac(c.token.expose().as_bytes(), b"mailstream admin form")
-    }
-
-    /// Who the request comes from: a valid token (`Bearer`, no cookie involved) or a
-    /// session cookie, compared in constant time.
-    fn who(&self, req: &HttpRequest) -> Option<(&Credential, Via)> {
-        let header = |name| req.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
-        let bearer = server::bearer(req);
-        let cookie = header(hyper::header::COOKIE)
-            .split(';')
-            .filter_map(|c| c.trim().strip_prefix(COOKIE).and_then(|c| c.strip_prefix('=')))
-            .next()
-            .unwrap_or("");
-        self.credentials.iter().find_map(|c| {
-            if server::same_secret(bearer, c.token.expose()) {
-                Some((c, Via::Bearer))
-            } else {
-                server::same_secret(cookie, &Self::session(c)).then_some((c, Via::Cookie))
-            }
-        })
-    }
-
-    /// Answers a request under `/admin`.
+    /// Answers a request under `/admin`, with the headers every admin answer carries.
     pub(crate) async fn route(&self, ctx: &Ctx, req: HttpRequest) -> HttpResponse {
+        guard(self.answer(ctx, req).await)
+    }
+
+    async fn answer(&self, ctx: &Ctx, req: HttpRequest) -> HttpResponse {
         let (store, config) = (&ctx.store, &ctx.config);
         if self.credentials.is_empty() {
             return server::text(
@@ -106,34 +55,43 @@ impl Admin {
             );
         }
         let path = req.uri().path().to_string();
-        if path == "/admin/login" {
-            return self.login(&req);
+        let api = path.starts_with("/admin/api/");
+        let failed = |e: anyhow::Error| error(api, StatusCode::SERVICE_UNAVAILABLE, &format!("{e:#}"));
+        match path.as_str() {
+            "/admin/login" => return self.login(ctx, &req).await.unwrap_or_else(failed),
+            "/admin/logout" if req.method() == Method::POST => {
+                return session::sign_out(store, &req)
+                    .await
+                    .map(|cookie| redirect("/admin/login", Some(&cookie)))
+                    .unwrap_or_else(failed);
+            }
+            _ => {}
         }
-        let Some((who, via)) = self.who(&req) else {
-            return if path.starts_with("/admin/api/") {
-                server::json(StatusCode::UNAUTHORIZED, &serde_json::json!({"error": "a valid admin token is needed"}))
-            } else {
-                login_page(StatusCode::UNAUTHORIZED, "Sign in with an admin token.")
-            };
+        let (who, via) = match self.credentials.who(store, &req).await {
+            Ok(Some(found)) => found,
+            Ok(None) if api => {
+                return server::json(
+                    StatusCode::UNAUTHORIZED,
+                    &serde_json::json!({"error": "a valid admin token is needed"}),
+                );
+            }
+            Ok(None) => return login_page(StatusCode::UNAUTHORIZED, "Sign in with an admin token."),
+            Err(e) => return failed(e),
         };
-        let csrf = Self::csrf(who);
+        let csrf = Credentials::form_token(who, &via);
         let query = req.uri().query().unwrap_or("").to_string();
         let result = match path.as_str() {
-            "/admin" | "/admin/" => return redirect("/admin/overview"),
+            "/admin" | "/admin/" => return redirect("/admin/overview", None),
             "/admin/api/overview" => overview::read(store, config).await.map(|o| json(&o)),
-            "/admin/overview" => overview::read(store, config).await.map(|o| {
-                page(
-                    StatusCode::OK,
-                    "overview.html",
-                    context! { title => "Overview", signed_in => true, o => value(&o) },
-                )
-            }),
-            "/admin/suppressions" => actions::suppressions_page(store).await,
-            "/admin/confirm" => actions::confirm_page(&query, &csrf),
+            "/admin/overview" => overview::page(store, config, &query).await,
+            "/admin/api/period" => period::read(ctx, &query).await.map(|p| json(&p)),
+            "/admin/period" => period::page(ctx, &query).await,
+            "/admin/suppressions" => actions::suppressions_page(store, &query).await,
+            "/admin/confirm" => actions::confirm_page(store, &query, &csrf).await,
             "/admin/act" if req.method() == Method::POST => {
                 let form: Vec<(String, String)> = form_urlencoded::parse(req.body()).into_owned().collect();
                 let sent = form.iter().find(|(k, _)| k == "csrf").map(|(_, v)| v.as_str()).unwrap_or("");
-                if via == Via::Cookie && !server::same_secret(sent, &csrf) {
+                if via != Via::Bearer && !server::same_secret(sent, &csrf) {
                     tracing::warn!(admin = %who.name, "an admin form without its token was refused (forged, or from an old page)");
                     let message =
                         "This form is not from a page of this session (forged, or an old page): nothing was done.";
@@ -148,36 +106,40 @@ impl Admin {
             "/admin/api/deliveries" => list(store, &query).await.map(|(page, _)| json(&page)),
             "/admin/deliveries" => list(store, &query).await.map(|(page, form)| list_page(&page, &form, &query)),
             p => match (p.strip_prefix("/admin/api/deliveries/"), p.strip_prefix("/admin/deliveries/")) {
-                (Some(id), _) => one(store, id).await.map(|d| d.map_or_else(not_found, |d| json(&d))),
-                (_, Some(id)) => one(store, id).await.map(|d| d.map_or_else(not_found, |d| detail_page(&d))),
+                (Some(id), _) => one(ctx, id).await.map(|d| d.map_or_else(not_found, |d| json(&d))),
+                (_, Some(id)) => match one(ctx, id).await {
+                    Ok(Some(d)) => Ok(detail_page(&d, &query)),
+                    Ok(None) => Ok(not_found()),
+                    Err(e) => Err(e),
+                },
                 _ => Ok(not_found()),
             },
         };
-        result.unwrap_or_else(|e| {
-            let message = format!("{e:#}");
-            if path.starts_with("/admin/api/") {
-                server::json(StatusCode::BAD_REQUEST, &serde_json::json!({"error": message}))
-            } else {
-                page(StatusCode::BAD_REQUEST, "error.html", context! { title => "Error", signed_in => true, message })
-            }
-        })
+        result.unwrap_or_else(|e| error(api, StatusCode::BAD_REQUEST, &format!("{e:#}")))
     }
 
-    fn login(&self, req: &HttpRequest) -> HttpResponse {
+    async fn login(&self, ctx: &Ctx, req: &HttpRequest) -> anyhow::Result<HttpResponse> {
         if req.method() != Method::POST {
-            return login_page(StatusCode::OK, "Sign in with an admin token.");
+            return Ok(login_page(StatusCode::OK, "Sign in with an admin token."));
         }
         let token = form_urlencoded::parse(req.body()).find(|(k, _)| k == "token").map(|(_, v)| v.to_string());
-        let known = token.and_then(|p| self.credentials.iter().find(|c| server::same_secret(&p, c.token.expose())));
-        match known {
-            Some(c) => {
-                let mut response = redirect("/admin/overview");
-                let cookie = format!("{COOKIE}={}; Path=/admin; HttpOnly; SameSite=Strict", Self::session(c));
-                response.headers_mut().insert(hyper::header::SET_COOKIE, cookie.parse().expect("a cookie header"));
-                response
+        let lasts = ctx.config.http.admin_session();
+        match self.credentials.sign_in(&ctx.store, &token.unwrap_or_default(), lasts).await? {
+            Some((name, cookie)) => {
+                tracing::info!(admin = %name, hours = lasts.as_secs() / 3600, "admin signed in");
+                Ok(redirect("/admin/overview", Some(&cookie)))
             }
-            None => login_page(StatusCode::UNAUTHORIZED, "That token is not valid."),
+            None => Ok(login_page(StatusCode::UNAUTHORIZED, "That token is not valid.")),
         }
+    }
+}
+
+/// An error as an API answer (JSON) or a page.
+fn error(api: bool, status: StatusCode, message: &str) -> HttpResponse {
+    if api {
+        server::json(status, &serde_json::json!({"error": message}))
+    } else {
+        page(status, "error.html", context! { title => "Error", signed_in => true, message })
     }
 }
 
@@ -187,12 +149,6 @@ fn json<T: serde::Serialize>(value: &T) -> HttpResponse {
 
 fn not_found() -> HttpResponse {
     server::text(StatusCode::NOT_FOUND, "no such delivery (never enqueued, or expired after the retention)\n")
-}
-
-fn redirect(to: &str) -> HttpResponse {
-    let mut response = server::text(StatusCode::SEE_OTHER, "");
-    response.headers_mut().insert(hyper::header::LOCATION, to.parse().expect("a location"));
-    response
 }
 
 /// The filter form as the operator filled it in, shown back on the page.
@@ -237,9 +193,12 @@ async fn list(store: &Store, query: &str) -> anyhow::Result<(deliveries::Page, F
     Ok((deliveries::page(store, &f, cursor.as_deref()).await?, form))
 }
 
-async fn one(store: &Store, id: &str) -> anyhow::Result<Option<deliveries::Detail>> {
+/// One delivery, with what it waits for if it is not settled.
+async fn one(ctx: &Ctx, id: &str) -> anyhow::Result<Option<deliveries::Detail>> {
     let id = percent_decode(id);
-    deliveries::get(store, &id).await
+    let Some(mut d) = deliveries::get(&ctx.store, &id).await? else { return Ok(None) };
+    d.waiting = deliveries::waiting::of(&ctx.store, &ctx.config.delivery, &d).await?;
+    Ok(Some(d))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -263,24 +222,10 @@ fn list_page(p: &deliveries::Page, form: &Form, query: &str) -> HttpResponse {
     page(StatusCode::OK, "deliveries.html", context)
 }
 
-fn detail_page(d: &deliveries::Detail) -> HttpResponse {
+fn detail_page(d: &deliveries::Detail, query: &str) -> HttpResponse {
     let transactional = d.row.campaign == crate::model::work::TRANSACTIONAL;
     let (title, r) = (d.row.id.clone(), value(&d.row));
-    let context = context! { title, signed_in => true, d => value(d), r, transactional };
+    let acted = actions::acted(query);
+    let context = context! { title, signed_in => true, d => value(d), r, transactional, acted => value(&acted) };
     page(StatusCode::OK, "delivery.html", context)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_token_is_named_in_the_log_by_its_prefix_or_its_position() {
-        let admin = Admin::new(&[Secret::new("0123456789abcdef0123"), Secret::new("ops-ann:fedcba9876543210fedc")]);
-        let names: Vec<&str> = admin.credentials.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["#1", "ops-ann"]);
-        assert_eq!(admin.credentials[1].token.expose(), "fedcba9876543210fedc", "the name is not part of the token");
-        assert_ne!(Admin::csrf(&admin.credentials[0]), Admin::csrf(&admin.credentials[1]));
-        assert_ne!(Admin::csrf(&admin.credentials[0]), Admin::session(&admin.credentials[0]));
-    }
 }

@@ -1,14 +1,24 @@
 //! The admin landing page's figures: what an operator asks first in an incident.
 //! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
 //! sending is paused, whether the provider is down, each partition's backlog and dead letters (the same reads as
-//! the `/metrics` gauges), and the suppressions and webhook events of the last 24 hours.
+//! the `/metrics` gauges), the deliveries failing now by error name, and the
+//! suppressions and webhook events of the last 24 hours. The page refreshes itself
+//! every `REFRESH_SECONDS` unless paused (`?refresh=off`).
 
+use hyper::StatusCode;
+use minijinja::context;
 use serde::Serialize;
 
+use super::pages::{self, value};
 use crate::config::Config;
+use crate::http::server::HttpResponse;
 use crate::metrics::{self, Partition};
+use crate::ops::dead_letters::{self, FailureGroup};
 use crate::store::Store;
 use crate::{audience::suppression, ops::slo};
+
+/// How often the overview page reloads itself while not paused.
+const REFRESH_SECONDS: u64 = 15;
 
 /// The overview (also `/admin/api/overview`).
 #[derive(Debug, Clone, Serialize)]
@@ -27,6 +37,9 @@ pub(crate) struct Overview {
     pub suppressed_last_24h: std::collections::BTreeMap<String, u64>,
     /// Provider events recorded on deliveries in the last 24 hours, by type.
     pub webhook_events_last_24h: std::collections::BTreeMap<String, u64>,
+    /// Deliveries failed or of unknown outcome now (not retried since), by status and
+    /// error name, the largest group first.
+    pub failures_by_reason: Vec<FailureGroup>,
 }
 
 /// Reads the overview from Redis.
@@ -53,5 +66,16 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
         partitions,
         suppressed_last_24h,
         webhook_events_last_24h: crate::store::scripts::webhook_events_last_24h(store).await?,
+        failures_by_reason: dead_letters::by_reason(&dead_letters::failing(store, None).await?),
     })
+}
+
+/// The overview page; `?refresh=off` pauses its reloading.
+pub(crate) async fn page(store: &Store, config: &Config, query: &str) -> anyhow::Result<HttpResponse> {
+    let o = read(store, config).await?;
+    let paused = form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "refresh" && v == "off");
+    let refresh = (!paused).then_some(REFRESH_SECONDS);
+    let acted = super::actions::acted(query);
+    let context = context! { title => "Overview", signed_in => true, o => value(&o), refresh, acted => value(&acted) };
+    Ok(pages::page(StatusCode::OK, "overview.html", context))
 }

@@ -1,5 +1,7 @@
 //! The admin pages: minijinja templates (`pages/*.html`, compiled into the binary),
-//! auto-escaped as HTML, so no value reaches a page unescaped.
+//! auto-escaped as HTML, so no value reaches a page unescaped. Times are shown as
+//! people read them (`when`: `2026-12-06 18:20:05 UTC (3 min ago)`), never as raw
+//! milliseconds.
 
 use std::sync::LazyLock;
 
@@ -19,12 +21,52 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("delivery.html", include_str!("pages/delivery.html")),
         ("suppressions.html", include_str!("pages/suppressions.html")),
         ("confirm.html", include_str!("pages/confirm.html")),
-        ("done.html", include_str!("pages/done.html")),
+        ("period.html", include_str!("pages/period.html")),
+        ("failures.html", include_str!("pages/failures.html")),
     ] {
         env.add_template(name, source).expect("the admin pages compile (a unit test renders each)");
     }
+    env.add_filter("when", |v: Value| when(&v, chrono::Utc::now()));
+    env.add_filter("field", |v: Value, name: String| field(&name, &v, chrono::Utc::now()));
+    env.add_filter("total", |v: Value| -> u64 {
+        let Ok(keys) = v.try_iter() else { return 0 };
+        keys.filter_map(|k| v.get_item(&k).ok().and_then(|n| u64::try_from(n).ok())).sum()
+    });
+    env.add_filter("words", |v: String| v.replace('_', " "));
     env
 });
+
+/// A time as people read it: milliseconds since the epoch (a number or its digits) or
+/// RFC 3339, as UTC to the second and how long ago (as it was; anything else).
+fn when(v: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
+    let text = v.to_string();
+    let at = i64::try_from(v.clone())
+        .ok()
+        .or_else(|| text.parse::<i64>().ok())
+        .and_then(chrono::DateTime::from_timestamp_millis)
+        .or_else(|| chrono::DateTime::parse_from_rfc3339(&text).ok().map(|t| t.to_utc()));
+    let Some(at) = at else { return text };
+    let secs = (now - at).num_seconds();
+    let ago = match secs.unsigned_abs() {
+        0..60 => format!("{} s", secs.abs()),
+        60..7200 => format!("{} min", secs.abs() / 60),
+        7200..172_800 => format!("{} h", secs.abs() / 3600),
+        _ => format!("{} days", secs.abs() / 86_400),
+    };
+    let ago = if secs >= 0 { format!("{ago} ago") } else { format!("in {ago}") };
+    format!("{} ({ago})", at.format("%Y-%m-%d %H:%M:%S UTC"))
+}
+
+/// A record's field as the delivery page shows it: a time field (`…_ms`, `ev_…`) as a
+/// time, with its raw value; anything else as it is.
+fn field(name: &str, v: &Value, now: chrono::DateTime<chrono::Utc>) -> String {
+    let raw = v.to_string();
+    let time = name.ends_with("_ms") || name.starts_with("ev_");
+    match raw.parse::<i64>() {
+        Ok(ms) if time && ms > 1_000_000_000_000 => format!("{} · {raw}", when(v, now)),
+        _ => raw,
+    }
+}
 
 /// A serializable value as templates see it.
 pub(super) fn value(v: &impl serde::Serialize) -> Value {
@@ -57,5 +99,20 @@ mod tests {
             .render(minijinja::context! { title => "t", message => "<script>x</script>" })
             .unwrap();
         assert!(html.contains("&lt;script&gt;") && !html.contains("<script>x"), "{html}");
+    }
+
+    #[test]
+    fn times_read_as_times() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-06T18:20:05Z").unwrap().to_utc();
+        let ms = now.timestamp_millis() - 180_000;
+        assert_eq!(when(&Value::from(ms), now), "2026-12-06 18:17:05 UTC (3 min ago)");
+        assert_eq!(when(&Value::from(ms.to_string()), now), "2026-12-06 18:17:05 UTC (3 min ago)");
+        assert_eq!(when(&Value::from("2026-12-06T18:20:00+00:00"), now), "2026-12-06 18:20:00 UTC (5 s ago)");
+        assert_eq!(when(&Value::from("2026-12-08T18:20:05Z"), now), "2026-12-08 18:20:05 UTC (in 2 days)");
+        assert_eq!(when(&Value::from("soon"), now), "soon");
+        let settled = field("settled_ms", &Value::from(ms.to_string()), now);
+        assert_eq!(settled, format!("2026-12-06 18:17:05 UTC (3 min ago) · {ms}"));
+        assert_eq!(field("sends", &Value::from("3"), now), "3");
+        assert_eq!(field("provider_id", &Value::from("1796315123813"), now), "1796315123813");
     }
 }
