@@ -137,7 +137,10 @@ async fn readers(store: &Store, group: &str, transactional: bool) -> anyhow::Res
     let mut out = Vec::new();
     for p in 0..store.keys.partitions() {
         let stream = store.keys.lane_stream(p, lane);
-        let Ok(consumers) = streams::consumers(&mut conn, &stream, group).await else { continue };
+        if streams::group_info(&mut conn, &stream, group).await?.is_none() {
+            continue;
+        }
+        let consumers = streams::consumers(&mut conn, &stream, group).await?;
         out.extend(consumers.into_iter().map(|c| Reader {
             partition: p,
             lane: lane.as_str(),
