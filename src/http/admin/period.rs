@@ -97,7 +97,7 @@ pub(crate) async fn page(ctx: &Ctx, query: &str) -> anyhow::Result<HttpResponse>
 }
 
 /// The period's settlements per minute over the last minute, from each partition's index
-/// of its newest settlements (at most 1,000 each: where that covers less than the
+/// of its newest settlements (at most `RECENT_KEEP` each: where that covers less than the
 /// minute, the rate is of the part it covers).
 async fn rate(store: &Store, campaign: &str, period: &str) -> anyhow::Result<f64> {
     let now = store.time().await?.timestamp_millis();
@@ -117,7 +117,7 @@ async fn rate(store: &Store, campaign: &str, period: &str) -> anyhow::Result<f64
         let Some(&(_, oldest)) = newest.last() else { continue };
         // A full index may have dropped older settlements of the minute: measure over
         // what it still covers.
-        let full = newest.len() >= 1000;
+        let full = newest.len() >= crate::store::keys::RECENT_KEEP;
         let since = if full { oldest as i64 } else { now - RATE_WINDOW_MS };
         let span = (now - since).max(1_000) as f64;
         let ours = newest
