@@ -23,7 +23,14 @@
 //! Left out on purpose: which endpoint a request goes to (a batch, or one email with
 //! attachments through `POST /emails`: the same keyed request of a sealed body, replayed
 //! alike), and record fields no step reads (a receipt's attachments, deleted when it
-//! settles; the partition's pending attachment bytes, which only refuse an ingest).
+//! settles; the partition's pending attachment bytes, which only refuse an ingest); a
+//! suppression lifted (an operator's lift, or Resend's `suppression.removed`, which
+//! suppress.lua's `provider_remove` applies only to Resend's own suppression): a lift only
+//! lets mail reach an address again, and the model's guarantees hold for whatever the
+//! gate reads; and the tallies of what Resend said after accepting an email (event.lua's
+//! `provider_failed`, `provider_failed:<reason>`, `delivery_delayed`): counters no step
+//! reads. The admin pages add no step: they read, and their retries call the same
+//! `dead-letters retry` (requeue.lua, unchanged) as the command line.
 
 use std::fmt;
 
