@@ -10,12 +10,13 @@
 -- (`sends`: once per request that may leave, not per look: a second look before the request
 -- left counts nothing, and reschedule.lua takes back the count of one put back unsent).
 -- Members no longer wanted are settled 'skipped' here, compactly (prelude.lua), and join the
--- recent settlements. A batch never sent is re-sealed
+-- recent settlements and those of this minute. A batch never sent is re-sealed
 -- without them under a new key (its body rebuilt byte-exactly from `sizes`); a batch that
 -- may have been sent is resent byte-identical or not at all ('withhold').
 --
 -- KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
---   KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, then per member: delivery key, subscriber key
+--   KEYS[5] recent settlements, KEYS[6] settlements per minute, KEYS[7..6+c] counts hashes, then
+--   per member: delivery key, subscriber key
 -- ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 --   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c,
 --   ARGV[10] '1' if the holder knows an earlier request may have been processed (it took the
@@ -33,10 +34,10 @@
 --   {'lost'}                                       no batch record, a member not final
 -- where skipped = 'position:reason ...' and reasons = one reason or '' per member.
 local c = tonumber(ARGV[9]) or -1
-local n = arity(5 + c, 2, 10, 3)
+local n = arity(6 + c, 2, 10, 3)
 -- Member m's keys and arguments.
 local function member(m)
-  local k, a = 5 + c + 2 * (m - 1), 10 + 3 * (m - 1)
+  local k, a = 6 + c + 2 * (m - 1), 10 + 3 * (m - 1)
   return {dkey = KEYS[k + 1], skey = KEYS[k + 2], campaign = ARGV[a + 1], ci = tonumber(ARGV[a + 2]),
     check = ARGV[a + 3]}
 end
@@ -142,6 +143,7 @@ for s in string.gmatch(b.sizes, '%S+') do sizes[#sizes + 1] = tonumber(s) end
 for s in string.gmatch(b.members, '%S+') do ids[#ids + 1] = s end
 local body, offset = b.body, 2
 local kept_items, kept_sizes, kept_ids, kept_addresses, positions, skipped = {}, {}, {}, {}, {}, {}
+local skips = 0
 for m = 1, n do
   local item = string.sub(body, offset, offset + sizes[m] - 1)
   offset = offset + sizes[m] + 1
@@ -158,12 +160,14 @@ for m = 1, n do
     if reasons[m] ~= 'record_lost' then
       compact(dkey, entry_text('skipped', now, reasons[m], 0), now, retention)
       redis.call('ZADD', KEYS[5], now, ids[m])
-      redis.call('HINCRBY', KEYS[5 + ci], 'skipped', 1)
-      redis.call('PEXPIREAT', KEYS[5 + ci], keep_until(KEYS[5 + ci], now, retention))
+      redis.call('HINCRBY', KEYS[6 + ci], 'skipped', 1)
+      skips = skips + 1
+      redis.call('PEXPIREAT', KEYS[6 + ci], keep_until(KEYS[6 + ci], now, retention))
     end
   end
 end
 keep_recent(KEYS[5], now, retention)
+tally_minute(KEYS[6], now, {skipped = skips})
 if #kept_items == 0 then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], bid)

@@ -11,6 +11,11 @@
 -- the request (its template and data keys, never an address): the email's record is gone
 -- once it is sent (prelude.lua). The day's first item fixes the day's number of
 -- settled-history buckets, for as many deliveries as the day before had.
+-- Each address an item is sent to inline (`to`, hashed as suppressions are: never the address)
+-- joins the partition's address index (`by_address`: member `<hash>:<delivery id>`, scored by
+-- when its key's guard expires), what the admin page's search and erasure read to find the
+-- deliveries addressed to someone; entries past their score are pruned here, and the index
+-- expires with its newest.
 -- An item's attachments are kept in a field of their own (`attachments`, deleted when it
 -- settles: settle.lua, decide.lua) and their size in the partition's pending-attachments hash
 -- (delivery id -> bytes); an item whose attachments would take the partition's pending bytes
@@ -19,20 +24,21 @@
 --
 -- KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
 --   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
---   hash of the day before, KEYS[7] the partition's pending attachments; then per item:
---   KEYS[5+3i] guard key, KEYS[6+3i] delivery key, KEYS[7+3i] its event's key
+--   hash of the day before, KEYS[7] the partition's pending attachments, KEYS[8] its address
+--   index; then per item: KEYS[6+3i] guard key, KEYS[7+3i] delivery key, KEYS[8+3i] its event's key
 -- ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the most attachment bytes
 --   pending in the partition; then per item: delivery id, request hash, request JSON, its
 --   event's request JSON ('' without the application channel), its attachments' JSON ('' for
---   none), their bytes (0 for none)
+--   none), their bytes (0 for none), the hashes of the addresses it is sent to inline
+--   (comma-separated; '-' for none)
 -- Returns per item {status, delivery id} with status 'new', 'duplicate', 'conflict' or 'over'.
-local n = arity(7, 3, 3, 6)
+local n = arity(8, 3, 3, 7)
 -- Item i's keys and arguments.
 local function member(i)
-  local a = 3 + 6 * (i - 1)
-  return {guard = KEYS[5 + 3 * i], dkey = KEYS[6 + 3 * i], akey = KEYS[7 + 3 * i], id = ARGV[a + 1],
+  local a = 3 + 7 * (i - 1)
+  return {guard = KEYS[6 + 3 * i], dkey = KEYS[7 + 3 * i], akey = KEYS[8 + 3 * i], id = ARGV[a + 1],
     hash = ARGV[a + 2], request = ARGV[a + 3], event = ARGV[a + 4], attachments = ARGV[a + 5],
-    bytes = tonumber(ARGV[a + 6])}
+    bytes = tonumber(ARGV[a + 6]), addresses = ARGV[a + 7]}
 end
 local retention, most_pending = tonumber(ARGV[1]), tonumber(ARGV[3])
 local pending = 0
@@ -41,6 +47,7 @@ for _, b in ipairs(redis.call('HVALS', KEYS[7])) do
 end
 local now = now_ms()
 local out, added, dups, app_added, app_dups = {}, 0, 0, 0, 0
+local indexed = false
 local function fix_buckets(counts)
   if redis.call('HEXISTS', counts, 'buckets') == 0 then
     buckets(counts, tonumber(redis.call('HGET', KEYS[6], 'enqueued') or '0'))
@@ -74,6 +81,12 @@ for i = 1, n do
       pending = pending + item.bytes
     end
     redis.call('XADD', KEYS[1], '*', 'delivery', id)
+    for address in string.gmatch(item.addresses, '[^,]+') do
+      if address ~= '-' then
+        redis.call('ZADD', KEYS[8], now + retention * 1000, address .. ':' .. id)
+        indexed = true
+      end
+    end
     added = added + 1
     if app and redis.call('HSETNX', akey, 'state', 'pending') == 1 then
       redis.call('HSET', akey, 'enqueued_ms', now, 'request', event)
@@ -100,6 +113,10 @@ if app_dups > 0 then
 end
 if app_added + app_dups > 0 then
   redis.call('PEXPIREAT', KEYS[5], keep_until(KEYS[5], now, retention))
+end
+if indexed then
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', '(' .. now)
+  redis.call('PEXPIREAT', KEYS[8], now + retention * 1000)
 end
 list_period(KEYS[3], ARGV[2], now + retention * 1000, now)
 return out

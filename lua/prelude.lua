@@ -51,6 +51,88 @@ local function keep_recent(key, now, retention)
   redis.call('EXPIRE', key, retention)
 end
 
+-- A partition's settlements per minute (`per_minute`), for the admin overview's chart of the
+-- last hour: field `<minute>:<state>` (minutes since the epoch, Redis's clock) counts the
+-- deliveries settled in that minute. Whoever settles adds its call's tally (state -> count):
+-- one HINCRBY per state per call, never one per member. Minutes older than the hour are
+-- deleted as the hour moves on (`oldest` names the oldest minute kept), and the key expires
+-- when nothing settles for PER_MINUTE_KEEP seconds. Display only: nothing on the sending path
+-- reads it.
+local PER_MINUTE_KEEP = 3900
+local PER_MINUTE_STATES = {'sent', 'failed', 'outcome_unknown', 'skipped'}
+local function tally_minute(key, now, tally)
+  local minute = math.floor(now / 60000)
+  local any = false
+  for _, state in ipairs(PER_MINUTE_STATES) do
+    if (tally[state] or 0) > 0 then
+      redis.call('HINCRBY', key, minute .. ':' .. state, tally[state])
+      any = true
+    end
+  end
+  if not any then
+    return
+  end
+  local kept = tonumber(redis.call('HGET', key, 'oldest'))
+  local oldest = kept or minute
+  if oldest < minute - 60 then
+    local gone = {}
+    if oldest >= minute - 130 then
+      -- The minutes since the key last changed: at most PER_MINUTE_KEEP's (it expires then).
+      for m = oldest, minute - 61 do
+        for _, state in ipairs(PER_MINUTE_STATES) do
+          gone[#gone + 1] = m .. ':' .. state
+        end
+      end
+    else
+      -- Redis's clock jumped ahead: whatever is older than the hour, read from the hash.
+      for _, field in ipairs(redis.call('HKEYS', key)) do
+        local m = tonumber(string.match(field, '^(%d+):'))
+        if m and m < minute - 60 then
+          gone[#gone + 1] = field
+        end
+      end
+    end
+    if #gone > 0 then
+      redis.call('HDEL', key, unpack(gone))
+    end
+    oldest = minute - 60
+  end
+  if oldest ~= kept then
+    redis.call('HSET', key, 'oldest', oldest)
+  end
+  redis.call('EXPIRE', key, PER_MINUTE_KEEP)
+end
+
+-- What happened to a delivery, one line per event, `<ms>\t<kind>\t<outcome>\t<name>\t<said>`:
+-- a request that failed or a verdict (`attempt`: `retry`, `failed` or `outcome_unknown`, the
+-- error name, what Resend said, its addresses masked by the caller) or an operator's action
+-- (`operator`: `retry`, and who). A batch keeps its failed requests (`attempts`, reschedule.lua)
+-- until it settles, and a member recorded failed or outcome_unknown gets them with the verdict
+-- (settle.lua); requeue.lua adds the operator's retry. Only records that exist keep one, so it
+-- goes with the record: a delivery settled sent or skipped keeps only its compact entry. The
+-- newest HISTORY_KEEP lines of each kind are kept.
+local HISTORY_KEEP = 10
+local function history_line(now, kind, outcome, name, said)
+  local clean = string.gsub(said or '', '[\t\r\n]', ' ')
+  return table.concat({now, kind, outcome, name, clean}, '\t')
+end
+local function kept_history(...)
+  local all, kept, seen = {}, {}, {}
+  for _, text in ipairs({...}) do
+    for line in string.gmatch(text or '', '[^\n]+') do
+      all[#all + 1] = line
+    end
+  end
+  for i = #all, 1, -1 do
+    local kind = string.match(all[i], '^%d+\t(%a+)\t') or ''
+    seen[kind] = (seen[kind] or 0) + 1
+    if seen[kind] <= HISTORY_KEEP then
+      table.insert(kept, 1, all[i])
+    end
+  end
+  return table.concat(kept, '\n')
+end
+
 -- The states a settled delivery record may be in.
 local FINAL = {sent = true, failed = true, skipped = true, outcome_unknown = true}
 

@@ -2,7 +2,8 @@
 //! `validation_error`, one whose outcome is unknown) and retried by reason, each action
 //! answered by a redirect back to what it touched; a campaign period's progress and the
 //! instances reading; sessions kept in Redis that sign out, expire and end with their
-//! token; the headers every admin answer carries; the pages at a phone's width in
+//! token; the headers every admin answer carries; the last hour charted from per-minute
+//! counters; a search by address (through its hash) or subscriber; the pages at a phone's width in
 //! headless Chromium, with screenshots in `target/test-artifacts/`.
 
 mod common;
@@ -184,6 +185,144 @@ async fn failures_are_grouped_by_reason_and_retried_by_reason() {
     daemon.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_overview_charts_the_last_hour_and_search_finds_an_address_or_a_subscriber() {
+    let world = incident().await;
+    let (daemon, url) = daemon_on(world.config.clone()).await;
+    let http = http();
+    let get = |path: &str| http.get(format!("{url}{path}")).header("authorization", bearer()).send();
+    let json = async |path: &str| -> Option<Value> { get(path).await.ok()?.json().await.ok() };
+    // Once the lost batch's delivery is decided, the hour holds every settlement.
+    let overview = eventually(SETTLE, || async {
+        let v = json("/admin/api/overview").await?;
+        (groups(&v).len() == 2).then_some(v)
+    })
+    .await
+    .expect("two groups of failures");
+    let minutes = overview["last_hour"].as_array().unwrap();
+    assert_eq!(minutes.len(), 60, "{overview}");
+    let sum = |state: &str| minutes.iter().map(|m| m[state].as_u64().unwrap()).sum::<u64>();
+    let hour = (sum("sent"), sum("failed"), sum("outcome_unknown"), sum("skipped"));
+    assert_eq!(hour, (16, 4, 1, 0), "{overview}");
+    let html = get("/admin/overview?refresh=off").await.unwrap().text().await.unwrap();
+    assert!(html.contains("Settled in the last 60 minutes: 16 sent, 0 skipped, 1 outcome unknown, 4 failed"), "{html}");
+    assert_eq!(html.matches("<g class=\"minute\">").count(), 60);
+    // The counters are bounded: an hash per partition that expires after the hour.
+    let mut conn = world.store.conn().await.unwrap();
+    let ttl: i64 = redis::cmd("TTL").arg(world.store.keys.per_minute(0)).query_async(&mut conn).await.unwrap();
+    assert!(ttl > 3600 && ttl <= 3900, "{ttl}");
+
+    // An address typed in the clear is sent on to its hash's page, which names no address.
+    let (failing, email) = (subscriber(5).id, "someone5@example.com");
+    let hash = world.store.keys.address(email).hash;
+    let typed = get("/admin/search?q=Someone5%40Example.com").await.unwrap();
+    assert_eq!(typed.status(), 303);
+    assert_eq!(typed.headers()["location"].to_str().unwrap(), format!("/admin/search?address={hash}"));
+    let page = get(&format!("/admin/search?address={hash}")).await.unwrap().text().await.unwrap();
+    assert!(page.contains(&failing) && page.contains("validation_error") && !page.contains("someone5"), "{page}");
+    assert!(page.contains("Not suppressed."), "{page}");
+    // Suppressed: the search says so, by the subscriber's id too.
+    let manual = mailstream::audience::suppression::Act::Suppress(mailstream::model::outcome::Why::Manual);
+    mailstream::audience::suppression::apply(&world.store, &world.config, email, manual, None).await.unwrap();
+    let found = json(&format!("/admin/api/search?q={failing}")).await.unwrap();
+    assert_eq!(found["suppression"]["reason"], "manual", "{found}");
+    assert_eq!(found["address_hash"], hash.as_str());
+    let ids: Vec<&str> = found["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    let of_period = format!("{CAMPAIGN}:{}:{failing}:", *PERIOD);
+    assert!(ids.len() == 1 && ids[0].starts_with(&of_period), "{found}");
+
+    // A receipt addressed inline is found by its address, through the address index, which
+    // expires with its idempotency key's guard.
+    let (href, _) = a_waiting_receipt(&world, json).await;
+    let id = form_urlencoded::parse(format!("x={href}").as_bytes()).next().unwrap().1.to_string();
+    let found = json("/admin/api/search?q=ann%40acme.example").await.unwrap();
+    assert_eq!(found["subscribers"], serde_json::json!([]), "{found}");
+    let ids: Vec<&str> = found["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [id.as_str()], "{found}");
+    let p = world.store.keys.partition_of(DeliveryRef::parse(&id).unwrap().home());
+    let index = world.store.keys.by_address(p);
+    let kept: i64 = redis::cmd("PTTL").arg(&index).query_async(&mut conn).await.unwrap();
+    let retention = world.config.retention().as_millis() as i64;
+    assert!(kept > retention - 60_000 && kept <= retention, "{kept} of {retention}");
+    let members: Vec<String> = redis::cmd("ZRANGE").arg(&index).arg(0).arg(-1).query_async(&mut conn).await.unwrap();
+    let ann = world.store.keys.address("ann@acme.example").hash;
+    assert_eq!(members, [format!("{ann}:{id}")], "hashes and ids only");
+    // Nothing to find, and nothing asked: said, not an error page.
+    let nobody = get("/admin/search?q=nobody%40acme.example").await.unwrap();
+    assert_eq!(nobody.status(), 303);
+    let none = get(nobody.headers()["location"].to_str().unwrap()).await.unwrap().text().await.unwrap();
+    assert!(none.contains("No subscriber has this address.") && none.contains("No delivery within the retention."));
+    assert_eq!(get("/admin/search").await.unwrap().status(), 200);
+    assert_eq!(get("/admin/api/search").await.unwrap().status(), 400);
+    assert_eq!(get("/admin/search?address=not-a-hash").await.unwrap().status(), 400);
+    daemon.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_delivery_that_fails_again_keeps_its_whole_history() {
+    // Resend stays up: the retry is refused again, as the first request was.
+    let mut world = World::with(Default::default(), |c| c.http.admin_tokens = vec![Secret::new(TOKEN)]).await;
+    let (_emulator, _stop) = world.emulator(EmulatorConfig { requests_per_second: None, ..Default::default() }).await;
+    let mut subs: Vec<Subscriber> = (0..4).map(subscriber).collect();
+    subs[0].email = "someone0@example.com".into(); // Resend refuses example.com
+    subscribers::upsert(&world.store, &subs).await.unwrap();
+    world.kick().await;
+    let (daemon, url) = daemon_on(world.config.clone()).await;
+    world.settled(SETTLE).await;
+    let failed = mailstream::ops::deliveries::every(
+        &world.store,
+        &mailstream::ops::deliveries::Filter { statuses: vec!["failed".into()], limit: 10, ..Default::default() },
+    )
+    .await
+    .unwrap();
+    let [first] = failed.as_slice() else { panic!("{failed:?}") };
+    let href = form_urlencoded::byte_serialize(first.id.as_bytes()).collect::<String>();
+    let http = http();
+    let acted = http
+        .post(format!("{url}/admin/act"))
+        .header("authorization", bearer())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form(&[("op", "retry"), ("id", &first.id)]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acted.status(), 303);
+    let get = async |path: &str| -> Option<Value> {
+        http.get(format!("{url}{path}")).header("authorization", bearer()).send().await.ok()?.json().await.ok()
+    };
+    // Failed again: the first failure, the operator's retry and the second failure, in order.
+    let again = eventually(SETTLE, || async {
+        let v = get(&format!("/admin/api/deliveries/{href}")).await?;
+        (v["row"]["status"] == "failed" && v["history"].as_array()?.len() >= 3).then_some(v)
+    })
+    .await
+    .expect("failed again");
+    let said: Vec<&str> = again["history"].as_array().unwrap().iter().map(|h| h[1].as_str().unwrap()).collect();
+    let refused = "failed: validation_error; Resend said: The example.com domain is not allowed";
+    assert!(said[0].starts_with(refused), "{again}");
+    assert_eq!(said[1], "retried by admin #1", "{again}");
+    assert!(said[2].starts_with(refused), "{again}");
+    assert_eq!(said.len(), 3, "{again}");
+    assert!(again["fields"].get("history").is_none(), "shown as history, not as a raw field");
+    // A delivery settled sent keeps only its compact entry: no history, no bytes added.
+    let sent = DeliveryRef::new(CAMPAIGN, &PERIOD, &subs[1].id, &subs[1].targets[0]);
+    let kept = mailstream::ops::deliveries::kept(&world.store, &sent).await.unwrap();
+    assert_eq!(kept.get("state").map(String::as_str), Some("sent"), "{kept:?}");
+    let at_most: std::collections::BTreeSet<&str> = ["state", "settled_ms", "sends", "provider_id"].into();
+    assert!(kept.keys().all(|k| at_most.contains(k.as_str())), "{kept:?}");
+
+    let browser = Browser::start().await;
+    browser.go(&format!("{url}/admin/login")).await;
+    browser.type_into("#token", TOKEN).await;
+    browser.click_to_navigate("#sign-in").await;
+    browser.go(&format!("{url}/admin/deliveries/{href}")).await;
+    let history = browser.text("#history").await;
+    assert!(history.contains("retried by admin #1") && history.matches("validation_error").count() == 2, "{history}");
+    browser.screenshot("delivery-history-after-retry.png").await;
+    browser.quit().await;
+    daemon.stop().await;
+}
+
 /// The session cookie a sign-in set, and the whole Set-Cookie header.
 async fn sign_in(http: &reqwest::Client, url: &str, token: &str) -> reqwest::Response {
     let r = http.post(format!("{url}/admin/login")).header("content-type", "application/x-www-form-urlencoded");
@@ -293,6 +432,20 @@ async fn the_incident_pages_in_headless_chromium_fit_a_phone() {
     assert!(first.contains("validation_error") && first.contains("retry these 4"), "{first}");
     assert!(browser.text("#periods .stuck").await.contains('0'), "a stuck count of 0, not a blank");
     browser.screenshot("failures-grouped.png").await;
+    let chart = browser.text("#chart-legend").await;
+    assert!(chart.contains("sent 16") && chart.contains("failed 4"), "{chart}");
+    assert_eq!(browser.find_all("svg#chart g.minute").await.len(), 60);
+    browser.script("document.querySelector('#last-hour').scrollIntoView(); return true").await;
+    browser.screenshot("overview-chart.png").await;
+    // Search by address: the page lands on the address's hash, and finds the subscriber.
+    browser.go(&format!("{url}/admin/search")).await;
+    browser.type_into("#q", "someone5@example.com").await;
+    browser.click_to_navigate("#find").await;
+    assert!(browser.url().await.contains("/admin/search?address="), "{}", browser.url().await);
+    assert!(browser.text("#found").await.contains("validation_error"));
+    assert!(browser.text("#subscribers").await.contains(&subscriber(5).id));
+    browser.screenshot("search.png").await;
+    browser.go(&format!("{url}/admin/overview?refresh=off")).await;
 
     // From the period's page, retry one reason; back on the period's page, which says so.
     browser.click_to_navigate("a.open-period").await;

@@ -366,6 +366,7 @@ async fn a_dead_letter_counts_the_requests_made() {
             failed_request: true,
             maybe_sent: false,
             error: Reason::Provider(ErrorName::ConnectionFailed),
+            said: None,
         };
         scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &r).await.unwrap();
         assert!(matches!(gate(&world, "holder", &members, 3_600_000).await, Gate::Go { .. }));

@@ -296,7 +296,8 @@ async fn a_batch_counts_requests_not_looks_and_the_log_shows_them_while_sealed()
     assert_eq!(again, Gate::Go { sends: 1 });
     assert_eq!(sends(&world, members[0].id()).await, 1, "the log shows the batch's requests while sealed");
     // Put back before it left (replicas behind, say): that request was never made.
-    let put_back = Reschedule { delay_ms: 0, failed_request: false, maybe_sent: false, error: Reason::Postponed };
+    let put_back =
+        Reschedule { delay_ms: 0, failed_request: false, maybe_sent: false, error: Reason::Postponed, said: None };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &put_back).await.unwrap();
     assert_eq!(sends(&world, members[0].id()).await, 0);
     // Sent, and timed out: one request made, one more to come.
@@ -306,6 +307,7 @@ async fn a_batch_counts_requests_not_looks_and_the_log_shows_them_while_sealed()
         failed_request: true,
         maybe_sent: true,
         error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
+        said: None,
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     assert_eq!(
@@ -332,6 +334,7 @@ async fn a_second_look_that_ends_the_batch_takes_back_the_request_never_made() {
         failed_request: true,
         maybe_sent: true,
         error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
+        said: None,
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     assert_eq!(
@@ -420,6 +423,7 @@ async fn a_taker_that_knows_a_request_may_have_left_is_withheld_though_a_failove
         failed_request: true,
         maybe_sent: true,
         error: Reason::Provider(mailstream::model::error_name::ErrorName::Timeout),
+        said: None,
     };
     scripts::reschedule(&mut conn, keys, 0, &batch, "holder", &timeout).await.unwrap();
     let Take::Take { maybe_sent: true, .. } =

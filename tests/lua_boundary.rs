@@ -5,7 +5,7 @@
 //! and, against a real Redis, a call with one key or one argument too many or too few is
 //! an error that writes nothing, for every script.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use mailstream::store::redis_server::{RedisOptions, RedisServer};
@@ -209,19 +209,19 @@ macro_rules! a_wrong_count_is_an_error {
 a_wrong_count_is_an_error! {
     // KEYS: periods index, audience, one channel's three; ARGV[4] '0' (no release times), ARGV[5] one channel.
     enqueue: Shape { set: &[(4, "0"), (5, "1")], ..shape(5, 1, 7, 1) };
-    ingest: shape(7, 3, 3, 6);
+    ingest: shape(8, 3, 3, 7);
     defer: shape(2, 1, 6, 2);
     claim: shape(0, 1, 2, 0);
     seal: shape(4, 1, 5, 5);
     // ARGV[9] one counts hash.
-    gate: Shape { set: &[(9, "1")], ..shape(6, 2, 10, 3) };
+    gate: Shape { set: &[(9, "1")], ..shape(7, 2, 10, 3) };
     take: shape(2, 0, 4, 0);
-    reschedule: shape(2, 0, 6, 0);
+    reschedule: shape(2, 0, 7, 0);
     // ARGV[2] one counts hash; the mode.
-    settle: Shape { set: &[(2, "1"), (4, "answer")], ..shape(6, 1, 5, 5) };
+    settle: Shape { set: &[(2, "1"), (4, "answer")], ..shape(7, 1, 5, 5) };
     // ARGV[3] one counts hash.
-    decide: Shape { set: &[(3, "1")], ..shape(4, 1, 4, 6) };
-    requeue: shape(4, 0, 2, 0);
+    decide: Shape { set: &[(3, "1")], ..shape(5, 1, 4, 6) };
+    requeue: shape(4, 0, 3, 0);
     release: shape(1, 1, 2, 2);
     // ARGV[3] one delivery key before the batch keys.
     renew: Shape { set: &[(3, "1")], ..shape(2, 1, 3, 1) };
@@ -247,8 +247,44 @@ async fn settle_refuses_a_mode_it_does_not_know() {
     let source = format!("{PRELUDE}{}", script_text("settle"));
     // A batch and one member of one counts hash: the shape is right, the mode is not.
     let args: Vec<String> = ["b1", "1", "60", "*lost*", "", "d1", "sent", "re_1", "1", ""].map(String::from).to_vec();
-    let err = eval(&server, &source, 7, &args).await.expect_err("an unknown mode is an error");
+    let err = eval(&server, &source, 8, &args).await.expect_err("an unknown mode is an error");
     assert!(err.contains("no mode"), "{err}");
     let size: i64 = server.command(&redis::cmd("DBSIZE")).await.unwrap();
     assert_eq!(size, 0);
+}
+
+#[tokio::test]
+async fn the_settlements_per_minute_keep_the_last_hour_and_no_more() {
+    let server = RedisServer::start(RedisOptions::default()).await.expect("redis-server");
+    // The prelude's tally at a given minute (its `now` is an argument), then the hash.
+    let source = format!(
+        "{PRELUDE}tally_minute(KEYS[1], tonumber(ARGV[1]) * 60000, \
+         {{sent = tonumber(ARGV[2]), failed = tonumber(ARGV[3])}}) return redis.call('HGETALL', KEYS[1])"
+    );
+    let m0 = 29_000_000_u64;
+    let tally = async |minute: u64, sent: u64, failed: u64| -> BTreeMap<String, u64> {
+        let args = [minute, sent, failed].map(|n| n.to_string()).to_vec();
+        let reply = eval(&server, &source, 1, &args).await.unwrap();
+        redis::from_redis_value::<BTreeMap<String, u64>>(reply).unwrap()
+    };
+    assert!(tally(m0, 0, 0).await.is_empty(), "nothing settled: nothing written");
+    tally(m0, 3, 0).await;
+    let h = tally(m0, 2, 1).await;
+    let at = |m: u64, state: &str| format!("{m}:{state}");
+    assert_eq!(h, BTreeMap::from([(at(m0, "sent"), 5), (at(m0, "failed"), 1), ("oldest".into(), m0)]));
+    // An hour on, the first minute is still kept (the chart shows 60 up to now's); a minute
+    // later it is gone.
+    assert!(tally(m0 + 60, 1, 0).await.contains_key(&at(m0, "sent")));
+    let h = tally(m0 + 61, 1, 0).await;
+    assert!(!h.contains_key(&at(m0, "sent")) && !h.contains_key(&at(m0, "failed")), "{h:?}");
+    assert_eq!(h["oldest"], m0 + 1);
+    // A gap: every minute older than the hour goes at once.
+    let h = tally(m0 + 300, 0, 2).await;
+    assert_eq!(h, BTreeMap::from([(at(m0 + 300, "failed"), 2), ("oldest".into(), m0 + 240)]));
+    // Redis's clock a day ahead: every older minute still goes.
+    tally(m0 + 301, 1, 0).await;
+    let h = tally(m0 + 1_740, 1, 0).await;
+    assert_eq!(h, BTreeMap::from([(at(m0 + 1_740, "sent"), 1), ("oldest".into(), m0 + 1_680)]));
+    let ttl: i64 = server.command(redis::cmd("TTL").arg("t:{0}:k0")).await.unwrap();
+    assert!(ttl > 3600 && ttl <= 3900, "{ttl}");
 }

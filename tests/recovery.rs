@@ -111,7 +111,7 @@ async fn a_slow_holder_cannot_overwrite_the_new_holders_result() {
     // The slow holder wakes up with a different story: neither its retry nor its
     // verdict changes anything.
     let timeout = Reason::Provider(ErrorName::Timeout);
-    let retry = Reschedule { delay_ms: 10, failed_request: true, maybe_sent: true, error: timeout.clone() };
+    let retry = Reschedule { delay_ms: 10, failed_request: true, maybe_sent: true, error: timeout.clone(), said: None };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "slow", &retry).await.unwrap(), None);
     let failed = settlements(&members, Verdict::Failed(timeout));
     let by = Settler::Holder("slow");
@@ -141,6 +141,7 @@ async fn a_verdict_needs_the_holder_and_never_calls_maybe_sent_mail_failed() {
         failed_request: true,
         maybe_sent: true,
         error: Reason::Provider(ErrorName::Timeout),
+        said: None,
     };
     assert_eq!(scripts::reschedule(&mut conn, keys, 0, &batch, "new", &timeout).await.unwrap(), Some(1));
     // The old holder, which only ever saw connection refusals, gives up: refused.

@@ -162,18 +162,26 @@ pub async fn list(store: &Store, email: Option<&str>) -> anyhow::Result<Vec<Supp
     let mut conn = store.conn().await?;
     let mut out = Vec::new();
     for key in keys {
-        let (reason, at_ms, source, event): (Option<String>, Option<u64>, Option<String>, Option<String>) =
-            redis::cmd("HMGET").arg(&key).arg(&["reason", "at_ms", "source", "event"]).query_async(&mut conn).await?;
-        let Some(reason) = reason else { continue };
-        let address_hash = key.rsplit(':').next().unwrap_or_default().to_string();
-        out.push(SuppressionEntry {
-            address_hash,
-            reason,
-            at_ms: at_ms.unwrap_or(0),
-            source: source.unwrap_or_default(),
-            event: event.unwrap_or_default(),
-        });
+        out.extend(read(&mut conn, &key).await?);
     }
     out.sort_by_key(|e| e.at_ms);
     Ok(out)
+}
+
+/// The suppression of the address named by its hash (`a`), if it is suppressed.
+pub async fn of_address(store: &Store, a: &crate::store::keys::Address) -> anyhow::Result<Option<SuppressionEntry>> {
+    read(&mut store.conn().await?, &store.keys.suppression(a)).await
+}
+
+/// The suppression record `key`, if there is one.
+async fn read(conn: &mut crate::store::Conn, key: &str) -> anyhow::Result<Option<SuppressionEntry>> {
+    let (reason, at_ms, source, event): (Option<String>, Option<u64>, Option<String>, Option<String>) =
+        redis::cmd("HMGET").arg(key).arg(&["reason", "at_ms", "source", "event"]).query_async(conn).await?;
+    Ok(reason.map(|reason| SuppressionEntry {
+        address_hash: key.rsplit(':').next().unwrap_or_default().to_string(),
+        reason,
+        at_ms: at_ms.unwrap_or(0),
+        source: source.unwrap_or_default(),
+        event: event.unwrap_or_default(),
+    }))
 }

@@ -77,9 +77,19 @@ pub async fn list(store: &Store, kind: DeadLetterKind, limit: usize) -> anyhow::
     Ok(out.split_off(skip))
 }
 
-/// Requeues deliveries by id (`campaign:period:subscriber:target`); returns what
-/// became of each (an id that names no delivery is `Missing`).
+/// Requeues deliveries by id (`campaign:period:subscriber:target`) from the command line;
+/// returns what became of each (an id that names no delivery is `Missing`).
 pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow::Result<Vec<(String, Requeue)>> {
+    retry_by(store, ids, allow_unknown, "command line").await
+}
+
+/// [`retry`], asked by `who` (kept in each requeued delivery's history).
+pub async fn retry_by(
+    store: &Store,
+    ids: &[String],
+    allow_unknown: bool,
+    who: &str,
+) -> anyhow::Result<Vec<(String, Requeue)>> {
     let mut conn = store.conn().await?;
     let mut out = Vec::new();
     for id in ids {
@@ -91,7 +101,7 @@ pub async fn retry(store: &Store, ids: &[String], allow_unknown: bool) -> anyhow
                 if gone.first() == Some(&true) {
                     Requeue::FilesGone
                 } else {
-                    scripts::requeue(&mut conn, &store.keys, p, &d, allow_unknown)
+                    scripts::requeue(&mut conn, &store.keys, p, &d, (allow_unknown, who))
                         .await
                         .with_context(|| format!("requeue of {id}"))?
                 }

@@ -27,6 +27,7 @@ use crate::store::{Store, history};
 
 mod newest;
 mod scan;
+pub mod search;
 pub mod waiting;
 
 /// The statuses a delivery can be in (what `--status` accepts).
@@ -429,15 +430,21 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     }
     let (push, subscriber) = (d.channel == crate::model::work::Channel::Push, d.subscriber.clone());
     let mut row = row(d, &fields, email.as_deref());
+    // Its attempts and the operators' actions: the record's, and its batch's while sealed.
+    let mut told = fields.remove("history").unwrap_or_default();
     if let Some(batch) = sealed_batch(&row, &fields) {
+        let attempts: Option<String> =
+            redis::cmd("HGET").arg(store.keys.batch(p, &batch)).arg("attempts").query_async(&mut conn).await?;
+        told = format!("{told}\n{}", attempts.unwrap_or_default());
         batch_sends(&mut conn, store, p, vec![(&mut row, batch)]).await?;
     }
-    let mut history: Vec<(i64, String)> = Vec::new();
+    let mut history: Vec<(i64, String)> = told.lines().filter_map(history_line).collect();
     let ms = |f: &str| fields.get(f).and_then(|v| v.parse::<i64>().ok());
     if let Some(at) = ms("lease_until") {
         history.push((at, format!("claimed ({} claims); lease until", row.claims)));
     }
-    if let Some(at) = ms("settled_ms") {
+    // A verdict in the history says it already.
+    if let Some(at) = ms("settled_ms").filter(|at| !history.iter().any(|(t, _)| t == at)) {
         let why = row.why.as_deref().map(|w| format!(": {w}")).unwrap_or_default();
         history.push((at, format!("{} after {} request(s){why}", row.status, row.sends)));
     }
@@ -450,7 +457,8 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
             history.push((at, format!("provider event: {kind}{reason}")));
         }
     }
-    history.sort();
+    // By time; lines of one millisecond in the order they were written.
+    history.sort_by_key(|(at, _)| *at);
     let history = history
         .into_iter()
         .map(|(at, what)| (DateTime::from_timestamp_millis(at).map(|t| t.to_rfc3339()).unwrap_or_default(), what))
@@ -464,6 +472,22 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
         }
     }
     Ok(Some(Detail { row, fields, history, browsers, waiting: None }))
+}
+
+/// A line of a record's or a batch's history (prelude.lua's `history_line`:
+/// `ms\tkind\toutcome\tname\tsaid`) as the delivery page says it.
+fn history_line(line: &str) -> Option<(i64, String)> {
+    let mut parts = line.splitn(5, '\t');
+    let at = parts.next()?.parse().ok()?;
+    let (kind, outcome, name) = (parts.next()?, parts.next()?, parts.next()?);
+    let said = parts.next().filter(|s| !s.is_empty()).map(|s| format!("; Resend said: {s}")).unwrap_or_default();
+    let what = match (kind, outcome) {
+        ("operator", "retry") => format!("retried by {name}"),
+        ("attempt", "retry") => format!("request failed: {name}, retried{said}"),
+        ("attempt", verdict) => format!("{}: {name}{said}", verdict.replace('_', " ")),
+        _ => return None,
+    };
+    Some((at, what))
 }
 
 /// `2h`, `30m`, `7d`, `90s` before `now`, or an RFC 3339 time.
@@ -492,6 +516,23 @@ mod tests {
         assert_eq!(mask("ann@acme.example"), "a***@acme.example");
         assert_eq!(mask("broken"), "***");
         assert_eq!(scan::glob_literal("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+
+    #[test]
+    fn history_lines_read_as_sentences() {
+        let retry = history_line("1700000000000\tattempt\tretry\trate_limit_exceeded\tToo many requests");
+        assert_eq!(
+            retry,
+            Some((
+                1_700_000_000_000,
+                "request failed: rate_limit_exceeded, retried; Resend said: Too many requests".into()
+            ))
+        );
+        let failed = history_line("2\tattempt\toutcome_unknown\ttimeout\t");
+        assert_eq!(failed, Some((2, "outcome unknown: timeout".into())));
+        assert_eq!(history_line("3\toperator\tretry\tadmin ops\t"), Some((3, "retried by admin ops".into())));
+        assert_eq!(history_line("not a line"), None);
+        assert_eq!(history_line("4\tsomething\tnew\tx\t"), None, "a kind of a later version is left out");
     }
 
     #[test]

@@ -193,6 +193,7 @@ impl Sender {
                     failed_request: true,
                     maybe_sent: e.maybe_sent || b.maybe_sent,
                     error,
+                    said: e.said.clone(),
                 };
                 settle::reschedule(ctx, b.partition, &b.id, &r).await;
                 ctx.metrics.retry_scheduled(&e.name, b.tries + 1, delay);
@@ -209,6 +210,7 @@ impl Sender {
                     failed_request: true,
                     maybe_sent: b.maybe_sent,
                     error,
+                    said: e.said.clone(),
                 };
                 settle::reschedule(ctx, b.partition, &b.id, &r).await;
             }

@@ -26,6 +26,7 @@ pub(crate) async fn put_back(ctx: &Ctx, b: &Sealed, delay: Duration) {
         failed_request: false,
         maybe_sent: b.maybe_sent,
         error: Reason::Postponed,
+        said: None,
     };
     reschedule(ctx, b.partition, &b.id, &r).await;
 }

@@ -125,3 +125,43 @@ pub struct PeriodFigures {
     pub exposed: BTreeMap<String, u64>,
     pub provider_failed_by_reason: BTreeMap<String, u64>,
 }
+
+/// The deliveries settled in one minute, summed over the partitions (the admin overview's
+/// chart): what the partitions' `per_minute` hashes count (prelude.lua's `tally_minute`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Minute {
+    /// Minutes since the epoch (Redis's clock).
+    pub minute: i64,
+    pub sent: u64,
+    pub failed: u64,
+    pub outcome_unknown: u64,
+    pub skipped: u64,
+}
+
+impl Store {
+    /// The settlements of the `n` minutes up to and including `now`'s (Redis's clock),
+    /// oldest first, summed over the partitions; a minute nothing settled in counts 0.
+    pub async fn per_minute(&self, now: chrono::DateTime<chrono::Utc>, n: usize) -> anyhow::Result<Vec<Minute>> {
+        let last = now.timestamp().div_euclid(60);
+        let first = last - n as i64 + 1;
+        let mut minutes: Vec<Minute> = (first..=last).map(|minute| Minute { minute, ..Minute::default() }).collect();
+        let cmds: Vec<redis::Cmd> =
+            (0..self.keys.partitions()).map(|p| redis::cmd("HGETALL").arg(self.keys.per_minute(p)).clone()).collect();
+        let parts: Vec<std::collections::HashMap<String, u64>> = self.conn().await?.each(&cmds).await?;
+        for (field, count) in parts.iter().flatten() {
+            let Some((at, state)) = field.split_once(':') else { continue };
+            let Some(m) = at.parse::<i64>().ok().and_then(|at| minutes.get_mut(usize::try_from(at - first).ok()?))
+            else {
+                continue;
+            };
+            match state {
+                "sent" => m.sent += count,
+                "failed" => m.failed += count,
+                "outcome_unknown" => m.outcome_unknown += count,
+                "skipped" => m.skipped += count,
+                _ => {}
+            }
+        }
+        Ok(minutes)
+    }
+}

@@ -88,6 +88,15 @@ impl Keys {
         hex.then(|| Address { hash: hash.to_string(), partition })
     }
 
+    /// The hashes of `addresses` as seal.lua keeps them for the last gate (and ingest.lua
+    /// for its address index): comma-separated, `-` for none.
+    pub(crate) fn address_hashes(&self, addresses: &[String]) -> String {
+        if addresses.is_empty() {
+            return "-".to_string();
+        }
+        addresses.iter().map(|a| self.address(a).hash).collect::<Vec<_>>().join(",")
+    }
+
     /// Set: the ids of the subscribers whose address hashes to `hash` (in its home partition).
     pub(crate) fn address_index(&self, a: &Address) -> String {
         self.tagged(a.partition, &format!("addr:{}", a.hash))
@@ -291,6 +300,22 @@ impl Keys {
     /// pages. Written by whoever settles (settle, decide, the last gate's skips).
     pub fn recent(&self, p: u16) -> String {
         self.tagged(p, "recent")
+    }
+
+    /// Hash: this partition's settlements per minute of the last hour, field
+    /// `<minute since the epoch>:<state>` (and `oldest`, the oldest minute kept): the admin
+    /// overview's chart. Written by whoever settles, once per call (prelude.lua's
+    /// `tally_minute`).
+    pub fn per_minute(&self, p: u16) -> String {
+        self.tagged(p, "per_minute")
+    }
+
+    /// Sorted set: this partition's address index, member `<address hash>:<delivery id>` for
+    /// each address a transactional delivery is sent to inline, scored by when its
+    /// idempotency key's guard expires (ingest.lua): how the admin page's search finds the
+    /// deliveries addressed to someone (a subscriber's, through `address_index`).
+    pub fn by_address(&self, p: u16) -> String {
+        self.tagged(p, "by_address")
     }
 
     /// Stream: dead letters (delivery id, error name, attempts; no personal data).

@@ -23,7 +23,7 @@ use redis::aio::ConnectionLike;
 
 use self::conn::Backend;
 pub use self::conn::Conn;
-pub use self::counts::{Counts, PeriodFigures};
+pub use self::counts::{Counts, Minute, PeriodFigures};
 pub use self::deployment::NoDeployment;
 use self::keys::{AUDIENCE_LAYOUT, Keys, LAYOUT, SHARED_TAIL_LAYOUT, UPGRADABLE_LAYOUTS};
 use crate::config::{Config, Durability};
@@ -323,7 +323,7 @@ impl Store {
                     .with_context(|| format!("the body of batch {id} in partition {p} is not a JSON array"))?;
                 let per_member: Vec<String> = emails
                     .iter()
-                    .map(|email| scripts::address_hashes(&self.keys, &crate::model::work::recipients_of(email)))
+                    .map(|email| self.keys.address_hashes(&crate::model::work::recipients_of(email)))
                     .collect();
                 let _: () = conn.hset(&key, "addresses", per_member.join(" ")).await?;
                 done += 1;

@@ -29,8 +29,13 @@
 //! lets mail reach an address again, and the model's guarantees hold for whatever the
 //! gate reads; and the tallies of what Resend said after accepting an email (event.lua's
 //! `provider_failed`, `provider_failed:<reason>`, `delivery_delayed`): counters no step
-//! reads. The admin pages add no step: they read, and their retries call the same
-//! `dead-letters retry` (requeue.lua, unchanged) as the command line.
+//! reads; nor the settlements per minute that settle.lua, decide.lua and gate.lua add to
+//! (`per_minute`, prelude.lua's `tally_minute`, the overview's chart), nor the address index
+//! ingest.lua adds to (`by_address`, the admin search's), nor a delivery's history (the
+//! batch's `attempts`, reschedule.lua; the record's `history`, settle.lua and requeue.lua):
+//! each is written in the same step as before and read by no step of the protocol. The admin pages add no step: they read,
+//! and their retries call the same `dead-letters retry` (requeue.lua, unchanged) as the
+//! command line.
 
 use std::fmt;
 

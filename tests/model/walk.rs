@@ -697,7 +697,7 @@ impl Walker {
         failed_request: bool,
         maybe_sent: bool,
     ) -> anyhow::Result<()> {
-        let r = Reschedule { delay_ms: 60_000, failed_request, maybe_sent, error: Reason::Postponed };
+        let r = Reschedule { delay_ms: 60_000, failed_request, maybe_sent, error: Reason::Postponed, said: None };
         scripts::reschedule(conn, &self.store.keys, p, batch, owner, &r).await?;
         Ok(())
     }

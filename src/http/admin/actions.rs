@@ -235,10 +235,10 @@ pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> an
     let store = &ctx.store;
     // What became of each id or hash, and how many were done.
     let (results, done): (Vec<(String, String)>, u64) = match &op {
-        Op::Retry { id } => requeue(store, std::slice::from_ref(id)).await?,
+        Op::Retry { id } => requeue(store, std::slice::from_ref(id), admin).await?,
         Op::RetryPeriod { .. } | Op::RetryReason { .. } => {
             let ids: Vec<String> = op.failed(store).await?.into_iter().map(|f| f.delivery).collect();
-            requeue(store, &ids).await?
+            requeue(store, &ids, admin).await?
         }
         Op::Lift { hash } => {
             let address = store.keys.address_of_hash(hash).ok_or_else(|| anyhow::anyhow!("not an address hash"))?;
@@ -267,9 +267,9 @@ pub(super) async fn act(ctx: &Ctx, admin: &str, form: &[(String, String)]) -> an
 
 /// Requeues failed deliveries (never outcome-unknown ones): each id's result (a word:
 /// `requeued`, `missing`, `files_gone` or the state that refused it), and how many were
-/// requeued.
-async fn requeue(store: &Store, ids: &[String]) -> anyhow::Result<(Vec<(String, String)>, u64)> {
-    let results = crate::ops::dead_letters::retry(store, ids, false).await?;
+/// requeued; `admin` (the token's name) is kept in each one's history.
+async fn requeue(store: &Store, ids: &[String], admin: &str) -> anyhow::Result<(Vec<(String, String)>, u64)> {
+    let results = crate::ops::dead_letters::retry_by(store, ids, false, &format!("admin {admin}")).await?;
     let done = results.iter().filter(|(_, r)| *r == Requeue::Requeued).count() as u64;
     let word = |r: Requeue| match r {
         Requeue::Requeued => "requeued".to_string(),

@@ -4,7 +4,8 @@
 //! `overview.rs`), one campaign period (`/admin/period`: its progress, its failures by
 //! reason, the instances reading; `period.rs`), then the delivery log:
 //! `/admin/api/deliveries` (JSON, the same filters as `mailstream deliveries`) and
-//! `/admin/deliveries` (filters, pages, one delivery's history). What an operator can
+//! `/admin/deliveries` (filters, pages, one delivery's history), and `/admin/search` (a
+//! subscriber's or an address's deliveries and suppression; `search.rs`). What an operator can
 //! do is in `actions.rs`. Pages are minijinja templates, auto-escaped (`pages.rs`).
 //! Every route needs an admin token (`http.admin_token_file`, `MAILSTREAM_ADMIN_TOKEN`
 //! or the credential `admin_token`): `Authorization: Bearer <token>`, or a session
@@ -12,9 +13,11 @@
 //! the log is off (404).
 
 mod actions;
+mod chart;
 mod overview;
 mod pages;
 mod period;
+mod search;
 mod session;
 
 use hyper::{Method, StatusCode};
@@ -87,6 +90,8 @@ impl Admin {
             "/admin/api/period" => period::read(ctx, &query).await.map(|p| json(&p)),
             "/admin/period" => period::page(ctx, &query).await,
             "/admin/suppressions" => actions::suppressions_page(store, &query).await,
+            "/admin/api/search" => search::read(store, &query).await.map(|f| json(&f)),
+            "/admin/search" => search::page(store, &query).await,
             "/admin/confirm" => actions::confirm_page(store, &query, &csrf).await,
             "/admin/act" if req.method() == Method::POST => {
                 let form: Vec<(String, String)> = form_urlencoded::parse(req.body()).into_owned().collect();

@@ -2,7 +2,8 @@
 //! Each campaign period's SLO report (the same as `mailstream slo --json`), whether
 //! sending is paused, whether the provider is down, each partition's backlog and dead letters (the same reads as
 //! the `/metrics` gauges), the deliveries failing now by error name, and the
-//! suppressions and webhook events of the last 24 hours. The page refreshes itself
+//! suppressions and webhook events of the last 24 hours, and a chart of the deliveries
+//! settled per minute in the last hour (sent, skipped, outcome unknown, failed). The page refreshes itself
 //! every `REFRESH_SECONDS` unless paused (`?refresh=off`).
 
 use hyper::StatusCode;
@@ -14,11 +15,14 @@ use crate::config::Config;
 use crate::http::server::HttpResponse;
 use crate::metrics::{self, Partition};
 use crate::ops::dead_letters::{self, FailureGroup};
-use crate::store::Store;
+use crate::store::{Minute, Store};
 use crate::{audience::suppression, ops::slo};
 
 /// How often the overview page reloads itself while not paused.
 const REFRESH_SECONDS: u64 = 15;
+
+/// How many minutes the chart shows (the per-minute counters keep a little more).
+const CHART_MINUTES: usize = 60;
 
 /// The overview (also `/admin/api/overview`).
 #[derive(Debug, Clone, Serialize)]
@@ -40,6 +44,8 @@ pub(crate) struct Overview {
     /// Deliveries failed or of unknown outcome now (not retried since), by status and
     /// error name, the largest group first.
     pub failures_by_reason: Vec<FailureGroup>,
+    /// Deliveries settled in each of the last `CHART_MINUTES` minutes, oldest first.
+    pub last_hour: Vec<Minute>,
 }
 
 /// Reads the overview from Redis.
@@ -67,6 +73,7 @@ pub(crate) async fn read(store: &Store, config: &Config) -> anyhow::Result<Overv
         suppressed_last_24h,
         webhook_events_last_24h: crate::store::scripts::webhook_events_last_24h(store).await?,
         failures_by_reason: dead_letters::by_reason(&dead_letters::failing(store, None).await?),
+        last_hour: store.per_minute(now, CHART_MINUTES).await?,
     })
 }
 
@@ -76,6 +83,8 @@ pub(crate) async fn page(store: &Store, config: &Config, query: &str) -> anyhow:
     let paused = form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "refresh" && v == "off");
     let refresh = (!paused).then_some(REFRESH_SECONDS);
     let acted = super::actions::acted(query);
-    let context = context! { title => "Overview", signed_in => true, o => value(&o), refresh, acted => value(&acted) };
+    let chart = minijinja::Value::from_safe_string(super::chart::svg(&o.last_hour));
+    let context =
+        context! { title => "Overview", signed_in => true, o => value(&o), chart, refresh, acted => value(&acted) };
     Ok(pages::page(StatusCode::OK, "overview.html", context))
 }

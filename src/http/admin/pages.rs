@@ -23,6 +23,8 @@ static PAGES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("confirm.html", include_str!("pages/confirm.html")),
         ("period.html", include_str!("pages/period.html")),
         ("failures.html", include_str!("pages/failures.html")),
+        ("search.html", include_str!("pages/search.html")),
+        ("events.html", include_str!("pages/events.html")),
     ] {
         env.add_template(name, source).expect("the admin pages compile (a unit test renders each)");
     }

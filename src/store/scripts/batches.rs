@@ -53,7 +53,7 @@ pub async fn seal(
     for m in members {
         let id = m.delivery.id();
         call.key(keys.delivery(p, &id)).arg(&m.entry).arg(id).arg(&m.json).arg(m.variant.as_deref().unwrap_or(""));
-        call.arg(address_hashes(keys, &m.recipients()));
+        call.arg(keys.address_hashes(&m.recipients()));
     }
     read_seal(call.invoke_async(conn).await?)
 }
@@ -61,15 +61,6 @@ pub async fn seal(
 /// seal.lua's answer: the 1-based positions of the members it sealed.
 pub(super) fn read_seal(sealed: Vec<usize>) -> RedisResult<Vec<usize>> {
     sealed.into_iter().map(|i| i.checked_sub(1).ok_or_else(|| unexpected("seal.lua", "position 0"))).collect()
-}
-
-/// The hashes of `addresses` as seal.lua keeps them for the last gate: comma-separated,
-/// `-` for none.
-pub(crate) fn address_hashes(keys: &Keys, addresses: &[String]) -> String {
-    if addresses.is_empty() {
-        return "-".to_string();
-    }
-    addresses.iter().map(|a| keys.address(a).hash).collect::<Vec<_>>().join(",")
 }
 
 /// The limits the last gate applies, in milliseconds.
@@ -134,7 +125,8 @@ pub struct GateRequest<'a> {
 /// Runs `lua/gate.lua`:
 /// ```text
 /// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] pause key, KEYS[4] suppressed addresses,
-///   KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, then per member: delivery key, subscriber key
+///   KEYS[5] recent settlements, KEYS[6] settlements per minute, KEYS[7..6+c] counts hashes, then
+///   per member: delivery key, subscriber key
 /// ARGV[1] batch id, ARGV[2] owner, ARGV[3] lease ms, ARGV[4] window ms, ARGV[5] deadline ms,
 ///   ARGV[6] maybe-sent deadline ms, ARGV[7] retention seconds, ARGV[8] new key, ARGV[9] c,
 ///   ARGV[10] '1' if the holder knows an earlier request may have been processed (it took the
@@ -156,6 +148,7 @@ pub async fn gate(
         .key(keys.paused(p))
         .key(keys.suppressed(p))
         .key(keys.recent(p))
+        .key(keys.per_minute(p))
         .arg(batch)
         .arg(req.owner)
         .arg(limits.lease_ms)
@@ -298,6 +291,8 @@ pub struct Reschedule {
     pub maybe_sent: bool,
     /// The failure (kept as the batch's `last_error`).
     pub error: Reason,
+    /// What the provider said (addresses masked), kept in the batch's `attempts`.
+    pub said: Option<String>,
 }
 
 /// Reschedules a held batch; returns its failed requests so far, `None` when this
@@ -307,7 +302,8 @@ pub struct Reschedule {
 /// ```text
 /// KEYS[1] batch, KEYS[2] batches zset
 /// ARGV[1] batch id, ARGV[2] owner, ARGV[3] delay ms, ARGV[4] 1 if this was a failed request
-/// (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name
+/// (0: put back unsent), ARGV[5] 1 if the request may have been processed, ARGV[6] error name,
+/// ARGV[7] what the provider said ('' for nothing; addresses masked)
 /// ```
 pub async fn reschedule(
     conn: &mut impl ConnectionLike,
@@ -327,6 +323,7 @@ pub async fn reschedule(
         .arg(u8::from(r.failed_request))
         .arg(u8::from(r.maybe_sent))
         .arg(r.error.as_str())
+        .arg(r.said.as_deref().unwrap_or(""))
         .invoke_async(conn)
         .await?;
     read_reschedule(tries)
@@ -526,7 +523,8 @@ pub async fn settle(
 /// Runs `lua/settle.lua`:
 /// ```text
 /// KEYS[1] batch, KEYS[2] batches zset, KEYS[3] dead stream, KEYS[4] unknown stream,
-/// KEYS[5] recent settlements, KEYS[6..5+c] counts hashes, KEYS[6+c..] delivery keys of the members
+/// KEYS[5] recent settlements, KEYS[6] settlements per minute, KEYS[7..6+c] counts hashes,
+///   KEYS[7+c..] delivery keys of the members
 /// ARGV[1] batch id, ARGV[2] c (number of counts keys), ARGV[3] retention seconds,
 /// ARGV[4] mode: 'answer' (a 2xx answer), 'holder' (a verdict of the holder) or 'lost' (a lost
 ///   batch), ARGV[5] the holder ('' unless 'holder');
@@ -557,6 +555,7 @@ pub async fn settle_saying(
         .key(keys.dead(partition))
         .key(keys.unknown(partition))
         .key(keys.recent(partition))
+        .key(keys.per_minute(partition))
         .arg(batch)
         .arg(counts.len())
         .arg(retention_secs)

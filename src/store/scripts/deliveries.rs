@@ -6,7 +6,7 @@ use redis::aio::ConnectionLike;
 
 use super::{SCRIPTS, counts_index, unexpected};
 use crate::model::outcome::{DeliveryState, Outcome, Reason, Requeue};
-use crate::model::work::{Channel, DeliveryRef, Lane};
+use crate::model::work::{Channel, DeliveryRef, Lane, recipients_of};
 use crate::store::keys::Keys;
 
 /// A campaign period's kick window, the numbers enqueue.lua and window.lua judge it by
@@ -180,12 +180,13 @@ pub enum Ingested {
 /// ```text
 /// KEYS[1] transactional stream, KEYS[2] counts hash, KEYS[3] periods index, KEYS[4] the
 ///   application stream, KEYS[5] the application channel's counts hash, KEYS[6] the counts
-///   hash of the day before, KEYS[7] the partition's pending attachments; then per item:
-///   KEYS[5+3i] guard key, KEYS[6+3i] delivery key, KEYS[7+3i] its event's key
+///   hash of the day before, KEYS[7] the partition's pending attachments, KEYS[8] its address
+///   index; then per item: KEYS[6+3i] guard key, KEYS[7+3i] delivery key, KEYS[8+3i] its event's key
 /// ARGV[1] retention seconds, ARGV[2] `campaign:period`, ARGV[3] the most attachment bytes
 ///   pending in the partition; then per item: delivery id, request hash, request JSON, its
 ///   event's request JSON ('' without the application channel), its attachments' JSON ('' for
-///   none), their bytes (0 for none)
+///   none), their bytes (0 for none), the hashes of the addresses it is sent to inline
+///   (comma-separated; '-' for none)
 /// ```
 pub async fn ingest(
     conn: &mut impl ConnectionLike,
@@ -204,6 +205,7 @@ pub async fn ingest(
         .key(keys.channel_counts(partition, campaign, period, Channel::App))
         .key(keys.counts(partition, campaign, &day_before(period)))
         .key(keys.attachments(partition))
+        .key(keys.by_address(partition))
         .arg(retention_secs)
         .arg(format!("{campaign}:{period}"))
         .arg(most_pending);
@@ -216,6 +218,9 @@ pub async fn ingest(
             .key(keys.delivery(partition, &event));
         let (attachments, bytes) = item.attachments.unwrap_or(("", 0));
         call.arg(id).arg(item.hash).arg(item.request).arg(item.event.unwrap_or("")).arg(attachments).arg(bytes);
+        // The request's own `to` (a subscriber's address is found through its subscriber).
+        let to = serde_json::from_str(item.request).map(|r| recipients_of(&r)).unwrap_or_default();
+        call.arg(keys.address_hashes(&to));
     }
     read_ingested(call.invoke_async(conn).await?)
 }
@@ -401,8 +406,8 @@ pub struct Decision<'a> {
 ///
 /// Runs `lua/decide.lua`:
 /// ```text
-/// KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4..3+c] counts hashes,
-/// KEYS[4+c..] delivery keys
+/// KEYS[1] stream, KEYS[2] dead stream, KEYS[3] recent settlements, KEYS[4] settlements per
+/// minute, KEYS[5..4+c] counts hashes, KEYS[5+c..] delivery keys
 /// ARGV[1] group, ARGV[2] owner, ARGV[3] c, ARGV[4] retention seconds;
 ///   then per delivery: stream entry id, delivery id, state, reason, counts index (1-based),
 ///   expect ('held': claimed by owner, 'lost': the record is missing)
@@ -426,6 +431,7 @@ pub async fn decide(
     call.key(keys.lane_stream(partition, lane))
         .key(keys.dead(partition))
         .key(keys.recent(partition))
+        .key(keys.per_minute(partition))
         .arg(group)
         .arg(owner)
         .arg(counts.len())
@@ -457,14 +463,15 @@ pub(super) fn read_decided(decided: Vec<i64>) -> RedisResult<Vec<bool>> {
 /// ```text
 /// KEYS[1] stream, KEYS[2] delivery, KEYS[3] counts hash of its campaign period, KEYS[4] recent
 ///   settlements
-/// ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown
+/// ARGV[1] delivery id, ARGV[2] '1' to allow outcome_unknown, ARGV[3] who asked (an admin
+///   token's name, or `command line`)
 /// ```
 pub async fn requeue(
     conn: &mut impl ConnectionLike,
     keys: &Keys,
     partition: u16,
     delivery: &DeliveryRef,
-    allow_unknown: bool,
+    (allow_unknown, who): (bool, &str),
 ) -> RedisResult<Requeue> {
     let id = delivery.id();
     let result: String = SCRIPTS
@@ -475,6 +482,7 @@ pub async fn requeue(
         .key(keys.recent(partition))
         .arg(id)
         .arg(u8::from(allow_unknown))
+        .arg(who)
         .invoke_async(conn)
         .await?;
     read_requeue(&result)
