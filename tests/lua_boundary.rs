@@ -233,7 +233,7 @@ a_wrong_count_is_an_error! {
     optout: shape(2, 0, 2, 0);
     due: shape(2, 0, 2, 0);
     fanout: Shape { set: &[(1, "finish")], ..shape(1, 0, 3, 0) };
-    health: Shape { set: &[(1, "probe")], ..shape(1, 0, 5, 0) };
+    health: Shape { set: &[(1, "probe")], ..shape(1, 0, 6, 0) };
     wake: shape(1, 1, 0, 1);
     fallback: shape(3, 1, 11, 0);
     note: shape(0, 1, 1, 1);

@@ -453,7 +453,9 @@ async fn an_outage_holds_every_batch_and_the_first_success_sends_them_all() {
 async fn one_batch_failing_again_and_again_never_puts_the_provider_down() {
     use mailstream::store::scripts::{HealthCall, HealthRule, health};
     let world = World::new().await;
-    let (store, rule) = (&world.store, HealthRule { failures: 3, window_ms: 10_000, probe_interval_ms: 1_000 });
+    // No shortest span here: the run's count alone (the span has a test of its own).
+    let rule = HealthRule { failures: 3, window_ms: 10_000, probe_interval_ms: 1_000, min_span_ms: 0 };
+    let store = &world.store;
     let mut conn = store.conn().await.unwrap();
     // A batch the provider keeps refusing with a 5xx says more about the batch...
     for _ in 0..5 {
@@ -492,6 +494,39 @@ async fn one_batch_failing_again_and_again_never_puts_the_provider_down() {
     assert!(up.down_since_ms.is_none() && up.changed);
     let again = health(&mut conn, &store.keys, HealthCall::Succeeded, &rule).await.unwrap();
     assert!(!again.changed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_faults_is_no_outage_until_failures_last_a_probe_interval() {
+    use mailstream::store::scripts::{HealthCall, health};
+    let world = World::new().await;
+    let store = &world.store;
+    let rule = mailstream::send::pause::health_rule(&world.config);
+    assert_eq!(rule.min_span_ms, 1_000, "one probe interval, as shipped");
+    let mut conn = store.conn().await.unwrap();
+    // Two 5xx of two batches and a timed-out hang of a third, back to back: many more
+    // failures than the threshold, within less than a probe interval.
+    let before = store.time().await.unwrap().timestamp_millis() as u64;
+    for batch in ["b1", "b2", "b3", "b4", "b5"] {
+        let h = health(&mut conn, &store.keys, HealthCall::Failed(batch), &rule).await.unwrap();
+        if let Some(down) = h.down_since_ms {
+            // Only a host too slow to make five calls within a second gets here, and then the
+            // span has passed: still no outage declared before it.
+            assert!(down >= before + rule.min_span_ms, "{h:?}");
+            return;
+        }
+    }
+    // A success among them ends the run: failures after it start counting again.
+    health(&mut conn, &store.keys, HealthCall::Succeeded, &rule).await.unwrap();
+    let first = store.time().await.unwrap().timestamp_millis() as u64;
+    // With still no success, a failure once the span has passed puts it down.
+    let down = eventually(Duration::from_secs(30), || async {
+        let mut conn = store.conn().await.ok()?;
+        health(&mut conn, &store.keys, HealthCall::Failed(""), &rule).await.ok()?.down_since_ms
+    })
+    .await
+    .expect("down once failures have lasted the span");
+    assert!(down >= first + rule.min_span_ms, "down at {down}, the run began at or after {first}");
 }
 
 /// Failpoints that hold at `first` once (telling `reached`, until `go_on`), then freeze for

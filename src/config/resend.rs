@@ -34,7 +34,8 @@ pub struct ResendConfig {
     /// The provider is down, team-wide, after this many failures that say nothing about
     /// a batch (no connection, a timeout, a 5xx) with no success between them, ...
     pub down_after_failures: u32,
-    /// ... the first and the last within this many seconds.
+    /// ... the first and the last within this many seconds, and at least one probe interval
+    /// apart (a burst of faults within less is not an outage).
     pub down_window_seconds: u64,
     /// While it is down, one request (a real waiting batch) probes it this often.
     pub probe_interval_seconds: u64,

@@ -78,6 +78,18 @@ impl Pause {
     }
 }
 
+/// The rule `[resend]` sets for when the provider is down.
+pub fn health_rule(config: &crate::config::Config) -> HealthRule {
+    let r = &config.resend;
+    HealthRule {
+        failures: r.down_after_failures,
+        window_ms: r.down_window_seconds * 1000,
+        probe_interval_ms: r.probe_interval_seconds * 1000,
+        // While down it is probed once an interval: a burst within one is no outage.
+        min_span_ms: r.probe_interval_seconds * 1000,
+    }
+}
+
 /// This instance's view of the provider's team-wide health.
 pub struct ProviderHealth {
     rule: HealthRule,
@@ -100,12 +112,7 @@ impl ProviderHealth {
 
     /// The rule `[resend]` sets.
     pub fn from_config(config: &crate::config::Config) -> ProviderHealth {
-        let r = &config.resend;
-        ProviderHealth::new(HealthRule {
-            failures: r.down_after_failures,
-            window_ms: r.down_window_seconds * 1000,
-            probe_interval_ms: r.probe_interval_seconds * 1000,
-        })
+        ProviderHealth::new(health_rule(config))
     }
 
     /// Whether the provider is down, as last seen.

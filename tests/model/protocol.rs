@@ -33,7 +33,10 @@
 //! (`per_minute`, prelude.lua's `tally_minute`, the overview's chart), nor the address index
 //! ingest.lua adds to (`by_address`, the admin search's), nor a delivery's history (the
 //! batch's `attempts`, reschedule.lua; the record's `history`, settle.lua and requeue.lua):
-//! each is written in the same step as before and read by no step of the protocol. The admin pages add no step: they read,
+//! each is written in the same step as before and read by no step of the protocol; nor
+//! when Resend counts as down (health.lua: how many failures, over what span): it only makes
+//! a sealed batch wait or go as a probe, and its request, its key and its settlement are
+//! those of any retry, which the model has. The admin pages add no step: they read,
 //! and their retries call the same `dead-letters retry` (requeue.lua, unchanged) as the
 //! command line.
 

@@ -65,6 +65,9 @@ pub struct HealthRule {
     pub failures: u32,
     pub window_ms: u64,
     pub probe_interval_ms: u64,
+    /// The first and the last failure of a run at least this far apart (a burst shorter
+    /// than this is not an outage).
+    pub min_span_ms: u64,
 }
 
 /// The provider's team-wide health after a call.
@@ -85,7 +88,7 @@ pub struct Health {
 /// KEYS[1] the provider's health hash (failures, first_ms, last_batch, down_ms, probe_ms)
 /// ARGV[1] 'failed', 'succeeded' or 'probe' (reading it is an HGET of down_ms); ARGV[2] threshold; ARGV[3] window ms;
 /// ARGV[4] probe interval ms; ARGV[5] the batch that failed ('failed'; '' for a failure no
-/// batch can cause: no connection, a broken one)
+/// batch can cause: no connection, a broken one); ARGV[6] the shortest span ms
 /// ```
 pub async fn health(
     conn: &mut impl ConnectionLike,
@@ -106,6 +109,7 @@ pub async fn health(
         .arg(rule.window_ms)
         .arg(rule.probe_interval_ms)
         .arg(batch)
+        .arg(rule.min_span_ms)
         .invoke_async(conn)
         .await?;
     read_health(&state, &since, changed)
