@@ -69,6 +69,13 @@ fn form(pairs: &[(&str, &str)]) -> String {
     form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish()
 }
 
+/// An admin action posted with the bearer token (no form token needed), its answer.
+async fn act(http: &reqwest::Client, url: &str, pairs: &[(&str, &str)]) -> reqwest::Response {
+    let post = http.post(format!("{url}/admin/act")).header("authorization", bearer());
+    let post = post.header("content-type", "application/x-www-form-urlencoded").body(form(pairs));
+    post.send().await.unwrap()
+}
+
 fn bearer() -> String {
     format!("Bearer {TOKEN}")
 }
@@ -137,19 +144,8 @@ async fn failures_are_grouped_by_reason_and_retried_by_reason() {
     let text = confirm.text().await.unwrap();
     assert!(text.contains("Retry 4 failed deliveries of"), "{text}");
     assert!(text.contains("4 validation_error (Resend said: The example.com domain is not allowed"), "{text}");
-    let acted = http
-        .post(format!("{url}/admin/act"))
-        .header("authorization", bearer())
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[
-            ("op", "retry_reason"),
-            ("error", "validation_error"),
-            ("campaign", CAMPAIGN),
-            ("period", &PERIOD),
-        ]))
-        .send()
-        .await
-        .unwrap();
+    let pairs = [("op", "retry_reason"), ("error", "validation_error"), ("campaign", CAMPAIGN), ("period", &PERIOD)];
+    let acted = act(&http, &url, &pairs).await;
     assert_eq!(acted.status(), 303);
     let to = acted.headers()["location"].to_str().unwrap().to_string();
     assert!(to.starts_with("/admin/period?campaign=") && to.contains("acted=retry_reason&done=4&refused=0"), "{to}");
@@ -278,14 +274,7 @@ async fn a_retried_delivery_that_fails_again_keeps_its_whole_history() {
     let [first] = failed.as_slice() else { panic!("{failed:?}") };
     let href = form_urlencoded::byte_serialize(first.id.as_bytes()).collect::<String>();
     let http = http();
-    let acted = http
-        .post(format!("{url}/admin/act"))
-        .header("authorization", bearer())
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(form(&[("op", "retry"), ("id", &first.id)]))
-        .send()
-        .await
-        .unwrap();
+    let acted = act(&http, &url, &[("op", "retry"), ("id", &first.id)]).await;
     assert_eq!(acted.status(), 303);
     let get = async |path: &str| -> Option<Value> {
         http.get(format!("{url}{path}")).header("authorization", bearer()).send().await.ok()?.json().await.ok()

@@ -430,13 +430,18 @@ pub async fn get(store: &Store, id: &str) -> anyhow::Result<Option<Detail>> {
     }
     let (push, subscriber) = (d.channel == crate::model::work::Channel::Push, d.subscriber.clone());
     let mut row = row(d, &fields, email.as_deref());
-    // Its attempts and the operators' actions: the record's, and its batch's while sealed.
+    // Its attempts and the operators' actions: the record's, and its batch's while sealed
+    // (read with the batch's request count, in one look at the batch).
     let mut told = fields.remove("history").unwrap_or_default();
     if let Some(batch) = sealed_batch(&row, &fields) {
-        let attempts: Option<String> =
-            redis::cmd("HGET").arg(store.keys.batch(p, &batch)).arg("attempts").query_async(&mut conn).await?;
+        let (sends, attempts): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+            .arg(store.keys.batch(p, &batch))
+            .arg("sends")
+            .arg("attempts")
+            .query_async(&mut conn)
+            .await?;
+        row.sends = sends.unwrap_or(row.sends);
         told = format!("{told}\n{}", attempts.unwrap_or_default());
-        batch_sends(&mut conn, store, p, vec![(&mut row, batch)]).await?;
     }
     let mut history: Vec<(i64, String)> = told.lines().filter_map(history_line).collect();
     let ms = |f: &str| fields.get(f).and_then(|v| v.parse::<i64>().ok());

@@ -112,11 +112,7 @@ impl Admin {
             "/admin/deliveries" => list(store, &query).await.map(|(page, form)| list_page(&page, &form, &query)),
             p => match (p.strip_prefix("/admin/api/deliveries/"), p.strip_prefix("/admin/deliveries/")) {
                 (Some(id), _) => one(ctx, id).await.map(|d| d.map_or_else(not_found, |d| json(&d))),
-                (_, Some(id)) => match one(ctx, id).await {
-                    Ok(Some(d)) => Ok(detail_page(&d, &query)),
-                    Ok(None) => Ok(not_found()),
-                    Err(e) => Err(e),
-                },
+                (_, Some(id)) => one(ctx, id).await.map(|d| d.map_or_else(not_found, |d| detail_page(&d, &query))),
                 _ => Ok(not_found()),
             },
         };

@@ -90,18 +90,18 @@ pub async fn search(store: &Store, query: &Query, limit: usize) -> anyhow::Resul
         deliveries.extend(page.rows);
     }
     if let Query::Address(a) = query {
-        for p in 0..keys.partitions() {
-            // Every member `<hash>:<id>`: from `<hash>:` up to `<hash>;` (';' follows ':').
-            let (from, to) = (format!("[{}:", a.hash), format!("({};", a.hash));
-            let members: Vec<String> = redis::cmd("ZRANGEBYLEX")
-                .arg(keys.by_address(p))
-                .arg(from)
-                .arg(to)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(limit + 1)
-                .query_async(&mut conn)
-                .await?;
+        // Every member `<hash>:<id>` of each partition's index, in one round trip: from
+        // `<hash>:` up to `<hash>;` (';' follows ':').
+        let (from, to) = (format!("[{}:", a.hash), format!("({};", a.hash));
+        let cmds: Vec<redis::Cmd> = (0..keys.partitions())
+            .map(|p| {
+                let mut cmd = redis::cmd("ZRANGEBYLEX");
+                cmd.arg(keys.by_address(p)).arg(&from).arg(&to).arg("LIMIT").arg(0).arg(limit + 1);
+                cmd
+            })
+            .collect();
+        let found: Vec<Vec<String>> = conn.each(&cmds).await?;
+        for (p, members) in (0..keys.partitions()).zip(found) {
             more |= members.len() > limit;
             let refs: Vec<DeliveryRef> =
                 members.iter().take(limit).filter_map(|m| DeliveryRef::parse(m.split_once(':')?.1)).collect();
