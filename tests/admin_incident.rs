@@ -249,6 +249,10 @@ async fn the_overview_charts_the_last_hour_and_search_finds_an_address_or_a_subs
     let none = get(nobody.headers()["location"].to_str().unwrap()).await.unwrap().text().await.unwrap();
     assert!(none.contains("No subscriber has this address.") && none.contains("No delivery within the retention."));
     assert_eq!(get("/admin/search").await.unwrap().status(), 200);
+    // A delivery settled sent keeps no events: the log says so rather than a blank.
+    let sent = get(&format!("/admin/deliveries?campaign={CAMPAIGN}&status=sent&limit=1")).await.unwrap();
+    let sent = sent.text().await.unwrap();
+    assert!(sent.contains("class=\"delivery\"") && sent.contains(">not kept</span>"), "{sent}");
     assert_eq!(get("/admin/api/search").await.unwrap().status(), 400);
     assert_eq!(get("/admin/search?address=not-a-hash").await.unwrap().status(), 400);
     daemon.stop().await;
