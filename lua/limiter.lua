@@ -11,18 +11,35 @@
 -- The guard is paid once per sliding second, not once per request. A 429's retry-after
 -- pauses every instance; a lower ratelimit-limit announced by the provider is adopted
 -- team-wide.
+-- While this key cannot be reached (its node died, until its replica is promoted), each
+-- instance paces alone at its share, the rate over the live instances it last saw
+-- (src/send/limiter.rs; docs/limiter.md says why the shares never sum past the rate).
+-- 'hello' (every heartbeat) keeps the live instances: each writes its stamp and share
+-- and learns how many there are. 'back' is an instance's first hello after it paced
+-- alone: the share it paced at stays out of the shared rate for `arg` ms (until a second
+-- after its last request alone), and the peers not seen since, who may still pace
+-- alone, keep their shares out of it too (`reserved`) until they say hello or could no
+-- longer pace alone (`alone_max`).
 --
 -- KEYS[1] limiter hash: next_us (cadence), pause_us (no departure before), rps (a lower rate
 --   the provider announced), seq (requests granted), ring (ring size), d<n> (departure of
---   request n modulo ring, µs)
--- ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late'
+--   request n modulo ring, µs), outage_ms (when an instance last came back from pacing
+--   alone), reserved ("<requests/s>:<until ms>,…": shares kept out of the shared rate)
+-- KEYS[2] peers hash (KEYS[1]'s name is its hash tag: the same slot): instance id ->
+--   "<stamp ms>:<share>:<held ms>", when it last said hello, the requests/s it would pace
+--   alone, and until when the share it paced alone at is kept out of the shared rate
+-- ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late' | 'hello' | 'back'
 -- ARGV[2] configured requests per second, ARGV[3] guard µs, ARGV[4] argument:
 --   pause: milliseconds; lower: requests per second; late: request number (it left before now);
---   0 for the others
+--   back: how long from now its share stays out of the shared rate, ms; 0 for the others
 -- ARGV[5] '' for Redis TIME, or (tests only) a fake "now" in µs
+-- ARGV[6] hello/back: this instance's id ('' for the others)
+-- ARGV[7] hello/back: how long an instance may pace alone after its last hello, ms
+-- ARGV[8] back: the share it paced alone at, requests/s ('' for the others)
 -- Returns {wait_us, now_us, n}: for 'take', wait 0 when request n is granted now (it leaves
--- at once), else how long until it can be; for 'lower', 1 when the rate was lowered.
-arity(1, 0, 5, 0)
+-- at once), else how long until it can be; for 'lower', 1 when the rate was lowered; for
+-- 'hello' and 'back', {live instances (this one too), its share (requests/s), reserve}.
+arity(2, 0, 8, 0)
 local op, configured, guard, arg = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = tonumber(ARGV[5])
 if not now then
@@ -31,11 +48,25 @@ if not now then
 end
 -- A departure is taken to be at most this much after its grant until 'late' says when.
 local SOON = 1000
-local h = hmget(KEYS[1], 'next_us', 'pause_us', 'rps', 'seq', 'ring')
+-- Peers silent this long are no longer counted live (ten heartbeats at least).
+local PEER_HORIZON_MS = 10000
+local h = hmget(KEYS[1], 'next_us', 'pause_us', 'rps', 'seq', 'ring', 'reserved')
 local rps = configured
 local lowered = tonumber(h.rps or '0')
 if lowered > 0 and lowered < rps then
   rps = lowered
+end
+-- The shared rate: what peers that may be pacing alone could send is kept out of it.
+local team_rps = rps
+for share, untl in string.gmatch(h.reserved or '', '(%d+):(%d+)') do
+  if now < tonumber(untl) * 1000 then
+    rps = rps - tonumber(share)
+  end
+end
+rps = math.max(0, rps)
+if rps == 0 and (op == 'take' or op == 'peek') then
+  -- Every request of the rate is kept for peers pacing alone: ask again soon.
+  return {100000, now, tonumber(h.seq or '0')}
 end
 local interval = math.floor(1000000 / rps)
 -- A taker this late for its slot keeps the cadence.
@@ -73,6 +104,59 @@ elseif op == 'lower' then
     redis.call('HSET', KEYS[1], 'rps', arg)
     result = {1, now, seq}
   end
+elseif op == 'hello' or op == 'back' then
+  local me, alone_max = ARGV[6], tonumber(ARGV[7])
+  local now_ms = math.floor(now / 1000)
+  local held, held_share = 0, 0
+  if op == 'back' then
+    redis.call('HSET', KEYS[1], 'outage_ms', now_ms)
+    held, held_share = now_ms + arg, tonumber(ARGV[8])
+  end
+  local outage = tonumber(redis.call('HGET', KEYS[1], 'outage_ms') or '0')
+  local peers = redis.call('HGETALL', KEYS[2])
+  local live, reserve, reserved = 1, 0, {}
+  local function keep_out(share, untl)
+    reserve = reserve + share
+    -- string.format, not `..`: Lua writes a number of more than 14 digits as 1.7e+15.
+    reserved[#reserved + 1] = string.format('%d:%d', share, untl)
+  end
+  for i = 1, #peers, 2 do
+    local stamp, share, until_ms = string.match(peers[i + 1], '^(%d+):(%d+):(%d+)$')
+    stamp, share, until_ms = tonumber(stamp), tonumber(share), tonumber(until_ms)
+    if peers[i] ~= me then
+      if now_ms - stamp > PEER_HORIZON_MS and now_ms - stamp > alone_max and now_ms >= until_ms then
+        redis.call('HDEL', KEYS[2], peers[i])
+      else
+        if now_ms - stamp <= PEER_HORIZON_MS then
+          live = live + 1
+        end
+        if stamp < outage and now_ms - stamp < alone_max then
+          -- Not seen since an instance came back from pacing alone: it may pace alone still.
+          keep_out(share, stamp + alone_max)
+        elseif now_ms < until_ms then
+          -- Back from pacing alone less than a second after its last request alone.
+          keep_out(share, until_ms)
+        end
+      end
+    elseif op == 'hello' and now_ms < until_ms then
+      held, held_share = until_ms, share
+    end
+  end
+  if now_ms < held then
+    keep_out(held_share, held)
+  end
+  local share = math.floor(team_rps / live)
+  -- What it would pace alone at next; while its share alone is kept out, at least that.
+  local stored = share
+  if now_ms < held then
+    stored = math.max(share, held_share)
+  else
+    held = 0
+  end
+  redis.call('HSET', KEYS[2], me, string.format('%d:%d:%d', now_ms, stored, held))
+  redis.call('PEXPIRE', KEYS[2], 3600000)
+  redis.call('HSET', KEYS[1], 'reserved', table.concat(reserved, ','))
+  result = {live, share, reserve}
 elseif op == 'late' then
   -- Only while request `arg` is still in the ring (a newer one may have its place).
   if arg < seq and arg + ring >= seq then

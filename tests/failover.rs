@@ -193,3 +193,79 @@ async fn a_primary_that_lost_its_replica_holds_back_only_its_own_partitions() {
     assert!(resumed.is_some(), "the gauge says the replicas acknowledge again");
     daemon.stop().await;
 }
+
+/// The limiter's node dies: two instances counted by each other pace alone at half the
+/// rate each, so the partitions on the other primaries go on while its replica is
+/// promoted; then they share the limiter again. Never more than the rate in a sliding
+/// second, no 429, each delivery sent once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn while_the_limiters_node_fails_over_the_other_partitions_go_on_at_a_share_of_the_rate_each() {
+    const RPS: u32 = 10;
+    let mut world = World::cluster_with(1, |c| {
+        c.redis.partitions = 4;
+        c.resend.requests_per_second = RPS;
+    })
+    .await;
+    let (emulator, _stop) =
+        world.emulator(EmulatorConfig { requests_per_second: Some(RPS), ..Default::default() }).await;
+    let subscribers = 4_000;
+    world.subscribers(subscribers).await;
+    let keys = world.store.keys.clone();
+    let cluster = world.redis.cluster();
+    let limiter_node = cluster.primary_of(cluster.slot_of(&keys.limiter()).await.unwrap()).await.unwrap();
+    let mut unaffected = Vec::new();
+    for p in 0..keys.partitions() {
+        if cluster.primary_of(cluster.slot_of(&keys.batches(p)).await.unwrap()).await.unwrap() != limiter_node {
+            unaffected.push(p);
+        }
+    }
+    assert!(!unaffected.is_empty(), "some partitions live on other primaries");
+
+    // Both instances say hello, and have been counted by each other for longer than an
+    // instance must have been before it may pace alone (5 s).
+    let (a, b) = (world.daemon_as("a"), world.daemon_as("b"));
+    let peers = mailstream::store::keys::Keys::limiter_peers(&keys.limiter());
+    let store = world.store.clone();
+    let both = eventually(Duration::from_secs(30), || {
+        let (store, peers) = (store.clone(), peers.clone());
+        async move {
+            let mut conn = store.conn().await.ok()?;
+            let n: u64 = redis::cmd("HLEN").arg(&peers).query_async(&mut conn).await.ok()?;
+            (n == 2).then_some(())
+        }
+    })
+    .await;
+    assert!(both.is_some(), "both instances said hello to the limiter");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    world.kick().await;
+    let started = eventually(SETTLE, || {
+        let world = &world;
+        async move { (world.counts().await.sent >= 500).then_some(()) }
+    })
+    .await;
+    assert!(started.is_some(), "sending began");
+
+    let killed_at = std::time::Instant::now();
+    let cluster = world.redis.cluster_mut();
+    cluster.kill_primary(limiter_node).await.expect("its replica takes over");
+    let promoted_at = std::time::Instant::now();
+    let alone = emulator.seen().iter().filter(|s| s.at > killed_at && s.at < promoted_at).count();
+    assert!(alone > 0, "requests left while the limiter's node was down");
+
+    let counts = world.settled(SETTLE).await;
+    assert_eq!((counts.sent, counts.failed, counts.outcome_unknown), (subscribers as u64, 0, 0), "{counts:?}");
+    let stats = emulator.stats();
+    assert_eq!((stats.emails_accepted, stats.duplicate_sends), (subscribers as u64, 0), "{stats:?}");
+    assert_eq!(stats.rate_limited, 0, "{stats:?}");
+    assert!(stats.max_requests_in_1s <= u64::from(RPS), "{stats:?}");
+    for daemon in [&a, &b] {
+        let back = eventually(Duration::from_secs(30), || {
+            let text = daemon.metrics.render();
+            async move { (metric(&text, "mailstream_limiter_pacing_alone", "") == 0.0).then_some(()) }
+        })
+        .await;
+        assert!(back.is_some(), "back on the limiter");
+    }
+    a.stop().await;
+    b.stop().await;
+}

@@ -17,7 +17,22 @@ const SETTLE: Duration = Duration::from_secs(120);
 async fn limiter(world: &World, op: &str, arg: u64, now_us: u64) -> (u64, u64, u64) {
     let mut conn = world.store.conn().await.unwrap();
     let key = world.store.keys.limiter();
-    scripts::limiter(&mut conn, &key, op, 10, GUARD, arg, Some(now_us)).await.unwrap()
+    scripts::limiter(&mut conn, &key, op, 10, GUARD, arg, Some(now_us), None).await.unwrap()
+}
+
+/// limiter.lua's 'hello' from instance `id`, which may pace alone 30 s: (live instances,
+/// its share, requests/s kept out of the shared rate).
+async fn hello(world: &World, id: &str, now_us: u64) -> (u64, u64, u64) {
+    back(world, id, None, now_us).await
+}
+
+/// limiter.lua's 'back' from instance `id` that paced alone at `share` requests/s, its
+/// last request alone `held` ms before its second ends (or a 'hello' without `back`).
+async fn back(world: &World, id: &str, back: Option<(u64, u32)>, now_us: u64) -> (u64, u64, u64) {
+    let mut conn = world.store.conn().await.unwrap();
+    let key = world.store.keys.limiter();
+    let (op, held, share) = back.map_or(("hello", 0, 0), |(held, share)| ("back", held, share));
+    scripts::limiter(&mut conn, &key, op, 10, GUARD, held, Some(now_us), Some((id, 30_000, share))).await.unwrap()
 }
 
 const GUARD: u64 = 2_000;
@@ -49,6 +64,55 @@ async fn the_shared_limiter_spreads_requests_and_holds_every_sliding_second() {
     let later = at + 10_000_000;
     assert_eq!(limiter(&world, "take", 0, later).await.0, 0);
     assert_eq!(limiter(&world, "take", 0, later + 1_000).await.0, INTERVAL - 1_000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limiter_counts_live_instances_and_keeps_out_the_shares_of_peers_that_may_pace_alone() {
+    let world = World::new().await;
+    // Redis's clock today, in µs: 16 digits (Lua prints a number of more than 14 as 1.8e+15).
+    let t0 = 1_800_000_000_000_000;
+    assert_eq!(hello(&world, "a", t0).await, (1, 10, 0));
+    assert_eq!(hello(&world, "b", t0).await, (2, 5, 0));
+    assert_eq!(hello(&world, "a", t0 + 500_000).await, (2, 5, 0));
+    // The limiter's node was lost; 8 s later `a` is back after pacing alone at 5/s, its
+    // last request alone 700 ms before its second ends: its 5 stay out of the shared rate
+    // until then, and so do `b`'s, not seen since (it may still pace alone).
+    let t1 = t0 + 8_000_000;
+    assert_eq!(back(&world, "a", Some((700, 5)), t1).await, (2, 5, 10));
+    assert_eq!(limiter(&world, "take", 0, t1).await.0, 100_000, "nothing left to share: ask again soon");
+    // a's second has passed: b's 5 stay out, 5 requests/s are shared.
+    let t2 = t1 + 700_000;
+    assert_eq!(limiter(&world, "take", 0, t2).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t2 + 100_000).await.0, 100_000, "5 requests/s: 200 ms apart");
+    assert_eq!(limiter(&world, "take", 0, t2 + 200_000).await.0, 0);
+    // `b` says hello: the whole rate again (after the slot already given).
+    assert_eq!(hello(&world, "b", t2 + 250_000).await, (2, 5, 0));
+    assert_eq!(limiter(&world, "take", 0, t2 + 400_000).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t2 + 450_000).await.0, 50_000, "10 requests/s: 100 ms apart");
+    // A peer silent for longer than it may pace alone (and than the live horizon) is forgotten.
+    assert_eq!(hello(&world, "a", t1 + 32_000_000).await, (1, 10, 0));
+    let mut conn = world.store.conn().await.unwrap();
+    let peers: Vec<String> = redis::cmd("HKEYS")
+        .arg(mailstream::store::keys::Keys::limiter_peers(&world.store.keys.limiter()))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(peers, ["a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_not_seen_since_an_outage_keeps_its_share_out_only_while_it_may_pace_alone() {
+    let world = World::new().await;
+    let t0 = 1_900_000_000_000_000;
+    hello(&world, "a", t0).await;
+    hello(&world, "b", t0).await;
+    assert_eq!(back(&world, "a", Some((0, 5)), t0 + 5_000_000).await, (2, 5, 5));
+    assert_eq!(limiter(&world, "take", 0, t0 + 5_000_000).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t0 + 5_000_001).await.0, 2 * INTERVAL - 1, "5 requests/s shared");
+    // 30 s after b's last hello it may no longer pace alone: the whole rate is shared again.
+    let after = t0 + 30_000_000;
+    assert_eq!(limiter(&world, "take", 0, after).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, after + 1).await.0, INTERVAL - 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,7 @@ pub(super) struct Sending {
     pub(super) provider_duration: HistogramVec,
     pub(super) batch_emails: Histogram,
     pub(super) limiter_wait: Histogram,
+    pub(super) slots_given_back: IntCounterVec,
     pub(super) retries: IntCounterVec,
     pub(super) paused: IntGauge,
     pub(super) provider_down: IntGauge,
@@ -89,6 +90,7 @@ pub(super) struct Sending {
     pub(super) sender_fallbacks: IntCounterVec,
     pub(super) records_lost: IntCounter,
     pub(super) durability_relaxed: IntGauge,
+    pub(super) limiter_alone: IntGauge,
     pub(super) redis_errors: IntCounterVec,
 }
 
@@ -134,6 +136,13 @@ impl Sending {
                 "Time a ready batch waited for a request slot",
                 prometheus::exponential_buckets(0.001, 4.0, 8).expect("valid buckets"),
             ),
+            slots_given_back: counter(
+                r,
+                "mailstream_request_slots_given_back_total",
+                "Request slots a batch was aimed at and did not use, by reason (nothing_sealed, \
+                 partition_unreached, gate_refused, unreplicated, slot_too_far, stopping, other)",
+                &["reason"],
+            ),
             retries: counter(
                 r,
                 "mailstream_batch_retries_total",
@@ -177,6 +186,12 @@ impl Sending {
                 r,
                 "mailstream_records_lost_total",
                 "Deliveries whose record or batch record was missing where one was expected (a lost write)",
+            ),
+            limiter_alone: int_gauge(
+                r,
+                "mailstream_limiter_pacing_alone",
+                "1 while this instance paces its requests alone, at its share of the team's rate, because the \
+                 shared limiter's Redis key cannot be reached",
             ),
             durability_relaxed: int_gauge(
                 r,

@@ -140,6 +140,11 @@ impl Metrics {
         self.sending.batch_emails.observe(emails as f64);
     }
 
+    /// A request slot a batch was aimed at goes unused, for `reason`.
+    pub(crate) fn slot_given_back(&self, reason: &'static str) {
+        self.sending.slots_given_back.with_label_values(&[reason]).inc();
+    }
+
     pub(crate) fn limiter_waited(&self, waited: Duration) {
         self.sending.limiter_wait.observe(waited.as_secs_f64());
     }
@@ -293,6 +298,11 @@ impl Metrics {
     }
 
     /// Running on a Redis that may lose acknowledged writes, by the operator's choice.
+    /// This instance paces alone (the shared limiter out of reach), or no longer does.
+    pub(crate) fn set_limiter_alone(&self, alone: bool) {
+        self.sending.limiter_alone.set(i64::from(alone));
+    }
+
     pub(crate) fn set_durability_relaxed(&self, relaxed: bool) {
         self.sending.durability_relaxed.set(i64::from(relaxed));
     }

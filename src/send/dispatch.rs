@@ -14,7 +14,7 @@
 //! probe), and lets requests on the wire finish within a deadline.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use crate::metrics::Metrics;
 use crate::model::work::{DeliveryRef, Sealed, Work};
 use crate::send::ctx::Ctx;
 use crate::send::gate::{self, Gated};
@@ -46,27 +47,62 @@ type Signal = tokio::sync::oneshot::Sender<()>;
 /// won: a receipt's batch waited behind digest batches for over a second.
 struct Aimed {
     _taken: Signal,
+    mark: Arc<Mark>,
+}
+
+/// Whether an aimed batch still counts: shared by its task and the watch on its gate.
+struct Mark {
+    counted: AtomicBool,
+    /// Its slot was granted, or its giving back counted: nothing more is counted.
+    done: AtomicBool,
     aiming: Arc<AtomicUsize>,
-    counted: bool,
+    metrics: Arc<Metrics>,
+}
+
+impl Mark {
+    /// No longer ahead of the next batch's slot (granted, late, or given up).
+    fn uncount(&self) {
+        if self.counted.swap(false, Ordering::SeqCst) {
+            self.aiming.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// It will use no slot, for `reason` (counted once, unless a slot was granted).
+    fn give_back(&self, reason: &'static str) {
+        self.uncount();
+        if !self.done.swap(true, Ordering::SeqCst) {
+            self.metrics.slot_given_back(reason);
+        }
+    }
 }
 
 impl Aimed {
-    fn new(taken: Signal, aiming: &Arc<AtomicUsize>) -> Aimed {
+    fn new(taken: Signal, aiming: &Arc<AtomicUsize>, metrics: &Arc<Metrics>) -> Aimed {
         aiming.fetch_add(1, Ordering::SeqCst);
-        Aimed { _taken: taken, aiming: aiming.clone(), counted: true }
+        let mark = Mark {
+            counted: AtomicBool::new(true),
+            done: AtomicBool::new(false),
+            aiming: aiming.clone(),
+            metrics: metrics.clone(),
+        };
+        Aimed { _taken: taken, mark: Arc::new(mark) }
     }
 
     /// Its slot is granted: no longer ahead of the next batch's.
     fn granted(&mut self) {
-        if std::mem::take(&mut self.counted) {
-            self.aiming.fetch_sub(1, Ordering::SeqCst);
-        }
+        self.mark.done.store(true, Ordering::SeqCst);
+        self.mark.uncount();
+    }
+
+    /// Its slot goes unused, for `reason`.
+    fn give_back(self, reason: &'static str) {
+        self.mark.give_back(reason);
     }
 }
 
 impl Drop for Aimed {
     fn drop(&mut self) {
-        self.granted();
+        self.mark.give_back("other");
     }
 }
 
@@ -119,7 +155,7 @@ pub(crate) struct Dispatcher {
 
 impl Dispatcher {
     pub fn new(ctx: &Ctx, batcher: Arc<Batcher>, sender: Sender) -> Dispatcher {
-        let limiter = Limiter::from_config(&ctx.config, &ctx.store);
+        let limiter = Limiter::from_config(&ctx.config, &ctx.store).counted_as(&ctx.owner, &ctx.metrics);
         let gates = gate::GateConns::new(&ctx.config);
         Dispatcher {
             limiter,
@@ -139,7 +175,15 @@ impl Dispatcher {
         // In a JoinSet, so the heartbeat dies with this task if it is aborted: a heartbeat
         // outliving its holder would keep a dead instance's leases alive.
         let mut heartbeat = JoinSet::new();
-        heartbeat.spawn(keep_alive(ctx.clone(), self.batcher.clone()));
+        heartbeat.spawn(keep_alive(ctx.clone(), self.clone()));
+        let (me, beat) = (self.clone(), ctx.config.heartbeat());
+        // The limiter's hellos, on their own: a heartbeat step waits on the slowest node.
+        heartbeat.spawn(async move {
+            loop {
+                let next = me.limiter.hello(beat).await;
+                tokio::time::sleep(next).await;
+            }
+        });
         let mut shutdown = ctx.shutdown.clone();
         let in_flight = Arc::new(Semaphore::new(ctx.config.resend.max_in_flight));
         let preparing = Arc::new(Semaphore::new(PREPARED_AHEAD));
@@ -189,12 +233,17 @@ impl Dispatcher {
             // the slot (a WAIT no replica answers) no longer holds the next batches back.
             let (gated_tx, gated_rx) = tokio::sync::oneshot::channel::<()>();
             let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
-            let taken_tx = Aimed::new(taken_tx, &aiming);
+            let taken_tx = Aimed::new(taken_tx, &aiming, &ctx.metrics);
+            let mark = taken_tx.mark.clone();
             let (me, ctx) = (self.clone(), ctx.clone());
             tasks.spawn(async move {
                 let counted = async move {
                     if tokio::time::timeout_at(slot + GATE_PATIENCE, gated_rx).await.is_ok() {
                         let _ = taken_rx.await;
+                    } else {
+                        // Its slot passes without it: the next batches are aimed without it
+                        // (it takes a later one if its gate passes).
+                        mark.uncount();
                     }
                     drop(prepared);
                 };
@@ -238,12 +287,22 @@ impl Dispatcher {
     /// taken (a signal dropped unsent says it went no further).
     async fn prepare_and_send(&self, ctx: &Ctx, work: Work, asked: Instant, (gated, taken): (Signal, Aimed)) {
         let (p, sealed) = match work {
-            Work::Resend(sealed) => (sealed.partition, Some(sealed)),
+            Work::Resend(sealed) => (sealed.partition, Ok(Some(sealed))),
             Work::Fresh(p, items) => (p, seal::seal(ctx, p, items).await),
         };
-        let Some(mut sealed) = sealed else {
-            self.batcher.gate_done(p);
-            return;
+        let mut sealed = match sealed {
+            Ok(Some(sealed)) => sealed,
+            Ok(None) => {
+                self.batcher.gate_done(p);
+                taken.give_back("nothing_sealed");
+                return;
+            }
+            Err(_) => {
+                self.unreached(p);
+                self.batcher.gate_done(p);
+                taken.give_back("partition_unreached");
+                return;
+            }
         };
         // In hand (whatever its gate leaves of it) until it is sent or given up: its lease
         // is renewed, and the reclaimer leaves it alone.
@@ -254,12 +313,14 @@ impl Dispatcher {
             if ctx.shutdown.is_triggered() {
                 settle::put_back(ctx, &sealed, Duration::ZERO).await;
                 self.batcher.gate_done(p);
+                taken.give_back("stopping");
                 return None;
             }
-            let go = self.through_gate(ctx, &mut sealed).await;
+            let passed = self.through_gate(ctx, &mut sealed).await;
             // The partition's next batch may go to its gate (a hold that began stays).
             self.batcher.gate_done(p);
-            if !go {
+            if let Err(reason) = passed {
+                taken.give_back(reason);
                 return None;
             }
             let _ = gated.send(());
@@ -277,19 +338,24 @@ impl Dispatcher {
         }
     }
 
-    /// Runs the last gate; true when the request may leave. A batch its replicas did not
-    /// acknowledge goes back to Redis, and its partition waits out a backoff while the
-    /// others keep the pace.
-    async fn through_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> bool {
+    /// Runs the last gate; `Ok` when the request may leave, else why not. A batch its
+    /// replicas did not acknowledge goes back to Redis, and its partition waits out a
+    /// backoff while the others keep the pace; a partition whose Redis did not answer
+    /// waits until it does.
+    async fn through_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> Result<(), &'static str> {
         let p = sealed.partition;
         match gate::pass(ctx, &self.gates, sealed).await {
             Gated::Go => {
                 if self.batcher.replicas_acknowledged(p) {
                     tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
                 }
-                true
+                Ok(())
             }
-            Gated::Stop => false,
+            Gated::Stop => Err("gate_refused"),
+            Gated::Unreached => {
+                self.unreached(p);
+                Err("partition_unreached")
+            }
             Gated::Unreplicated => {
                 let (backoff, began) = self.batcher.replicas_failed(p);
                 ctx.metrics.unreplicated(p);
@@ -301,8 +367,20 @@ impl Dispatcher {
                     );
                 }
                 settle::put_back(ctx, sealed, backoff).await;
-                false
+                Err("unreplicated")
             }
+        }
+    }
+
+    /// Partition `p`'s Redis did not answer: none of its work is aimed at a slot until the
+    /// heartbeat reaches it again.
+    fn unreached(&self, p: u16) {
+        if self.batcher.reachable(p, false) {
+            tracing::warn!(
+                partition = p,
+                "the partition's Redis did not answer; its work waits until the heartbeat reaches it, and the \
+                 other partitions keep the pace"
+            );
         }
     }
 
@@ -322,14 +400,15 @@ impl Dispatcher {
             Ok(slot) => slot,
             Err(delay) => {
                 // Unsent, back to Redis: due when the slot is (at once when stopping).
-                drop(taken);
+                taken.give_back(if delay.is_zero() { "stopping" } else { "slot_too_far" });
                 settle::put_back(ctx, &sealed, delay).await;
                 return None;
             }
         };
         drop(taken);
         // The slot moved while the batch waited: look again right before it leaves.
-        if gated.elapsed() > GATE_FRESHNESS && !self.through_gate(ctx, &mut sealed).await {
+        if gated.elapsed() > GATE_FRESHNESS && self.through_gate(ctx, &mut sealed).await.is_err() {
+            self.limiter.unused(slot);
             return None;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
@@ -344,9 +423,7 @@ impl Dispatcher {
             self.limiter.departed(slot).await;
         };
         let ((news, fallback), ()) = tokio::join!(self.sender.attempt(ctx, sealed, on_wire), departed);
-        if news.late_arrival {
-            self.limiter.departed(slot).await;
-        }
+        self.limiter.ended(slot, news.late_arrival).await;
         self.obey(&news).await;
         fallback
     }
@@ -390,7 +467,7 @@ async fn hand_back_all(ctx: &Ctx, batcher: &Batcher) {
 /// step elsewhere stops it; and each of its steps runs on its own, bounded by the beat,
 /// so a node that does not answer (a primary that died, until its replica is
 /// promoted) delays no other partition's renewal.
-async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
+async fn keep_alive(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>) {
     let beat = ctx.config.heartbeat();
     loop {
         let mut steps = JoinSet::new();
@@ -409,7 +486,7 @@ async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
             }
         });
         for p in 0..ctx.store.keys.partitions() {
-            steps.spawn(renew(ctx.clone(), batcher.clone(), p));
+            steps.spawn(renew(ctx.clone(), dispatcher.clone(), p));
         }
         if tokio::time::timeout(beat, async { while steps.join_next().await.is_some() {} }).await.is_err() {
             let late = anyhow::anyhow!("{} heartbeat calls not answered within {beat:?}", steps.len());
@@ -422,19 +499,55 @@ async fn keep_alive(ctx: Arc<Ctx>, batcher: Arc<Batcher>) {
 }
 
 /// Renews the leases of what this instance holds in partition `p`, and says whether
-/// the partition is held for replicas that did not acknowledge.
-async fn renew(ctx: Arc<Ctx>, batcher: Arc<Batcher>, p: u16) {
-    ctx.metrics.set_unreplicated(p, batcher.unreplicated(p));
+/// the partition is held for replicas that did not acknowledge; a partition whose Redis
+/// did not answer is opened again once this reaches it.
+async fn renew(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>, p: u16) {
+    ctx.metrics.set_unreplicated(p, dispatcher.batcher.unreplicated(p));
     let lease_ms = crate::model::ms(ctx.config.lease());
-    let claimed: Vec<DeliveryRef> = batcher.claimed(p);
-    let batches: Vec<String> = batcher.in_hand(p);
+    let claimed: Vec<DeliveryRef> = dispatcher.batcher.claimed(p);
+    let batches: Vec<String> = dispatcher.batcher.in_hand(p);
+    let unreached = dispatcher.batcher.unreached(p);
     let result = async {
         let mut conn = ctx.store.conn().await?;
+        if unreached && claimed.is_empty() && batches.is_empty() {
+            // Nothing to renew: asked only whether the partition's Redis answers.
+            return ctx.store.reach(&mut conn, p).await;
+        }
         let claimed: Vec<&DeliveryRef> = claimed.iter().collect();
         let batches: Vec<&str> = batches.iter().map(String::as_str).collect();
-        anyhow::Ok(scripts::renew(&mut conn, &ctx.store.keys, p, &ctx.owner, lease_ms, &claimed, &batches).await?)
+        scripts::renew(&mut conn, &ctx.store.keys, p, &ctx.owner, lease_ms, &claimed, &batches).await?;
+        anyhow::Ok(())
     };
-    if let Err(e) = result.await {
-        ctx.metrics.redis_error("renew", &e);
+    let result = tokio::time::timeout(ctx.config.heartbeat() * 9 / 10, result)
+        .await
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("partition {p}'s Redis did not answer within a heartbeat")));
+    match result {
+        Ok(()) => {
+            if dispatcher.batcher.reachable(p, true) {
+                tracing::info!(partition = p, "the partition's Redis answers again; its work goes");
+            }
+            if dispatcher.batcher.unreplicated(p) {
+                probe_replicas(&ctx, &dispatcher.batcher, p).await;
+            }
+        }
+        Err(e) => {
+            ctx.metrics.redis_error("renew", &e);
+            dispatcher.unreached(p);
+        }
+    }
+}
+
+/// A partition held for replicas that did not acknowledge: a write and `WAIT` (within half
+/// a heartbeat) say whether they do again; then its work goes. No batch is aimed at a
+/// request slot to find out.
+async fn probe_replicas(ctx: &Ctx, batcher: &Batcher, p: u16) {
+    match ctx.store.replicas_probe(p, ctx.config.heartbeat() / 2).await {
+        Ok(true) => {
+            if batcher.replicas_acknowledged(p) {
+                tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
+            }
+        }
+        Ok(false) => {}
+        Err(e) => ctx.metrics.redis_error("replicas", &e),
     }
 }

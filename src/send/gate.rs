@@ -39,6 +39,9 @@ pub(crate) enum Gated {
     /// Replicas did not acknowledge the gate's write: the request has not left, and the
     /// batch, still 'sending', is the caller's to put back.
     Unreplicated,
+    /// The partition's Redis did not answer: the batch stays sealed and is taken over
+    /// after its lease (or resent by this instance once it reaches it again).
+    Unreached,
 }
 
 /// The connections last gates run on. On a cluster with `redis.wait_replicas`, each
@@ -80,13 +83,13 @@ impl GateConn<'_> {
 }
 
 /// Runs the last gate for `b`, just before its slot, and acts on what it says. On a
-/// Redis error, [`Gated::Stop`]: the batch stays sealed and is taken over after its lease.
+/// Redis error, [`Gated::Unreached`]: the batch stays sealed and is taken over after its lease.
 pub(crate) async fn pass(ctx: &Ctx, conns: &GateConns, b: &mut Sealed) -> Gated {
     match run(ctx, conns, b).await {
         Ok(gated) => gated,
         Err(e) => {
             ctx.metrics.redis_error("gate", &e);
-            Gated::Stop
+            Gated::Unreached
         }
     }
 }

@@ -1,32 +1,30 @@
 //! A partition's last gate as the queues see it: whether a batch of it is at its gate
-//! (one at a time), and its run of batches whose replicas did not acknowledge (`WAIT`),
-//! which holds the partition's work for a backoff while the others take every slot.
+//! (one at a time), its run of batches whose replicas did not acknowledge (`WAIT`), and
+//! whether its Redis answers. A partition in either trouble is held: none of its work is
+//! aimed at a request slot until the heartbeat finds its replicas acknowledging again
+//! (a probe's write and `WAIT`) or its Redis answering, while the others take every slot.
 
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-/// A partition's last gate: whether a batch of it is at the gate, and its run of
-/// batches its replicas did not acknowledge (`WAIT`).
+/// A partition's last gate: whether a batch of it is at the gate, and its troubles.
 #[derive(Default, Clone, Copy)]
 pub(super) struct PartitionGate {
     /// A batch taken from it has not passed (or failed) its first gate yet: no other is
     /// taken, so batches never queue up behind a `WAIT` that no replica answers.
     pub(super) gating: bool,
-    /// In a row, with no acknowledged batch between them.
+    /// Batches its replicas did not acknowledge, in a row, with no acknowledgement since.
     pub(super) failures: u32,
-    /// None of the partition's work is taken before this.
-    pub(super) until: Option<Instant>,
+    /// Its Redis did not answer: none of its work is taken until the heartbeat reaches it.
+    pub(super) unreached: bool,
 }
 
-/// The first wait of a partition whose replicas did not acknowledge; it doubles with
-/// each failure in a row, up to [`REPLICA_BACKOFF_MAX`].
+/// How long the first batch its replicas did not acknowledge waits in Redis before it
+/// is due again (for any instance); it doubles with each failure in a row, up to
+/// [`REPLICA_BACKOFF_MAX`].
 const REPLICA_BACKOFF: Duration = Duration::from_secs(1);
 
-/// How long a partition without the replicas it needs waits at most between tries:
-/// short enough that it resumes within seconds of a replica coming back, long enough
-/// that a try (a `WAIT` of up to a second, off the dispatcher's path) costs nothing.
-pub(super) const REPLICA_BACKOFF_MAX: Duration = Duration::from_secs(8);
+/// The longest such wait.
+const REPLICA_BACKOFF_MAX: Duration = Duration::from_secs(8);
 
 impl PartitionGate {
     pub(super) fn backoff(&self) -> Duration {
@@ -34,21 +32,8 @@ impl PartitionGate {
         (REPLICA_BACKOFF * 2u32.pow(doublings)).min(REPLICA_BACKOFF_MAX)
     }
 
-    pub(super) fn holds(&self, now: Instant) -> bool {
-        self.until.is_some_and(|until| until > now)
-    }
-
     /// Whether its work may be taken now.
-    pub(super) fn open(&self, now: Instant) -> bool {
-        !self.gating && !self.holds(now)
-    }
-
-    /// A batch of the partition is taken to its gate; in trouble, it is the partition's
-    /// one try, and its hold lasts until that try's answer or the next backoff.
-    pub(super) fn trying(&mut self, now: Instant) {
-        self.gating = true;
-        if self.failures > 0 {
-            self.until = Some(now + self.backoff());
-        }
+    pub(super) fn open(&self) -> bool {
+        !self.gating && self.failures == 0 && !self.unreached
     }
 }

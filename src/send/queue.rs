@@ -8,8 +8,8 @@
 //! Bounded queues push back on the readers (each lane has its own room, so a
 //! digest backlog never holds a receipt's reader back). Pacing is dispatch's.
 //! One batch of a partition passes its last gate at a time. A partition whose
-//! replicas did not acknowledge a batch is held: none of its work is taken until
-//! its backoff has passed, then one batch tries again, while the other
+//! replicas did not acknowledge a batch, or whose Redis did not answer, is held: none
+//! of its work is taken until the heartbeat finds it well again, while the other
 //! partitions' work takes every slot.
 
 use std::collections::{HashMap, VecDeque};
@@ -22,7 +22,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::model::work::{DeliveryRef, Lane, Ready, Sealed, Work};
-use crate::send::partition_gate::{PartitionGate, REPLICA_BACKOFF_MAX};
+use crate::send::partition_gate::PartitionGate;
 
 /// A batch in hand, for as long as this lives ([`Batcher::hold`]).
 pub(crate) struct InHand {
@@ -216,58 +216,35 @@ impl Batcher {
     pub(crate) async fn wait_for_work(&self) {
         loop {
             let notified = self.changed.notified();
-            let held_until = {
+            {
                 let q = self.queues.lock().expect("batcher lock");
-                let now = Instant::now();
                 let waiting = |p: usize| {
                     q.resend.iter().any(|s| usize::from(s.partition) == p) || q.fresh.iter().any(|l| !l[p].is_empty())
                 };
-                let mut held_until: Option<Instant> = None;
-                for (p, t) in q.gates.iter().enumerate() {
-                    if !waiting(p) {
-                        continue;
-                    }
-                    if t.open(now) {
-                        return;
-                    }
-                    // A gate passed or failed says so; a hold ends by the clock.
-                    if let Some(until) = t.until.filter(|_| t.holds(now)) {
-                        held_until = Some(held_until.map_or(until, |u| u.min(until)));
-                    }
-                }
-                held_until
-            };
-            match held_until {
-                None => notified.await,
-                Some(until) => {
-                    tokio::select! {
-                        _ = notified => {}
-                        _ = tokio::time::sleep_until(until) => {}
-                    }
+                // A gate passed or failed, or a partition found well again, says so.
+                if q.gates.iter().enumerate().any(|(p, t)| waiting(p) && t.open()) {
+                    return;
                 }
             }
+            notified.await;
         }
     }
 
     /// Partition `p`'s replicas did not acknowledge a batch: none of its work is taken
-    /// for the returned backoff (the batch goes back to Redis due then). True as well
-    /// when this begins a run of such failures.
+    /// until the heartbeat finds them acknowledging; the batch goes back to Redis due after
+    /// the returned backoff. True as well when this begins a run of such failures.
     pub(crate) fn replicas_failed(&self, p: u16) -> (Duration, bool) {
         let mut q = self.queues.lock().expect("batcher lock");
         let t = &mut q.gates[usize::from(p)];
         t.failures += 1;
-        let backoff = t.backoff();
-        t.until = Some(Instant::now() + backoff);
-        (backoff, t.failures == 1)
+        (t.backoff(), t.failures == 1)
     }
 
-    /// Partition `p`'s replicas acknowledged a batch: its work is taken again at once.
-    /// True when this ends a run of failures.
+    /// Partition `p`'s replicas acknowledged (a batch, or the heartbeat's probe): its work
+    /// is taken again at once. True when this ends a run of failures.
     pub(crate) fn replicas_acknowledged(&self, p: u16) -> bool {
         let mut q = self.queues.lock().expect("batcher lock");
-        let t = &mut q.gates[usize::from(p)];
-        let ended = t.failures > 0;
-        (t.failures, t.until) = (0, None);
+        let ended = std::mem::take(&mut q.gates[usize::from(p)].failures) > 0;
         drop(q);
         if ended {
             self.changed.notify_one();
@@ -282,13 +259,25 @@ impl Batcher {
         self.changed.notify_one();
     }
 
-    /// Whether partition `p` is in a run of unacknowledged batches on this instance:
-    /// held, or tried within the longest backoff (an instance with no more work for it
-    /// stops saying so then).
+    /// Whether partition `p` is held for replicas that did not acknowledge.
     pub(crate) fn unreplicated(&self, p: u16) -> bool {
-        let q = self.queues.lock().expect("batcher lock");
-        let t = &q.gates[usize::from(p)];
-        t.failures > 0 && t.until.is_some_and(|until| Instant::now() < until + REPLICA_BACKOFF_MAX)
+        self.queues.lock().expect("batcher lock").gates[usize::from(p)].failures > 0
+    }
+
+    /// Partition `p`'s Redis answers (`yes`) or did not: while it does not, none of its
+    /// work is taken. True when this changed.
+    pub(crate) fn reachable(&self, p: u16, yes: bool) -> bool {
+        let mut q = self.queues.lock().expect("batcher lock");
+        let changed = std::mem::replace(&mut q.gates[usize::from(p)].unreached, !yes) == yes;
+        drop(q);
+        if changed && yes {
+            self.changed.notify_one();
+        }
+        changed
+    }
+
+    pub(crate) fn unreached(&self, p: u16) -> bool {
+        self.queues.lock().expect("batcher lock").gates[usize::from(p)].unreached
     }
 
     /// Takes the next request's worth: transactional emails first (the partition that
@@ -298,12 +287,10 @@ impl Batcher {
     /// one waiting longest. Oldest-first keeps every partition moving under backlog
     /// (the fullest-first rule let one partition that refilled within a slot take
     /// every slot, while the others' leases ran out). A partition with a batch at its
-    /// gate, or held, is passed over; once its backoff has passed, the one batch taken
-    /// from it is its try.
+    /// gate, or held, is passed over.
     pub fn take(&self) -> Option<Work> {
         let mut q = self.queues.lock().expect("batcher lock");
-        let now = Instant::now();
-        let open: Vec<bool> = q.gates.iter().map(|t| t.open(now)).collect();
+        let open: Vec<bool> = q.gates.iter().map(PartitionGate::open).collect();
         let oldest = |queues: &[VecDeque<(Instant, Ready)>], full: bool| {
             queues
                 .iter()
@@ -318,13 +305,13 @@ impl Batcher {
             None => {
                 if let Some(i) = q.resend.iter().position(|s| open[usize::from(s.partition)]) {
                     let sealed = q.resend.remove(i).expect("present");
-                    q.gates[usize::from(sealed.partition)].trying(now);
+                    q.gates[usize::from(sealed.partition)].gating = true;
                     return Some(Work::Resend(sealed));
                 }
                 oldest(&q.fresh[digest], true).or_else(|| oldest(&q.fresh[digest], false))?
             }
         };
-        q.gates[p].trying(now);
+        q.gates[p].gating = true;
         // The partition's receipts first, the spare room filled with its digest emails:
         // a receipt costs the digest no request slot. Operator mail goes in a request of
         // its own: never beside customer mail, whose sender a fallback must not touch; so
@@ -347,241 +334,4 @@ impl Batcher {
 }
 
 #[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-    use std::time::Duration;
-
-    use bytes::Bytes;
-
-    use super::*;
-    use crate::model::work::{Audience, DeliveryRef};
-
-    fn ready(n: usize) -> Vec<Ready> {
-        lane_ready("c", n)
-    }
-
-    fn lane_ready(campaign: &str, n: usize) -> Vec<Ready> {
-        (0..n)
-            .map(|i| Ready {
-                entry: format!("0-{i}"),
-                delivery: DeliveryRef::new(campaign, "p", &format!("s{i}"), "t"),
-                json: "{}".into(),
-                variant: None,
-                audience: Audience::Customers,
-            })
-            .collect()
-    }
-
-    /// A sealed batch of partition `p` waiting for a resend.
-    fn resend_of(p: u16, id: &str) -> Sealed {
-        Sealed {
-            partition: p,
-            id: id.into(),
-            key: "k".into(),
-            body: Bytes::new(),
-            members: Vec::new(),
-            tries: 1,
-            maybe_sent: false,
-        }
-    }
-
-    /// Takes the next request's worth, its gate done at once.
-    fn next(b: &Batcher) -> Option<Work> {
-        let work = b.take()?;
-        b.gate_done(match &work {
-            Work::Fresh(p, _) => *p,
-            Work::Resend(sealed) => sealed.partition,
-        });
-        Some(work)
-    }
-
-    /// Each request's partition and emails.
-    fn sizes(b: &Batcher) -> Vec<(u16, usize)> {
-        std::iter::from_fn(|| match next(b)? {
-            Work::Fresh(p, items) => Some((p, items.len())),
-            Work::Resend(_) => None,
-        })
-        .collect()
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn full_batches_first_oldest_first_never_over_the_batch_size() {
-        let b = Batcher::new(3, 100, 300);
-        b.push(0, Lane::Digest, ready(30)).await.unwrap();
-        tokio::time::advance(Duration::from_millis(1)).await;
-        b.push(2, Lane::Digest, ready(250)).await.unwrap();
-        // Partition 2 has full batches; then partition 0's 30 have waited longest. A
-        // request never mixes partitions.
-        assert_eq!(sizes(&b), vec![(2, 100), (2, 100), (0, 30), (2, 50)]);
-        assert!(next(&b).is_none());
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_partition_that_refills_at_once_does_not_take_every_slot() {
-        let b = Batcher::new(3, 100, 200);
-        for p in 0..3 {
-            b.push(p, Lane::Digest, ready(200)).await.unwrap();
-            tokio::time::advance(Duration::from_millis(1)).await;
-        }
-        let mut served = Vec::new();
-        for _ in 0..6 {
-            let Some(Work::Fresh(p, items)) = next(&b) else { panic!("work") };
-            served.push(p);
-            // Its reader refills the queue before the next slot.
-            b.push(p, Lane::Digest, ready(items.len())).await.unwrap();
-            tokio::time::advance(Duration::from_millis(1)).await;
-        }
-        // Oldest first: each partition's 200 (two slots' worth) go before the refills.
-        assert_eq!(served, vec![0, 0, 1, 1, 2, 2]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn transactional_mail_takes_the_next_slot_before_resends_and_full_digests() {
-        let b = Batcher::new(2, 100, 300);
-        b.push(0, Lane::Digest, ready(300)).await.unwrap();
-        b.push_resend(resend_of(1, "b1")).unwrap();
-        tokio::time::advance(Duration::from_millis(5)).await;
-        // A digest backlog does not hold a receipt's reader back: each lane has its room.
-        b.try_push(1, Lane::Transactional, lane_ready(crate::model::work::TRANSACTIONAL, 3)).unwrap();
-        let Some(Work::Fresh(1, items)) = next(&b) else { panic!("the receipts first") };
-        assert!(items.len() == 3 && items.iter().all(|r| r.delivery.lane() == Lane::Transactional));
-        assert!(matches!(next(&b), Some(Work::Resend(s)) if s.id == "b1"));
-        assert!(matches!(next(&b), Some(Work::Fresh(0, items)) if items.len() == 100));
-        // Receipts in partition 0: their batch is topped up with that partition's digest.
-        b.try_push(0, Lane::Transactional, lane_ready(crate::model::work::TRANSACTIONAL, 2)).unwrap();
-        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("the receipts first") };
-        let lanes: Vec<Lane> = items.iter().map(|r| r.delivery.lane()).collect();
-        assert_eq!((lanes.len(), lanes[..2].iter().all(|l| *l == Lane::Transactional)), (100, true));
-        assert_eq!(b.queued(), (102, 0));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn an_email_with_attachments_goes_in_a_request_of_its_own() {
-        let b = Batcher::new(1, 100, 300);
-        b.push(0, Lane::Digest, ready(50)).await.unwrap();
-        let mut tx = lane_ready(crate::model::work::TRANSACTIONAL, 3);
-        tx[1].json = crate::model::work::with_attachments(&tx[1].json, r#"[{"filename":"x.pdf","content":"eA=="}]"#);
-        b.try_push(0, Lane::Transactional, tx).unwrap();
-        let lengths: Vec<usize> = std::iter::from_fn(|| match next(&b) {
-            Some(Work::Fresh(0, items)) => Some(items.len()),
-            _ => None,
-        })
-        .collect();
-        // The receipt before it, the digest filling its room; the one with the file alone
-        // (nothing beside it); then the last receipt.
-        assert_eq!(lengths, [51, 1, 1]);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn operator_mail_goes_in_a_request_of_its_own() {
-        let b = Batcher::new(1, 100, 300);
-        b.push(0, Lane::Digest, ready(50)).await.unwrap();
-        let mut tx = lane_ready(crate::model::work::TRANSACTIONAL, 5);
-        for i in [2, 3] {
-            tx[i].audience = Audience::Operators;
-        }
-        b.try_push(0, Lane::Transactional, tx).unwrap();
-        let audiences = |items: &[Ready]| items.iter().map(|r| r.audience).collect::<Vec<_>>();
-        // The receipts before the first operator email, with no operator mail beside them.
-        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
-        assert_eq!((items.len(), items[..2].iter().all(|r| r.audience == Audience::Customers)), (52, true));
-        // Then each operator email alone: no receipt, no digest email with it.
-        for _ in 0..2 {
-            let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
-            assert_eq!(audiences(&items), [Audience::Operators]);
-        }
-        let Some(Work::Fresh(0, items)) = next(&b) else { panic!("work") };
-        assert_eq!((items.len(), items[0].delivery.lane()), (1, Lane::Transactional));
-        assert!(next(&b).is_none());
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_holds_its_reader_back() {
-        let b = Arc::new(Batcher::new(1, 100, 150));
-        b.push(0, Lane::Digest, ready(100)).await.unwrap();
-        let pushing = {
-            let b = b.clone();
-            tokio::spawn(async move { b.push(0, Lane::Digest, ready(100)).await })
-        };
-        tokio::task::yield_now().await;
-        assert!(!pushing.is_finished(), "no room for 100 more");
-        assert!(matches!(next(&b), Some(Work::Fresh(0, items)) if items.len() == 100));
-        pushing.await.unwrap().unwrap();
-        assert_eq!(b.queued(), (100, 0));
-    }
-
-    #[tokio::test]
-    async fn a_closed_batcher_gives_items_back_and_drains() {
-        let b = Arc::new(Batcher::new(2, 100, 100));
-        b.push(1, Lane::Digest, ready(100)).await.unwrap();
-        let waiting = {
-            let b = b.clone();
-            tokio::spawn(async move { b.push(1, Lane::Digest, ready(10)).await })
-        };
-        tokio::task::yield_now().await;
-        b.close();
-        assert_eq!(waiting.await.unwrap().unwrap_err().len(), 10, "a waiting pusher gets its items back");
-        assert_eq!(b.try_push(0, Lane::Digest, ready(5)).unwrap_err().len(), 5);
-        let drained = b.drain();
-        assert_eq!(drained.fresh.len(), 1);
-        assert_eq!((drained.fresh[0].0, drained.fresh[0].1.len()), (1, 100));
-        assert_eq!(b.queued(), (0, 0));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_partition_whose_replicas_did_not_acknowledge_waits_and_the_others_take_every_slot() {
-        let b = Batcher::new(2, 100, 1000);
-        b.push(0, Lane::Digest, ready(500)).await.unwrap();
-        tokio::time::advance(Duration::from_millis(1)).await;
-        b.push(1, Lane::Digest, ready(500)).await.unwrap();
-        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
-        // One batch of a partition at its gate at a time: the next one is partition 1's.
-        assert!(matches!(b.take(), Some(Work::Fresh(1, _))));
-        assert!(b.take().is_none(), "both are at their gates");
-        b.gate_done(1);
-        assert_eq!(b.replicas_failed(0), (Duration::from_secs(1), true));
-        b.gate_done(0);
-        assert!(b.unreplicated(0) && !b.unreplicated(1));
-        // Partition 0 has waited longest, but it is held: partition 1 takes the slots.
-        assert_eq!(sizes(&b)[..3], [(1, 100); 3]);
-        b.push(1, Lane::Digest, ready(100)).await.unwrap();
-        tokio::time::advance(Duration::from_secs(1)).await;
-        // Its backoff passed: one batch tries again, and nothing else of it is taken
-        // meanwhile, even once that try's gate is done (its answer may be a success).
-        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
-        b.gate_done(0);
-        assert!(matches!(next(&b), Some(Work::Fresh(1, _))));
-        assert!(b.take().is_none(), "partition 0 waits for its try's answer");
-        // Failures in a row double the wait.
-        assert_eq!(b.replicas_failed(0), (Duration::from_secs(2), false));
-        tokio::time::advance(Duration::from_secs(2)).await;
-        assert!(matches!(b.take(), Some(Work::Fresh(0, _))));
-        assert!(b.replicas_acknowledged(0), "the run ends");
-        b.gate_done(0);
-        assert!(!b.unreplicated(0));
-        assert!(matches!(next(&b), Some(Work::Fresh(0, _))), "held no more");
-        assert!(!b.replicas_acknowledged(0));
-        // An instance that stops trying a partition stops saying it is in trouble.
-        b.replicas_failed(0);
-        assert!(b.unreplicated(0));
-        tokio::time::advance(Duration::from_secs(1) + REPLICA_BACKOFF_MAX).await;
-        assert!(!b.unreplicated(0));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_held_partition_s_resend_waits_and_waiting_for_work_ends_with_its_backoff() {
-        let b = Arc::new(Batcher::new(2, 100, 100));
-        b.replicas_failed(1);
-        b.push_resend(resend_of(1, "b1")).unwrap();
-        assert!(b.take().is_none(), "its partition is held");
-        let waiting = {
-            let b = b.clone();
-            tokio::spawn(async move { b.wait_for_work().await })
-        };
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished(), "nothing may be taken yet");
-        tokio::time::advance(Duration::from_secs(1)).await;
-        waiting.await.unwrap();
-        assert!(matches!(b.take(), Some(Work::Resend(s)) if s.id == "b1"));
-    }
-}
+mod tests;

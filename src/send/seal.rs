@@ -16,18 +16,18 @@ pub fn idempotency_key(prefix: &str, batch: &str) -> String {
 }
 
 /// Seals the emails of partition `p` into a new batch (those still held by this
-/// instance); `None` when nothing was sealed.
-pub(crate) async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> Option<Sealed> {
+/// instance); `Ok(None)` when nothing was sealed, an error when Redis did not answer.
+pub(crate) async fn seal(ctx: &Ctx, p: u16, items: Vec<Ready>) -> anyhow::Result<Option<Sealed>> {
     match seal_batch(ctx, p, items).await {
         Ok(sealed) => {
             ctx.failpoints.at(Failpoint::Sealed).await;
-            sealed
+            Ok(sealed)
         }
         Err(e) => {
             // What was sealed is recovered from its records; the rest stays claimed and is
             // reclaimed after its lease.
             ctx.metrics.redis_error("seal", &e);
-            None
+            Err(e)
         }
     }
 }

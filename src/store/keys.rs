@@ -279,6 +279,12 @@ impl Keys {
         self.tagged(p, &format!("batch:{id}"))
     }
 
+    /// String: the heartbeat's last write to partition `p`'s node while its replicas did
+    /// not acknowledge, for `WAIT` to count.
+    pub fn replicas_probe(&self, p: u16) -> String {
+        self.tagged(p, "replicas_probe")
+    }
+
     /// Sorted set: unsettled batches, scored by when they next need attention
     /// (their lease expiry, or their retry due time), in Redis-clock milliseconds.
     pub fn batches(&self, p: u16) -> String {
@@ -367,6 +373,12 @@ impl Keys {
     /// Hash: the team-wide request limiter (next departure, pause, a lowered rate).
     pub fn limiter(&self) -> String {
         format!("{}:limiter", self.prefix)
+    }
+
+    /// Hash: the live instances the limiter counts, beside `limiter` (whose name is its
+    /// hash tag, so both are in one slot): instance id -> "<hello ms>:<share>".
+    pub fn limiter_peers(limiter: &str) -> String {
+        format!("{{{limiter}}}:peers")
     }
 
     /// Hash: deployment facts checked at start (the partition count).

@@ -142,6 +142,17 @@ impl Store {
         Ok(acked >= self.wait_replicas)
     }
 
+    /// Whether partition `p`'s replicas acknowledge again (the heartbeat's probe of a held
+    /// partition): a write to its node, then `WAIT` up to `patience`.
+    pub async fn replicas_probe(&self, p: u16, patience: std::time::Duration) -> anyhow::Result<bool> {
+        let mut conn = self.conn().await?;
+        let key = self.keys.replicas_probe(p);
+        let now = chrono::Utc::now().timestamp_millis();
+        let _: () = redis::cmd("SET").arg(&key).arg(now).arg("PX").arg(60_000).query_async(&mut conn).await?;
+        let acked = conn.wait_on_node_of(&key, self.wait_replicas, crate::model::ms(patience).max(1)).await?;
+        Ok(acked >= self.wait_replicas)
+    }
+
     /// [`Store::replicated`], or an error saying the write may not survive a failover
     /// (the caller reports failure, and a retry is idempotent).
     pub async fn durable(&self, conn: &mut Conn, key: &str) -> anyhow::Result<()> {
@@ -209,6 +220,12 @@ impl Store {
     }
 
     /// A connection for ordinary commands.
+    /// Whether partition `p`'s Redis answers: one read routed to the node that serves it.
+    pub async fn reach(&self, conn: &mut Conn, p: u16) -> anyhow::Result<()> {
+        let _: bool = redis::cmd("EXISTS").arg(self.keys.batches(p)).query_async(conn).await?;
+        Ok(())
+    }
+
     pub async fn conn(&self) -> anyhow::Result<Conn> {
         self.backend.conn().await
     }

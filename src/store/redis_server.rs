@@ -229,7 +229,7 @@ impl RedisCluster {
     }
 
     /// The indexes (into `nodes`) of the running primaries that serve slots.
-    async fn primaries(&self) -> anyhow::Result<Vec<usize>> {
+    pub async fn primaries(&self) -> anyhow::Result<Vec<usize>> {
         let node = self.nodes.iter().find(|n| n.is_running()).context("no node is running")?;
         let slots: redis::Value = node.command(redis::cmd("CLUSTER").arg("SLOTS")).await?;
         Ok((0..self.nodes.len())

@@ -133,20 +133,31 @@ pub async fn provider_down_since(conn: &mut impl ConnectionLike, keys: &Keys) ->
 
 /// One call of limiter.lua on the limiter hash `key` (`send::limiter` says what each op
 /// does): `op` at `rps` requests/s with a guard of `guard_us`, its argument `arg` (0 for
-/// an op without one), on Redis's clock or (tests) at `now_us`. Returns (wait µs or a
-/// flag, now µs, request number).
+/// an op without one), on Redis's clock or (tests) at `now_us`; for 'hello' and 'back',
+/// `peer` is this instance's id, how long it may pace alone (ms) and (back) the share it
+/// paced alone at. Returns (wait µs or a
+/// flag, now µs, request number), or for 'hello' and 'back' (live instances, this one's
+/// share in requests/s, requests/s kept for peers that may pace alone).
 ///
 /// Runs `lua/limiter.lua`:
 /// ```text
 /// KEYS[1] limiter hash: next_us (cadence), pause_us (no departure before), rps (a lower rate
 ///   the provider announced), seq (requests granted), ring (ring size), d<n> (departure of
-///   request n modulo ring, µs)
-/// ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late'
+///   request n modulo ring, µs), outage_ms (when an instance last came back from pacing
+///   alone), reserved ("<requests/s>:<until ms>,…": shares kept out of the shared rate)
+/// KEYS[2] peers hash (KEYS[1]'s name is its hash tag: the same slot): instance id ->
+///   "<stamp ms>:<share>:<held ms>", when it last said hello, the requests/s it would pace
+///   alone, and until when the share it paced alone at is kept out of the shared rate
+/// ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late' | 'hello' | 'back'
 /// ARGV[2] configured requests per second, ARGV[3] guard µs, ARGV[4] argument:
 ///   pause: milliseconds; lower: requests per second; late: request number (it left before now);
-///   0 for the others
+///   back: how long from now its share stays out of the shared rate, ms; 0 for the others
 /// ARGV[5] '' for Redis TIME, or (tests only) a fake "now" in µs
+/// ARGV[6] hello/back: this instance's id ('' for the others)
+/// ARGV[7] hello/back: how long an instance may pace alone after its last hello, ms
+/// ARGV[8] back: the share it paced alone at, requests/s ('' for the others)
 /// ```
+#[allow(clippy::too_many_arguments)]
 pub async fn limiter(
     conn: &mut impl ConnectionLike,
     key: &str,
@@ -155,9 +166,26 @@ pub async fn limiter(
     guard_us: u64,
     arg: u64,
     now_us: Option<u64>,
+    peer: Option<(&str, u64, u32)>,
 ) -> RedisResult<(u64, u64, u64)> {
     let now = now_us.map_or(String::new(), |n| n.to_string());
-    SCRIPTS.limiter.key(key).arg(op).arg(rps).arg(guard_us).arg(arg).arg(now).invoke_async(conn).await
+    let (id, alone_max, share) = peer.map_or((String::new(), String::new(), String::new()), |(id, ms, share)| {
+        (id.to_string(), ms.to_string(), if op == "back" { share.to_string() } else { String::new() })
+    });
+    SCRIPTS
+        .limiter
+        .key(key)
+        .key(Keys::limiter_peers(key))
+        .arg(op)
+        .arg(rps)
+        .arg(guard_us)
+        .arg(arg)
+        .arg(now)
+        .arg(id)
+        .arg(alone_max)
+        .arg(share)
+        .invoke_async(conn)
+        .await
 }
 
 /// Makes every batch of partition `p` that waits for a retry due now (wake.lua); how many.

@@ -151,6 +151,8 @@ pub struct Seen {
     pub status: u16,
     /// Its answer was held past the client's patience (an injected hang).
     pub hung: bool,
+    /// When its head arrived.
+    pub at: Instant,
 }
 
 /// Real sends the emulator makes room for at once (about 10 MB): a map that grows
@@ -549,6 +551,7 @@ impl Emulator {
             campaign,
             status: result.as_ref().map_or_else(|e| e.status.as_u16(), |_| 200),
             hung,
+            at: arrival(req),
         };
         let mut inner = self.lock();
         if inner.seen.len() == SEEN_LIMIT {
