@@ -1,18 +1,24 @@
 //! `bench/multi-instance [--instances N] [--cluster [--replicas R [--kill-primary]]]
-//! [--deliveries D] [--rps R] [--no-kill] [--connect-delay-ms MS] [--close-idle-after-ms MS]
-//! [--json]`:
+//! [--deliveries D] [--rps R] [--batch-size N] [--no-kill] [--connect-delay-ms MS]
+//! [--close-idle-after-ms MS] [--json]`:
 //! several daemons as separate processes against one Redis (or a private
 //! 3-primary cluster with `--cluster`, with `--replicas` replicas per primary and
 //! `redis.wait_replicas` as many) and one emulator limited to `--rps` requests
 //! per sliding second; one instance is killed with SIGKILL once a third is sent.
-//! With `--kill-primary` no instance is killed: the primary of partition 0 is, once a
-//! third is sent; its replica is promoted, and the old node comes back as a replica
-//! 60 s later. `unaffected_ratio` is then the emails/s of the partitions on other
-//! primaries, from the promotion to their last send, over the whole ceiling.
+//! With `--kill-primary` no instance is killed; two runs, each on a fresh cluster, kill
+//! a primary once a third is sent: `kill_limiter_primary` the one serving the shared
+//! limiter's key, `kill_other_primary` one serving none of the shared keys (limiter,
+//! provider, meta). Its replica is promoted, and the old node comes back as a replica
+//! 60 s later. Each reports, from the **kill** to the last send of the partitions on
+//! surviving primaries: their emails over that span times the ceiling
+//! (`unaffected_ratio`), the longest interval without a provider request
+//! (`longest_gap_seconds`), the requests made (`slots_used`) and the request slots
+//! the daemons gave back, by reason (`slots_given_back`, from their metrics).
 //! Then the emulator's counts: the worst sliding second, 429s, duplicate real
 //! sends, and throughput against the ceiling. First, the cost of the shared
 //! limiter: its script called 100 times a second.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -40,6 +46,31 @@ struct Options {
     connect_delay_ms: u64,
     /// The emulator closes connections this long after they opened.
     close_idle_after_ms: Option<u64>,
+    /// `resend.batch_size` (the shipped config's when not given).
+    batch_size: Option<usize>,
+}
+
+/// Which primary `--kill-primary` kills.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// The one serving `CLUSTER KEYSLOT <prefix>:limiter`.
+    Limiter,
+    /// One serving none of the shared keys (limiter, provider, meta).
+    Other,
+}
+
+/// One kill, measured from the kill to the last send of the partitions on surviving primaries.
+#[derive(Debug, Clone, Serialize)]
+struct KillReport {
+    affected_partitions: Vec<u16>,
+    unaffected_ratio: f64,
+    longest_gap_seconds: f64,
+    slots_used: u64,
+    slots_given_back: BTreeMap<String, u64>,
+    failover_seconds: f64,
+    duplicate_real_sends: u64,
+    rate_limited: u64,
+    worst_second_requests: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -77,6 +108,15 @@ struct Report {
     /// With `--kill-primary`: emails sent in each second from the kill, as [other
     /// partitions, the killed primary's].
     per_second_after_kill: Vec<[u64; 2]>,
+    /// `resend.batch_size` of the run.
+    batch_size: usize,
+    /// With `--kill-primary`: the run that killed the limiter's primary (its figures
+    /// are also the top level's, but for the counts, summed over both runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kill_limiter_primary: Option<KillReport>,
+    /// With `--kill-primary`: the run that killed a primary serving no shared key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kill_other_primary: Option<KillReport>,
 }
 
 /// How long after the promotion the killed primary comes back (as a replica).
@@ -84,6 +124,25 @@ const REJOIN_AFTER: Duration = Duration::from_secs(60);
 
 /// The least `unaffected_ratio` a run with `--kill-primary` passes with.
 const UNAFFECTED_TARGET: f64 = 0.85;
+
+/// The longest `longest_gap_seconds` a run with `--kill-primary` passes with.
+const LONGEST_GAP_TARGET: f64 = 2.0;
+
+/// The two kills' runs as one report: the limiter's run at the top level, with the
+/// counts summed over both (and the worst second the worse of the two).
+fn both_kills(mut limiter: Report, other: Report) -> Report {
+    limiter.deliveries += other.deliveries;
+    limiter.sent += other.sent;
+    limiter.failed += other.failed;
+    limiter.outcome_unknown += other.outcome_unknown;
+    limiter.never_settled += other.never_settled;
+    limiter.requests += other.requests;
+    limiter.rate_limited += other.rate_limited;
+    limiter.duplicate_real_sends += other.duplicate_real_sends;
+    limiter.worst_second_requests = limiter.worst_second_requests.max(other.worst_second_requests);
+    limiter.kill_other_primary = other.kill_other_primary;
+    limiter
+}
 
 fn main() -> ExitCode {
     let mut o = Options {
@@ -97,6 +156,7 @@ fn main() -> ExitCode {
         json: false,
         connect_delay_ms: 0,
         close_idle_after_ms: None,
+        batch_size: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -112,6 +172,7 @@ fn main() -> ExitCode {
             "--kill-primary" => o.kill_primary = true,
             "--connect-delay-ms" => o.connect_delay_ms = number("--connect-delay-ms"),
             "--close-idle-after-ms" => o.close_idle_after_ms = Some(number("--close-idle-after-ms")),
+            "--batch-size" => o.batch_size = Some(number("--batch-size") as usize),
             "--no-kill" => o.kill_one = false,
             "--json" => o.json = true,
             "--bench" => {}
@@ -129,7 +190,16 @@ fn main() -> ExitCode {
         o.kill_one = false;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
-    match runtime.block_on(run(&o)) {
+    let result = if o.kill_primary {
+        runtime.block_on(async {
+            let limiter = run(&o, Some(Kill::Limiter)).await?;
+            let other = run(&o, Some(Kill::Other)).await?;
+            anyhow::Ok(both_kills(limiter, other))
+        })
+    } else {
+        runtime.block_on(run(&o, None))
+    };
+    match result {
         Ok(report) => {
             eprintln!(
                 "{} instances{}, {} partition(s): {} of {} sent, worst second {} requests, {} rate-limited, {} duplicate real sends, \
@@ -152,20 +222,32 @@ fn main() -> ExitCode {
                 report.limiter_round_trip_p99_us,
                 report.limiter_redis_us_per_call
             );
-            if let (Some(ratio), Some(failover)) = (report.unaffected_ratio, report.failover_seconds) {
-                eprintln!(
-                    "primary of partition(s) {:?} killed: its replica promoted after {failover:.1} s; the other \
-                     partitions sent {ratio:.3} of the ceiling from the promotion to their last email",
-                    report.affected_partitions
-                );
+            for (name, kill) in [("limiter's", &report.kill_limiter_primary), ("another", &report.kill_other_primary)] {
+                if let Some(k) = kill {
+                    eprintln!(
+                        "{name} primary killed (partition(s) {:?}): replica promoted after {:.1} s; from the kill, the \
+                         other partitions sent {:.3} of the ceiling, longest gap {:.2} s, {} requests, slots given \
+                         back {:?}",
+                        k.affected_partitions,
+                        k.failover_seconds,
+                        k.unaffected_ratio,
+                        k.longest_gap_seconds,
+                        k.slots_used,
+                        k.slots_given_back
+                    );
+                }
             }
             if o.json {
                 println!("{}", serde_json::to_string(&report).expect("serializes"));
             }
-            let ok = report.duplicate_real_sends == 0
-                && report.never_settled == 0
-                && report.rate_limited == 0
-                && report.unaffected_ratio.is_none_or(|r| r >= UNAFFECTED_TARGET);
+            let kills = [&report.kill_limiter_primary, &report.kill_other_primary];
+            let ok =
+                report.duplicate_real_sends == 0
+                    && report.never_settled == 0
+                    && report.rate_limited == 0
+                    && kills.iter().copied().flatten().all(|k| {
+                        k.unaffected_ratio >= UNAFFECTED_TARGET && k.longest_gap_seconds <= LONGEST_GAP_TARGET
+                    });
             if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
         }
         Err(e) => {
@@ -190,7 +272,7 @@ impl Redis {
     }
 }
 
-async fn run(o: &Options) -> anyhow::Result<Report> {
+async fn run(o: &Options, kill: Option<Kill>) -> anyhow::Result<Report> {
     let (calls, p50, p99, per_call) = limiter_cost().await?;
 
     let mut redis = if o.cluster {
@@ -205,13 +287,19 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         ..Default::default()
     });
     let (emulator_url, stop_emulator, emulator_task) = emulator.spawn_local().await?;
-    let dir = std::env::temp_dir().join(format!("mailstream-multi-{}", std::process::id()));
+    let run_name = kill.map_or("run".to_string(), |k| format!("{k:?}").to_lowercase());
+    let dir = std::env::temp_dir().join(format!("mailstream-multi-{}-{run_name}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let config_path = dir.join("config.toml");
     let partitions = if o.cluster { CLUSTER_PARTITIONS } else { 1 };
     let mut text = config_text(&redis.url(), &emulator_url, o.rps, o.cluster, partitions);
     if o.replicas > 0 {
         text = text.replacen("wait_replicas = 0", &format!("wait_replicas = {}", o.replicas), 1);
+    }
+    if let Some(n) = o.batch_size {
+        let shipped = format!("batch_size = {}", Config::example().resend.batch_size);
+        assert!(text.contains(&shipped), "config.toml lost {shipped}");
+        text = text.replacen(&shipped, &format!("batch_size = {n}"), 1);
     }
     std::fs::write(&config_path, text)?;
     let mut config = Config::load(&config_path)?;
@@ -229,29 +317,35 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         .map(|i| spawn_daemon(&binary, &config_path, &dir.join(format!("daemon-{i}.log")), i))
         .collect::<anyhow::Result<_>>()?;
     let mut killed = 0;
-    // With --kill-primary: the killed node, when its replica took over, whether it is back.
+    // With --kill-primary: the killed node, when, when its replica took over, whether it is back.
     let mut primary_killed: Option<(usize, Instant, Instant, bool)> = None;
     let (mut affected, mut failover_seconds) = (Vec::new(), None);
+    let mut given_back_at_kill = BTreeMap::new();
     let deadline = Instant::now() + Duration::from_secs(300 + o.deliveries / 20);
     let counts = loop {
         let c = store.counts(&campaign.name, &period).await.unwrap_or_default();
         if c.settled() >= c.enqueued || Instant::now() > deadline {
             break c;
         }
-        if let (true, None, Redis::Cluster(cluster)) = (o.kill_primary, primary_killed, &mut redis)
+        if let (Some(kill), None, Redis::Cluster(cluster)) = (kill, primary_killed, &mut redis)
             && c.sent * 3 >= c.enqueued
         {
             let mut primary_of = Vec::new();
             for p in 0..partitions {
                 primary_of.push(cluster.primary_of(cluster.slot_of(&store.keys.batches(p)).await?).await?);
             }
-            affected = (0..partitions).filter(|&p| primary_of[usize::from(p)] == primary_of[0]).collect();
+            let node = target(cluster, &store, kill, &primary_of).await?;
+            affected = (0..partitions).filter(|&p| primary_of[usize::from(p)] == node).collect();
+            given_back_at_kill = given_back(&dir, o.instances).await;
             let at = Instant::now();
-            eprintln!("  [{:5.1}s] kill -9 the primary of partition(s) {affected:?}", started.elapsed().as_secs_f64());
-            cluster.kill_primary(primary_of[0]).await?;
+            eprintln!(
+                "  [{:5.1}s] kill -9 the {kill:?} primary (partition(s) {affected:?})",
+                started.elapsed().as_secs_f64()
+            );
+            cluster.kill_primary(node).await?;
             failover_seconds = Some(at.elapsed().as_secs_f64());
             eprintln!("  [{:5.1}s] its replica is promoted", started.elapsed().as_secs_f64());
-            primary_killed = Some((primary_of[0], at, Instant::now(), false));
+            primary_killed = Some((node, at, Instant::now(), false));
         }
         if let (Some((node, at, promoted, false)), Redis::Cluster(cluster)) = (primary_killed, &mut redis)
             && promoted.elapsed() >= REJOIN_AFTER
@@ -273,6 +367,8 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
+    let given_back_at_end =
+        if primary_killed.is_some() { given_back(&dir, o.instances).await } else { BTreeMap::new() };
     let elapsed = started.elapsed().as_secs_f64();
     for (i, d) in daemons.iter_mut().enumerate() {
         if i > 0 || killed == 0 {
@@ -290,12 +386,41 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         let id = to.trim_start_matches("delivered+").split('@').next().unwrap_or_default();
         affected.contains(&store.keys.partition_of(id))
     };
-    let unaffected_ratio = primary_killed.map(|(_, _, promoted, _)| {
+    // From the kill to the last send of the partitions on surviving primaries.
+    let kill_report = primary_killed.map(|(_, killed_at, _, _)| {
         let unaffected =
-            sends.iter().filter(|(to, _)| !in_affected(to)).flat_map(|(_, at)| at.iter().filter(|&&t| t >= promoted));
-        let (n, last) = unaffected.fold((0u64, promoted), |(n, last), &t| (n + 1, last.max(t)));
-        n as f64 / (last - promoted).as_secs_f64().max(f64::EPSILON) / ceiling
+            sends.iter().filter(|(to, _)| !in_affected(to)).flat_map(|(_, at)| at.iter().filter(|&&t| t >= killed_at));
+        let (n, last) = unaffected.fold((0u64, killed_at), |(n, last), &t| (n + 1, last.max(t)));
+        let mut requests: Vec<Instant> =
+            emulator.seen().iter().map(|s| s.at).filter(|&t| t >= killed_at && t <= last).collect();
+        requests.sort_unstable();
+        let longest_gap = std::iter::once(killed_at)
+            .chain(requests.iter().copied())
+            .chain(std::iter::once(last))
+            .collect::<Vec<_>>()
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64())
+            .fold(0.0, f64::max);
+        let slots_given_back = given_back_at_end
+            .iter()
+            .map(|(reason, &n)| {
+                (reason.clone(), n.saturating_sub(given_back_at_kill.get(reason).copied().unwrap_or(0)))
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        KillReport {
+            affected_partitions: affected.clone(),
+            unaffected_ratio: n as f64 / (last - killed_at).as_secs_f64().max(f64::EPSILON) / ceiling,
+            longest_gap_seconds: longest_gap,
+            slots_used: requests.len() as u64,
+            slots_given_back,
+            failover_seconds: failover_seconds.unwrap_or_default(),
+            duplicate_real_sends,
+            rate_limited: stats.rate_limited,
+            worst_second_requests: stats.max_requests_in_1s,
+        }
     });
+    let unaffected_ratio = kill_report.as_ref().map(|k| k.unaffected_ratio);
     // Emails per second from the kill: [other partitions, the killed primary's].
     let mut per_second_after_kill: Vec<[u64; 2]> = Vec::new();
     if let Some((_, killed_at, _, _)) = primary_killed {
@@ -309,7 +434,11 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
             }
         }
     }
+    let batch_size = config.resend.batch_size;
     Ok(Report {
+        batch_size,
+        kill_limiter_primary: kill_report.clone().filter(|_| matches!(kill, Some(Kill::Limiter))),
+        kill_other_primary: kill_report.filter(|_| matches!(kill, Some(Kill::Other))),
         replicas: o.replicas,
         affected_partitions: affected,
         failover_seconds,
@@ -337,6 +466,49 @@ async fn run(o: &Options) -> anyhow::Result<Report> {
         limiter_round_trip_p99_us: p99,
         limiter_redis_us_per_call: per_call,
     })
+}
+
+/// The primary `kill` names: the one serving the limiter's key, or one serving none of
+/// the shared keys (the one with the most partitions, when several do).
+async fn target(cluster: &RedisCluster, store: &Store, kill: Kill, primary_of: &[usize]) -> anyhow::Result<usize> {
+    let k = &store.keys;
+    let limiter = cluster.primary_of(cluster.slot_of(&k.limiter()).await?).await?;
+    if let Kill::Limiter = kill {
+        return Ok(limiter);
+    }
+    let mut shared = vec![limiter];
+    for key in [k.provider(), k.meta()] {
+        shared.push(cluster.primary_of(cluster.slot_of(&key).await?).await?);
+    }
+    let mut candidates: Vec<usize> = cluster.primaries().await?;
+    candidates.retain(|node| !shared.contains(node));
+    candidates.sort_by_key(|&node| std::cmp::Reverse(primary_of.iter().filter(|&&p| p == node).count()));
+    candidates.first().copied().context("every primary serves a shared key: no other primary to kill")
+}
+
+/// The request slots the daemons gave back so far, by reason (summed over their metrics;
+/// a daemon whose endpoint does not answer counts nothing).
+async fn given_back(dir: &Path, instances: u32) -> BTreeMap<String, u64> {
+    mailstream::resend::client::install_crypto_provider();
+    let mut total = BTreeMap::new();
+    for i in 0..instances {
+        let log = std::fs::read_to_string(dir.join(format!("daemon-{i}.log"))).unwrap_or_default();
+        let Some(addr) = log.lines().filter(|l| l.contains("metrics listening")).find_map(|l| {
+            l.split("127.0.0.1:").nth(1).map(|rest| rest.chars().take_while(char::is_ascii_digit).collect::<String>())
+        }) else {
+            continue;
+        };
+        let Ok(text) = async { reqwest::get(format!("http://127.0.0.1:{addr}/metrics")).await?.text().await }.await
+        else {
+            continue;
+        };
+        for line in text.lines().filter(|l| l.starts_with("mailstream_request_slots_given_back_total{")) {
+            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
+            let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
+            *total.entry(reason.to_string()).or_insert(0) += n as u64;
+        }
+    }
+    total
 }
 
 /// The shared limiter's cost: its script called 100 times a second for 10 s on a
