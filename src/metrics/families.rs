@@ -74,6 +74,10 @@ impl Metrics {
     }
 }
 
+/// Why a request slot went unused (`mailstream_request_slots_given_back_total`).
+pub(super) const SLOT_REASONS: [&str; 7] =
+    ["nothing_sealed", "partition_unreached", "gate_refused", "unreplicated", "slot_too_far", "stopping", "other"];
+
 /// What the send path counts: outcomes, requests to Resend, pacing, retries, the pause and the provider's health, replicas, fallbacks, lost records, Redis errors.
 pub(super) struct Sending {
     pub(super) outcomes: IntCounterVec,
@@ -136,13 +140,20 @@ impl Sending {
                 "Time a ready batch waited for a request slot",
                 prometheus::exponential_buckets(0.001, 4.0, 8).expect("valid buckets"),
             ),
-            slots_given_back: counter(
-                r,
-                "mailstream_request_slots_given_back_total",
-                "Request slots a batch was aimed at and did not use, by reason (nothing_sealed, \
-                 partition_unreached, gate_refused, unreplicated, slot_too_far, stopping, other)",
-                &["reason"],
-            ),
+            slots_given_back: {
+                let c = counter(
+                    r,
+                    "mailstream_request_slots_given_back_total",
+                    "Request slots a batch was aimed at and did not use, by reason (nothing_sealed, \
+                     partition_unreached, gate_refused, unreplicated, slot_too_far, stopping, other)",
+                    &["reason"],
+                );
+                // Every reason from zero, so a rate over them is defined before the first.
+                for reason in SLOT_REASONS {
+                    c.with_label_values(&[reason]);
+                }
+                c
+            },
             retries: counter(
                 r,
                 "mailstream_batch_retries_total",

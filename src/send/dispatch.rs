@@ -339,9 +339,9 @@ impl Dispatcher {
     }
 
     /// Runs the last gate; `Ok` when the request may leave, else why not. A batch its
-    /// replicas did not acknowledge goes back to Redis, and its partition waits out a
-    /// backoff while the others keep the pace; a partition whose Redis did not answer
-    /// waits until it does.
+    /// replicas did not acknowledge goes back to Redis, and its partition waits until the
+    /// heartbeat's probe finds them acknowledging, while the others keep the pace; a
+    /// partition whose Redis did not answer waits until the heartbeat reaches it.
     async fn through_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> Result<(), &'static str> {
         let p = sealed.partition;
         match gate::pass(ctx, &self.gates, sealed).await {
@@ -362,8 +362,8 @@ impl Dispatcher {
                 if began {
                     tracing::warn!(
                         partition = p,
-                        "replicas did not acknowledge the batch; the partition's batches wait, tried again after \
-                         a backoff, and the other partitions keep the pace"
+                        "replicas did not acknowledge the batch; the partition's batches wait until the heartbeat \
+                         finds them acknowledging, and the other partitions keep the pace"
                     );
                 }
                 settle::put_back(ctx, sealed, backoff).await;

@@ -39,6 +39,12 @@
 //! those of any retry, which the model has. The admin pages add no step: they read,
 //! and their retries call the same `dead-letters retry` (requeue.lua, unchanged) as the
 //! command line.
+//! Nor the pacing of requests (limiter.lua: when a request may leave, whether an instance
+//! paces alone at its share while the limiter's node is gone): it decides when a gated
+//! batch's request leaves, never whether or under which key; nor which partition's work
+//! the dispatcher aims at a slot (a partition held while its Redis does not answer or its
+//! replicas do not acknowledge, reopened by the heartbeat's probe): a batch not taken
+//! stays as it was, and one that is goes through the same seal, gate and `WAIT`.
 
 use std::fmt;
 
