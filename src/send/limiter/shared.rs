@@ -67,6 +67,11 @@ impl Shared {
         }
     }
 
+    /// The guard added to every sliding second.
+    fn guard(&self) -> Duration {
+        Duration::from_micros(self.guard_us)
+    }
+
     /// One call of limiter.lua; returns (wait or flag, Redis now in µs, request number).
     pub(super) async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64, u64)> {
         self.call_as(op, arg, 0).await
@@ -123,7 +128,7 @@ impl Shared {
         if st.spell.is_some() {
             return;
         }
-        let guard = Duration::from_micros(self.guard_us);
+        let guard = self.guard();
         let joined_in_time = st.joined.is_some_and(|joined| now.saturating_duration_since(joined) >= JOINED_BEFORE);
         let share = st.hello.filter(|&(at, share, _)| share >= 1 && now < at + ALONE_MAX);
         let pacer = share.filter(|_| joined_in_time).map(|(_, share, _)| {
@@ -232,7 +237,7 @@ impl Shared {
     /// shared rate until a second (and the guard) after its last one alone.
     pub(super) async fn hello(&self) {
         let sent = Instant::now();
-        let guard = Duration::from_micros(self.guard_us);
+        let guard = self.guard();
         let back = {
             let st = self.standing.lock().expect("standing lock");
             match st.spell.as_ref() {

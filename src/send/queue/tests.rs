@@ -8,6 +8,12 @@ use bytes::Bytes;
 use super::*;
 use crate::model::work::{Audience, DeliveryRef};
 
+/// A task waiting until the batcher has work it may take.
+fn waiting_for_work(b: &Arc<Batcher>) -> tokio::task::JoinHandle<()> {
+    let b = b.clone();
+    tokio::spawn(async move { b.wait_for_work().await })
+}
+
 fn ready(n: usize) -> Vec<Ready> {
     lane_ready("c", n)
 }
@@ -216,10 +222,7 @@ async fn a_held_partition_s_resend_waits_until_the_partition_is_well_again() {
     b.replicas_failed(1);
     b.push_resend(resend_of(1, "b1")).unwrap();
     assert!(b.take().is_none(), "its partition is held");
-    let waiting = {
-        let b = b.clone();
-        tokio::spawn(async move { b.wait_for_work().await })
-    };
+    let waiting = waiting_for_work(&b);
     tokio::task::yield_now().await;
     tokio::time::advance(Duration::from_secs(60)).await;
     assert!(!waiting.is_finished(), "nothing may be taken yet");
@@ -236,10 +239,7 @@ async fn a_partition_whose_redis_did_not_answer_waits_until_it_does() {
     assert!(!b.reachable(0, false), "no change");
     assert!(b.unreached(0));
     assert!(b.take().is_none(), "its work is not aimed at a slot");
-    let waiting = {
-        let b = b.clone();
-        tokio::spawn(async move { b.wait_for_work().await })
-    };
+    let waiting = waiting_for_work(&b);
     tokio::task::yield_now().await;
     assert!(!waiting.is_finished());
     assert!(b.reachable(0, true));
