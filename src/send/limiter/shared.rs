@@ -46,9 +46,9 @@ struct Spell {
     /// Requests granted alone that have not ended: no hello brings this instance back
     /// before they did (their second, from their arrival at the latest, is held on its return).
     open: std::collections::BTreeSet<u64>,
-    /// A hello saying it is back was answered while requests left alone: none more leave
-    /// alone, and the next hello says it again.
-    back: bool,
+    /// A hello saying it is back is on its way: no request leaves alone meanwhile (so its
+    /// last one alone is known when it says so), and one more may if it goes unanswered.
+    returning: bool,
     /// Whether an instance that may not pace alone said so.
     told: bool,
 }
@@ -142,7 +142,8 @@ impl Shared {
             "the shared limiter did not answer: its hellos ask again, and this instance paces alone after a second \
              if it may"
         );
-        st.spell = Some(Spell { since: now, pacer, last: None, open: Default::default(), back: false, told: false });
+        st.spell =
+            Some(Spell { since: now, pacer, last: None, open: Default::default(), returning: false, told: false });
     }
 
     /// A slot by the spell's own pacer: while the share lasts (up to [`ALONE_MAX`] after
@@ -152,8 +153,11 @@ impl Shared {
         let mut st = self.standing.lock().expect("standing lock");
         let share = st.hello.filter(|&(at, _, _)| now < at + ALONE_MAX);
         let Some(spell) = st.spell.as_mut() else { return Err(Duration::ZERO) };
-        let Some(pacer) = spell.pacer.as_ref().filter(|_| share.is_some() && !spell.back) else {
-            if !spell.told && !spell.back && now - spell.since > Duration::from_secs(1) {
+        if spell.returning {
+            return Err(REDIS_RETRY);
+        }
+        let Some(pacer) = spell.pacer.as_ref().filter(|_| share.is_some()) else {
+            if !spell.told && now - spell.since > Duration::from_secs(1) {
                 spell.told = true;
                 tracing::warn!(
                     "the shared limiter cannot be reached and this instance may not pace alone (it joined too \
@@ -233,44 +237,40 @@ impl Shared {
     }
 
     /// Says hello: counted live, this instance learns its share. After requests alone, all
-    /// of them ended, it says it is back instead: the share it paced at stays out of the
-    /// shared rate until a second (and the guard) after its last one alone.
+    /// of them ended, it says it is back instead, and none leaves alone while it does: the
+    /// share it paced at stays out of the shared rate until a second (and the guard) after
+    /// its last one alone.
     pub(super) async fn hello(&self) {
         let sent = Instant::now();
-        let guard = self.guard();
         let back = {
-            let st = self.standing.lock().expect("standing lock");
-            match st.spell.as_ref() {
+            let mut st = self.standing.lock().expect("standing lock");
+            match st.spell.as_mut() {
                 Some(spell) if !spell.open.is_empty() => return,
-                // Requests alone may still go while it says so: its share is kept out until a
-                // second after the latest that could (the answer comes within the patience).
                 Some(spell) => spell.last.map(|last| {
+                    spell.returning = true;
                     let share = spell.pacer.as_ref().map_or(0, LocalPacer::configured);
-                    let held = last.max(sent + CALL_PATIENCE) + Duration::from_secs(1) + guard;
-                    (held.saturating_duration_since(sent), share, last)
+                    let held = last + Duration::from_secs(1) + self.guard();
+                    (held.saturating_duration_since(sent), share)
                 }),
                 None => None,
             }
         };
         let answer = match back {
             // Rounded up: its share is kept out until its last second alone has passed.
-            Some((held, share, _)) => self.call_patiently_as("back", crate::model::ms(held) + 1, share).await,
+            Some((held, share)) => self.call_patiently_as("back", crate::model::ms(held) + 1, share).await,
             None => self.call_patiently("hello", 0).await,
         };
-        let Ok((live, share, _reserve)) = answer else { return };
         let mut st = self.standing.lock().expect("standing lock");
+        let Ok((live, share, _reserve)) = answer else {
+            // Not back: it goes on pacing alone, and says it again at the next hello.
+            if let Some(spell) = st.spell.as_mut() {
+                spell.returning = false;
+            }
+            return;
+        };
         st.joined.get_or_insert(sent);
         st.hello = Some((sent, u32::try_from(share).unwrap_or(u32::MAX), u32::try_from(live).unwrap_or(u32::MAX)));
-        let Some(spell) = st.spell.as_mut() else { return };
-        if let Some((_, _, last)) = back
-            && (spell.last != Some(last) || !spell.open.is_empty())
-        {
-            // Requests left alone while it said so: none more, and once they have ended the
-            // next hello says it again, their seconds kept out.
-            spell.back = true;
-            return;
-        }
-        let spell = st.spell.take().expect("a spell");
+        let Some(spell) = st.spell.take() else { return };
         if spell.last.is_none() {
             tracing::info!(spell_ms = (sent - spell.since).as_millis() as u64, "the shared limiter answers again");
             return;
@@ -358,6 +358,18 @@ mod tests {
             old.hello().await;
             tokio::time::sleep(REDIS_RETRY).await;
         }
+        // No request left alone while it said so: its share is kept out only until a second
+        // (and the guard) after its last one, which left before it said so.
+        let mut conn = old.store.conn().await.unwrap();
+        let said: String = redis::cmd("HGET")
+            .arg(crate::store::keys::Keys::limiter_peers(&old.key))
+            .arg("old")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let fields: Vec<u64> = said.split(':').map(|f| f.parse().unwrap()).collect();
+        let [stamp, _share, held] = fields[..] else { panic!("stamp:share:held, not {said}") };
+        assert!(held - stamp <= 1000 + 2 + 1, "its share kept out {} ms after it said it was back", held - stamp);
         let (_, _, reserved) = old.call("hello", 0).await.unwrap();
         assert!(reserved >= 6, "the two peers not seen since may pace alone at 3 each: {reserved}");
         peer.hello().await;
