@@ -129,6 +129,11 @@ const GATE_PATIENCE: Duration = Duration::from_millis(100);
 /// again before the request leaves.
 const GATE_FRESHNESS: Duration = Duration::from_millis(500);
 
+/// How long a second look at the gate may take: a script and a `WAIT` of at most a
+/// second, with room for a loaded machine. Longer, and the partition's Redis is taken
+/// to be gone (the batch stays sealed, its partition held until the heartbeat reaches it).
+const REGATE_PATIENCE: Duration = Duration::from_millis(2500);
+
 /// How often a dispatcher holding work asks whether it may probe a provider that is
 /// down (or whether it is back): well inside `probe_interval_seconds`.
 const PROBE_POLL: Duration = Duration::from_millis(250);
@@ -406,10 +411,21 @@ impl Dispatcher {
             }
         };
         drop(taken);
-        // The slot moved while the batch waited: look again right before it leaves.
-        if gated.elapsed() > GATE_FRESHNESS && self.through_gate(ctx, &mut sealed).await.is_err() {
-            self.limiter.unused(slot);
-            return None;
+        // The slot moved while the batch waited: look again right before it leaves. A look
+        // its partition's Redis does not answer in time (its primary died while the batch
+        // waited) gives the slot up, as the first gate's error would, without holding it
+        // (nor an instance pacing alone) for the client's response timeout.
+        if gated.elapsed() > GATE_FRESHNESS {
+            let look = tokio::time::timeout(REGATE_PATIENCE, self.through_gate(ctx, &mut sealed)).await;
+            let look = look.unwrap_or_else(|_| {
+                ctx.metrics.redis_error("gate", &anyhow::anyhow!("no answer within {REGATE_PATIENCE:?}"));
+                self.unreached(sealed.partition);
+                Err("partition_unreached")
+            });
+            if look.is_err() {
+                self.limiter.unused(slot);
+                return None;
+            }
         }
         ctx.metrics.limiter_waited(asked.elapsed());
         // The departure is recorded once the request's bytes can go out on a ready
