@@ -128,6 +128,10 @@ impl Shared {
         if st.spell.is_some() {
             return;
         }
+        if let Some(m) = &self.metrics {
+            // Each spell's first call given up (mailstream_redis_errors_total{op="limiter"}).
+            m.count_redis_error("limiter");
+        }
         let guard = self.guard();
         let joined_in_time = st.joined.is_some_and(|joined| now.saturating_duration_since(joined) >= JOINED_BEFORE);
         let share = st.hello.filter(|&(at, share, _)| share >= 1 && now < at + ALONE_MAX);
@@ -237,10 +241,19 @@ impl Shared {
     }
 
     /// Says hello: counted live, this instance learns its share. After requests alone, all
-    /// of them ended, it says it is back instead, and none leaves alone while it does: the
-    /// share it paced at stays out of the shared rate until a second (and the guard) after
-    /// its last one alone.
+    /// of them ended, it says it is back instead, once the limiter answers, and none leaves
+    /// alone while it does: the share it paced at stays out of the shared rate until a
+    /// second (and the guard) after its last one alone.
     pub(super) async fn hello(&self) {
+        let alone = {
+            let st = self.standing.lock().expect("standing lock");
+            st.spell.as_ref().is_some_and(|spell| spell.last.is_some() && spell.open.is_empty())
+        };
+        // First whether the limiter answers at all (a read, no mark): requests alone go on
+        // meanwhile, so a spell's unanswered hellos never slow its own pacing.
+        if alone && self.call_patiently("peek", 0).await.is_err() {
+            return;
+        }
         let sent = Instant::now();
         let back = {
             let mut st = self.standing.lock().expect("standing lock");
