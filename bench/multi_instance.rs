@@ -67,6 +67,10 @@ struct KillReport {
     longest_gap_seconds: f64,
     slots_used: u64,
     slots_given_back: BTreeMap<String, u64>,
+    /// Spells without the shared limiter the daemons began from the kill on (calls to it
+    /// given up after their patience): one or so each while its node fails over, and none
+    /// after, unless something holds the connection to its node.
+    limiter_unanswered: u64,
     failover_seconds: f64,
     duplicate_real_sends: u64,
     rate_limited: u64,
@@ -121,6 +125,9 @@ struct Report {
 
 /// How long after the promotion the killed primary comes back (as a replica).
 const REJOIN_AFTER: Duration = Duration::from_secs(60);
+
+/// Where [`given_back`] counts the limiter's calls given up.
+const LIMITER_UNANSWERED: &str = "limiter";
 
 /// The least `unaffected_ratio` a run with `--kill-primary` passes with.
 const UNAFFECTED_TARGET: f64 = 0.85;
@@ -227,13 +234,14 @@ fn main() -> ExitCode {
                     eprintln!(
                         "{name} primary killed (partition(s) {:?}): replica promoted after {:.1} s; from the kill, the \
                          other partitions sent {:.3} of the ceiling, longest gap {:.2} s, {} requests, slots given \
-                         back {:?}",
+                         back {:?}, {} spells without the limiter",
                         k.affected_partitions,
                         k.failover_seconds,
                         k.unaffected_ratio,
                         k.longest_gap_seconds,
                         k.slots_used,
-                        k.slots_given_back
+                        k.slots_given_back,
+                        k.limiter_unanswered
                     );
                 }
             }
@@ -401,8 +409,17 @@ async fn run(o: &Options, kill: Option<Kill>) -> anyhow::Result<Report> {
             .windows(2)
             .map(|w| (w[1] - w[0]).as_secs_f64())
             .fold(0.0, f64::max);
+        let since_kill = |key: &str| {
+            given_back_at_end
+                .get(key)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(given_back_at_kill.get(key).copied().unwrap_or(0))
+        };
+        let limiter_unanswered = since_kill(LIMITER_UNANSWERED);
         let slots_given_back = given_back_at_end
             .iter()
+            .filter(|(reason, _)| reason.as_str() != LIMITER_UNANSWERED)
             .map(|(reason, &n)| {
                 (reason.clone(), n.saturating_sub(given_back_at_kill.get(reason).copied().unwrap_or(0)))
             })
@@ -414,6 +431,7 @@ async fn run(o: &Options, kill: Option<Kill>) -> anyhow::Result<Report> {
             longest_gap_seconds: longest_gap,
             slots_used: requests.len() as u64,
             slots_given_back,
+            limiter_unanswered,
             failover_seconds: failover_seconds.unwrap_or_default(),
             duplicate_real_sends,
             rate_limited: stats.rate_limited,
@@ -486,8 +504,9 @@ async fn target(cluster: &RedisCluster, store: &Store, kill: Kill, primary_of: &
     candidates.first().copied().context("every primary serves a shared key: no other primary to kill")
 }
 
-/// The request slots the daemons gave back so far, by reason (summed over their metrics;
-/// a daemon whose endpoint does not answer counts nothing).
+/// The request slots the daemons gave back so far, by reason, and (under `"limiter"`)
+/// the spells without the shared limiter they began: its calls given up after their
+/// patience (summed over their metrics; a daemon whose endpoint does not answer counts nothing).
 async fn given_back(dir: &Path, instances: u32) -> BTreeMap<String, u64> {
     mailstream::resend::client::install_crypto_provider();
     let mut total = BTreeMap::new();
@@ -502,8 +521,14 @@ async fn given_back(dir: &Path, instances: u32) -> BTreeMap<String, u64> {
         else {
             continue;
         };
-        for line in text.lines().filter(|l| l.starts_with("mailstream_request_slots_given_back_total{")) {
-            let reason = line.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
+        for line in text.lines() {
+            let reason = if line.starts_with("mailstream_request_slots_given_back_total{") {
+                line.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?")
+            } else if line.starts_with("mailstream_redis_errors_total{op=\"limiter\"}") {
+                LIMITER_UNANSWERED
+            } else {
+                continue;
+            };
             let n: f64 = line.rsplit(' ').next().and_then(|v| v.parse().ok()).unwrap_or(0.0);
             *total.entry(reason.to_string()).or_insert(0) += n as u64;
         }

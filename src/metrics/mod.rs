@@ -310,6 +310,11 @@ impl Metrics {
     /// A Redis call failed; `op` names the step (a fixed name, never data).
     pub(crate) fn redis_error(&self, op: &'static str, error: &anyhow::Error) {
         tracing::warn!(op, error = %redacted(error), "redis call failed");
+        self.count_redis_error(op);
+    }
+
+    /// A failed Redis call whose caller logs it its own way.
+    pub(crate) fn count_redis_error(&self, op: &'static str) {
         self.sending.redis_errors.with_label_values(&[op]).inc();
     }
 

@@ -543,7 +543,7 @@ async fn renew(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>, p: u16) {
                 tracing::info!(partition = p, "the partition's Redis answers again; its work goes");
             }
             if dispatcher.batcher.unreplicated(p) {
-                probe_replicas(&ctx, &dispatcher.batcher, p).await;
+                probe_replicas(&ctx, &dispatcher, p).await;
             }
         }
         Err(e) => {
@@ -556,10 +556,10 @@ async fn renew(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>, p: u16) {
 /// A partition held for replicas that did not acknowledge: a write and `WAIT` (within half
 /// a heartbeat) say whether they do again; then its work goes. No batch is aimed at a
 /// request slot to find out.
-async fn probe_replicas(ctx: &Ctx, batcher: &Batcher, p: u16) {
-    match ctx.store.replicas_probe(p, ctx.config.heartbeat() / 2).await {
+async fn probe_replicas(ctx: &Ctx, dispatcher: &Dispatcher, p: u16) {
+    match gate::probe_replicas(ctx, &dispatcher.gates, p).await {
         Ok(true) => {
-            if batcher.replicas_acknowledged(p) {
+            if dispatcher.batcher.replicas_acknowledged(p) {
                 tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
             }
         }

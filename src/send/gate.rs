@@ -82,6 +82,14 @@ impl GateConn<'_> {
     }
 }
 
+/// Whether partition `p`'s replicas acknowledge again, asked on the connection its gates
+/// run on: the probe's `WAIT` must not hold the shared connection to that node (the
+/// limiter's, and other partitions', calls), as a gate's must not.
+pub(crate) async fn probe_replicas(ctx: &Ctx, conns: &GateConns, p: u16) -> anyhow::Result<bool> {
+    let mut gate_conn = conns.get(ctx, p).await?;
+    ctx.store.replicas_probe(gate_conn.conn(), p, ctx.config.heartbeat() / 2).await
+}
+
 /// Runs the last gate for `b`, just before its slot, and acts on what it says. On a
 /// Redis error, [`Gated::Unreached`]: the batch stays sealed and is taken over after its lease.
 pub(crate) async fn pass(ctx: &Ctx, conns: &GateConns, b: &mut Sealed) -> Gated {

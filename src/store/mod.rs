@@ -143,12 +143,12 @@ impl Store {
     }
 
     /// Whether partition `p`'s replicas acknowledge again (the heartbeat's probe of a held
-    /// partition): a write to its node, then `WAIT` up to `patience`.
-    pub async fn replicas_probe(&self, p: u16, patience: std::time::Duration) -> anyhow::Result<bool> {
-        let mut conn = self.conn().await?;
+    /// partition): a write to its node, then `WAIT` up to `patience`, both on `conn` (one of
+    /// the partition's own: `WAIT` blocks the connection it is sent on).
+    pub async fn replicas_probe(&self, conn: &mut Conn, p: u16, patience: std::time::Duration) -> anyhow::Result<bool> {
         let key = self.keys.replicas_probe(p);
         let now = chrono::Utc::now().timestamp_millis();
-        let _: () = redis::cmd("SET").arg(&key).arg(now).arg("PX").arg(60_000).query_async(&mut conn).await?;
+        let _: () = redis::cmd("SET").arg(&key).arg(now).arg("PX").arg(60_000).query_async(conn).await?;
         let acked = conn.wait_on_node_of(&key, self.wait_replicas, crate::model::ms(patience).max(1)).await?;
         Ok(acked >= self.wait_replicas)
     }
