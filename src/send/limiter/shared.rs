@@ -1,5 +1,8 @@
 //! The limiter in Redis, shared by every instance with the same prefix, and what an
 //! instance does while it cannot reach it: it paces alone at its share.
+//!
+//! Raw Redis here: only in its test, which reads what 'back' wrote in the peers hash (how
+//! long the share it paced at is kept out).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
