@@ -1,8 +1,5 @@
 //! The limiter in Redis, shared by every instance with the same prefix, and what an
 //! instance does while it cannot reach it: it paces alone at its share.
-//!
-//! Raw Redis here: only in its test, which reads what 'back' wrote in the peers hash (how
-//! long the share it paced at is kept out).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -377,14 +374,8 @@ mod tests {
         // No request left alone while it said so: its share is kept out only until a second
         // (and the guard) after its last one, which left before it said so.
         let mut conn = old.store.conn().await.unwrap();
-        let said: String = redis::cmd("HGET")
-            .arg(crate::store::keys::Keys::limiter_peers(&old.key))
-            .arg("old")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let fields: Vec<u64> = said.split(':').map(|f| f.parse().unwrap()).collect();
-        let [stamp, _share, held] = fields[..] else { panic!("stamp:share:held, not {said}") };
+        let said = scripts::limiter_peer(&mut conn, &old.key, "old").await.unwrap();
+        let Some([stamp, _share, held]) = said else { panic!("the old instance's entry: {said:?}") };
         assert!(held - stamp <= 1000 + 2 + 1, "its share kept out {} ms after it said it was back", held - stamp);
         let (_, _, reserved) = old.call("hello", 0).await.unwrap();
         assert!(reserved >= 6, "the two peers not seen since may pace alone at 3 each: {reserved}");

@@ -188,6 +188,18 @@ pub async fn limiter(
         .await
 }
 
+/// What instance `id` last told the limiter at `key` (its entry in the peers hash):
+/// when (ms), the share it would pace alone at, and until when (ms) the share it paced
+/// alone at is kept out of the shared rate. For the limiter's tests.
+#[cfg(test)]
+pub(crate) async fn limiter_peer(conn: &mut impl ConnectionLike, key: &str, id: &str) -> RedisResult<Option<[u64; 3]>> {
+    let said: Option<String> = redis::cmd("HGET").arg(Keys::limiter_peers(key)).arg(id).query_async(conn).await?;
+    Ok(said.and_then(|said| {
+        let fields: Vec<u64> = said.split(':').filter_map(|f| f.parse().ok()).collect();
+        <[u64; 3]>::try_from(fields).ok()
+    }))
+}
+
 /// Makes every batch of partition `p` that waits for a retry due now (wake.lua); how many.
 ///
 /// Runs `lua/wake.lua`:
