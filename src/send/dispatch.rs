@@ -321,7 +321,7 @@ impl Dispatcher {
                 taken.give_back("stopping");
                 return None;
             }
-            let passed = self.through_gate(ctx, &mut sealed).await;
+            let passed = self.through_gate(ctx, &mut sealed, None).await;
             // The partition's next batch may go to its gate (a hold that began stays).
             self.batcher.gate_done(p);
             if let Err(reason) = passed {
@@ -346,10 +346,16 @@ impl Dispatcher {
     /// Runs the last gate; `Ok` when the request may leave, else why not. A batch its
     /// replicas did not acknowledge goes back to Redis, and its partition waits until the
     /// heartbeat's probe finds them acknowledging, while the others keep the pace; a
-    /// partition whose Redis did not answer waits until the heartbeat reaches it.
-    async fn through_gate(&self, ctx: &Ctx, sealed: &mut Sealed) -> Result<(), &'static str> {
+    /// partition whose Redis did not answer (within `patience`, when given) waits until the
+    /// heartbeat reaches it.
+    async fn through_gate(
+        &self,
+        ctx: &Ctx,
+        sealed: &mut Sealed,
+        patience: Option<Duration>,
+    ) -> Result<(), &'static str> {
         let p = sealed.partition;
-        match gate::pass(ctx, &self.gates, sealed).await {
+        match gate::pass(ctx, &self.gates, sealed, patience).await {
             Gated::Go => {
                 if self.batcher.replicas_acknowledged(p) {
                     tracing::info!(partition = p, "replicas acknowledge again; the partition's batches go");
@@ -413,19 +419,12 @@ impl Dispatcher {
         drop(taken);
         // The slot moved while the batch waited: look again right before it leaves. A look
         // its partition's Redis does not answer in time (its primary died while the batch
-        // waited) gives the slot up, as the first gate's error would, without holding it
+        // waited) gives the slot up, as the first gate's error does, without holding it
         // (nor an instance pacing alone) for the client's response timeout.
-        if gated.elapsed() > GATE_FRESHNESS {
-            let look = tokio::time::timeout(REGATE_PATIENCE, self.through_gate(ctx, &mut sealed)).await;
-            let look = look.unwrap_or_else(|_| {
-                ctx.metrics.redis_error("gate", &anyhow::anyhow!("no answer within {REGATE_PATIENCE:?}"));
-                self.unreached(sealed.partition);
-                Err("partition_unreached")
-            });
-            if look.is_err() {
-                self.limiter.unused(slot);
-                return None;
-            }
+        if gated.elapsed() > GATE_FRESHNESS && self.through_gate(ctx, &mut sealed, Some(REGATE_PATIENCE)).await.is_err()
+        {
+            self.limiter.unused(slot);
+            return None;
         }
         ctx.metrics.limiter_waited(asked.elapsed());
         // The departure is recorded once the request's bytes can go out on a ready

@@ -5,6 +5,8 @@
 //! and a never-sent batch is sealed again without them; with replicas, the gate's
 //! write is WAITed for and read back before the request may leave.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use crate::config::Config;
@@ -91,9 +93,16 @@ pub(crate) async fn probe_replicas(ctx: &Ctx, conns: &GateConns, p: u16) -> anyh
 }
 
 /// Runs the last gate for `b`, just before its slot, and acts on what it says. On a
-/// Redis error, [`Gated::Unreached`]: the batch stays sealed and is taken over after its lease.
-pub(crate) async fn pass(ctx: &Ctx, conns: &GateConns, b: &mut Sealed) -> Gated {
-    match run(ctx, conns, b).await {
+/// Redis error, or no answer within `patience` (when given), [`Gated::Unreached`]: the
+/// batch stays sealed and is taken over after its lease.
+pub(crate) async fn pass(ctx: &Ctx, conns: &GateConns, b: &mut Sealed, patience: Option<Duration>) -> Gated {
+    let ran = match patience {
+        Some(patience) => tokio::time::timeout(patience, run(ctx, conns, b))
+            .await
+            .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {patience:?}"))),
+        None => run(ctx, conns, b).await,
+    };
+    match ran {
         Ok(gated) => gated,
         Err(e) => {
             ctx.metrics.redis_error("gate", &e);
