@@ -22,9 +22,22 @@ use crate::config::RedisConfig;
 #[derive(Clone)]
 pub(crate) enum Backend {
     Single(std::sync::Arc<SingleServer>),
-    /// The client (for dedicated connections), one shared, multiplexed connection, and
-    /// another for writes whose caller then waits for replicas (made when first needed).
-    Cluster(Box<(ClusterClient, ClusterConnection, std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>)>),
+    Cluster(Box<ClusterBackend>),
+}
+
+/// Connections to a Redis Cluster.
+#[derive(Clone)]
+pub(crate) struct ClusterBackend {
+    /// The client, for dedicated connections.
+    client: ClusterClient,
+    /// One shared, multiplexed connection.
+    shared: ClusterConnection,
+    /// Another, for writes whose caller then waits for replicas (made when first needed).
+    waited: std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>,
+    /// A client that tries a command only a few times (see [`Backend::brief`]), and its
+    /// connection (made when first needed).
+    brief_client: ClusterClient,
+    brief: std::sync::Arc<tokio::sync::OnceCell<ClusterConnection>>,
 }
 
 /// Connections to a single server: a pool, and one shared, multiplexed, reconnecting
@@ -213,6 +226,21 @@ impl Conn {
 /// command failed for its connection's sake leaves the pool ([`Pooled`]).
 const PING_IF_IDLE: Duration = Duration::from_secs(1);
 
+/// The cluster client's wait before it sends again a command refused while the cluster
+/// reconfigures (CLUSTERDOWN, TRYAGAIN, MASTERDOWN) or one it found no connection for:
+/// 20 ms, doubling per try up to a second (16 tries, about 11 s in all). The client's own
+/// default waits at least 1.28 s, so every command that met the few hundred milliseconds
+/// between a primary's failure being agreed and its replica's promotion (when a cluster
+/// that requires full coverage refuses every key) came back over a second after the
+/// cluster did: a second of nothing sent by every partition, the live ones too.
+const RETRY_WAIT_MIN_MS: u64 = 20;
+const RETRY_WAIT_MAX_MS: u64 = 1000;
+
+/// How many times the brief connection's client sends a command again: enough to follow a
+/// MOVED or an ASK (a slot that moved), to reconnect once, and to wait out 20 + 40 ms of
+/// CLUSTERDOWN; not to wait for a dead primary's replica.
+const BRIEF_TRIES: u32 = 3;
+
 /// deadpool-redis's manager, checking a connection on checkout only after
 /// [`PING_IF_IDLE`].
 pub(crate) struct Recycler(deadpool_redis::Manager);
@@ -313,13 +341,20 @@ impl Backend {
         if r.cluster {
             let seeds: Vec<&str> =
                 std::iter::once(r.url.expose()).chain(r.cluster_seeds.iter().map(|s| s.expose())).collect();
-            let client = ClusterClient::builder(seeds)
-                .connection_timeout(connect_timeout)
-                .response_timeout(response_timeout)
-                .build()
-                .with_context(|| format!("invalid redis.url or redis.cluster_seeds ({})", r.url.redacted_url()))?;
+            let builder = || {
+                ClusterClient::builder(seeds.clone())
+                    .connection_timeout(connect_timeout)
+                    .response_timeout(response_timeout)
+                    .min_retry_wait(RETRY_WAIT_MIN_MS)
+                    .max_retry_wait(RETRY_WAIT_MAX_MS)
+            };
+            let invalid = || format!("invalid redis.url or redis.cluster_seeds ({})", r.url.redacted_url());
+            let client = builder().build().with_context(invalid)?;
+            let brief_client = builder().retries(BRIEF_TRIES).build().with_context(invalid)?;
             let shared = client.get_async_connection().await?;
-            return Ok(Backend::Cluster(Box::new((client, shared, Default::default()))));
+            let cluster =
+                ClusterBackend { client, shared, waited: Default::default(), brief_client, brief: Default::default() };
+            return Ok(Backend::Cluster(Box::new(cluster)));
         }
         let settings = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
@@ -354,7 +389,23 @@ impl Backend {
                 let conn = single.pool.get().await.map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
                 Ok(Conn::Single(LocalConn::Pooled(Pooled { conn: Some(conn), broken: false })))
             }
-            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.shared.clone())),
+        }
+    }
+
+    /// A connection on which a command is tried only a few times, for a caller that has
+    /// something better to do than wait for a node that is gone (the shared limiter's: its
+    /// instance paces alone meanwhile). On a cluster the client otherwise tries a command
+    /// to a dead primary sixteen times, about 11 s, before it says so; on this one a
+    /// connection refused, a slot still owned by the dead node, or a CLUSTERDOWN past about
+    /// 60 ms is an error within moments. A single server's connection says so at once.
+    pub async fn brief(&self) -> anyhow::Result<Conn> {
+        match self {
+            Backend::Single(_) => self.conn().await,
+            Backend::Cluster(cluster) => {
+                let brief = cluster.brief.get_or_try_init(|| cluster.brief_client.get_async_connection()).await?;
+                Ok(Conn::Cluster(brief.clone()))
+            }
         }
     }
 
@@ -376,7 +427,7 @@ impl Backend {
                     .map_err(|e| super::Unreachable(format!("Redis connection: {e}")))?;
                 Ok(Conn::Single(LocalConn::Shared(conn.clone())))
             }
-            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.1.clone())),
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.shared.clone())),
         }
     }
 
@@ -389,7 +440,7 @@ impl Backend {
         match self {
             Backend::Single(_) => self.conn().await,
             Backend::Cluster(cluster) => {
-                let waited = cluster.2.get_or_try_init(|| cluster.0.get_async_connection()).await?;
+                let waited = cluster.waited.get_or_try_init(|| cluster.client.get_async_connection()).await?;
                 Ok(Conn::Cluster(waited.clone()))
             }
         }
@@ -401,7 +452,7 @@ impl Backend {
     pub(crate) async fn dedicated(&self) -> anyhow::Result<Conn> {
         match self {
             Backend::Single(_) => self.conn().await,
-            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.0.get_async_connection().await?)),
+            Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.client.get_async_connection().await?)),
         }
     }
 }
@@ -428,6 +479,61 @@ mod tests {
         let mut elsewhere = Backend::connect(&config(other.url(), false)).await.unwrap().conn().await.unwrap();
         let refused = elsewhere.wait_on_node_of(key, 0, 100).await.expect_err("not that node's key");
         assert!(format!("{refused:#}").to_lowercase().contains("moved"), "{refused:#}");
+    }
+
+    /// The brief connection says a primary is gone with an error, soon: not after the
+    /// sixteen tries (about 11 s) of the ordinary one, which the shared limiter's calls
+    /// and the heartbeat's renewals would wait out. Keys on the live primaries still answer.
+    #[tokio::test]
+    async fn the_brief_connection_says_soon_that_a_primary_is_gone() {
+        let mut cluster = RedisCluster::start(false).await.expect("the cluster starts");
+        let dead = "mailstream:{0}:batches";
+        let owner = cluster.owner_of(cluster.slot_of(dead).await.unwrap()).await.unwrap();
+        let config = RedisConfig { url: Secret::new(cluster.url()), cluster: true, ..Default::default() };
+        let backend = Backend::connect(&config).await.unwrap();
+        let mut live = None;
+        for p in 0..64u16 {
+            let key = format!("mailstream:{{{p}}}:batches");
+            if cluster.owner_of(cluster.slot_of(&key).await.unwrap()).await.unwrap() != owner {
+                live = Some(key);
+                break;
+            }
+        }
+        let live = live.expect("a key on another primary");
+        let mut brief = backend.brief().await.unwrap();
+        let _: bool = redis::cmd("EXISTS").arg(dead).query_async(&mut brief).await.unwrap();
+        let node = cluster.nodes.iter().position(|n| n.port() == owner).unwrap();
+        cluster.nodes[node].kill();
+        // An error, not an answer from another node, after at most three tries: the live
+        // primaries saw the command (refused with MOVED) no more than that.
+        let before = exists_seen(&cluster).await;
+        let got: redis::RedisResult<bool> = tokio::time::timeout(
+            Duration::from_secs(30),
+            redis::cmd("EXISTS").arg(dead).query_async(&mut backend.brief().await.unwrap()),
+        )
+        .await
+        .expect("the brief connection answers");
+        assert!(got.is_err(), "{got:?}");
+        let tries = exists_seen(&cluster).await - before;
+        assert!(tries <= u64::from(BRIEF_TRIES), "the live primaries saw {tries} tries");
+        let _: bool = redis::cmd("EXISTS").arg(&live).query_async(&mut backend.brief().await.unwrap()).await.unwrap();
+    }
+
+    /// How many EXISTS the running nodes have been sent (answered or refused).
+    async fn exists_seen(cluster: &RedisCluster) -> u64 {
+        let mut seen = 0;
+        for node in cluster.nodes.iter().filter(|n| n.is_running()) {
+            let stats: String = node.command(redis::cmd("INFO").arg("commandstats")).await.unwrap();
+            let line = stats.lines().find_map(|l| l.strip_prefix("cmdstat_exists:")).unwrap_or("");
+            for field in ["calls", "rejected_calls"] {
+                seen += line
+                    .split(',')
+                    .find_map(|kv| kv.strip_prefix(field)?.strip_prefix('='))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        seen
     }
 
     /// A pooled connection that broke is not handed out again: the command that found

@@ -139,6 +139,14 @@ pub struct Minute {
 }
 
 impl Store {
+    /// How many subscribers the registry holds (all partitions).
+    pub(crate) async fn subscriber_count(&self) -> anyhow::Result<u64> {
+        let cmds: Vec<redis::Cmd> =
+            (0..self.keys.partitions()).map(|p| redis::cmd("SCARD").arg(self.keys.subscribers(p)).clone()).collect();
+        let sizes: Vec<u64> = self.conn().await?.each(&cmds).await?;
+        Ok(sizes.iter().sum())
+    }
+
     /// The settlements of the `n` minutes up to and including `now`'s (Redis's clock),
     /// oldest first, summed over the partitions; a minute nothing settled in counts 0.
     pub async fn per_minute(&self, now: chrono::DateTime<chrono::Utc>, n: usize) -> anyhow::Result<Vec<Minute>> {

@@ -69,7 +69,7 @@ pub fn unavailable(e: &anyhow::Error) -> bool {
 /// Connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    backend: Backend,
+    pub(crate) backend: Backend,
     pub keys: Keys,
     /// `redis.wait_replicas`: replicas that must hold a write before it is reported done.
     wait_replicas: u32,
@@ -457,6 +457,13 @@ impl Store {
             let policy = value("maxmemory-policy").await;
             let aof = value("appendonly").await;
             let fsync = value("appendfsync").await;
+            if !node.is_empty() && value("cluster-require-full-coverage").await.as_deref() == Some("yes") {
+                tracing::warn!(
+                    "Redis{at} runs with cluster-require-full-coverage yes: from a failed primary's failure to its \
+                     replica's promotion every node refuses every key, so every partition stops, not only the \
+                     failed one's: set it to no (docs/redis.md)"
+                );
+            }
             if policy.as_deref().is_some_and(|p| p != "noeviction") {
                 tracing::warn!(
                     maxmemory_policy = policy.as_deref().unwrap_or("?"),
@@ -574,14 +581,6 @@ impl Store {
             }
         }
         Ok(removed)
-    }
-
-    /// How many subscribers the registry holds (all partitions).
-    pub(crate) async fn subscriber_count(&self) -> anyhow::Result<u64> {
-        let cmds: Vec<redis::Cmd> =
-            (0..self.keys.partitions()).map(|p| redis::cmd("SCARD").arg(self.keys.subscribers(p)).clone()).collect();
-        let sizes: Vec<u64> = self.conn().await?.each(&cmds).await?;
-        Ok(sizes.iter().sum())
     }
 }
 

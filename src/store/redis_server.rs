@@ -89,7 +89,7 @@ impl RedisServer {
     }
 
     /// Whether the server was started and not killed since.
-    fn is_running(&self) -> bool {
+    pub(crate) fn is_running(&self) -> bool {
         self.child.is_some()
     }
 
@@ -109,7 +109,7 @@ impl RedisServer {
             .args(["--appendonly", if self.options.appendonly { "yes" } else { "no" }])
             .args(["--appendfsync", "always"])
             .args(if self.options.cluster {
-                vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
+                vec!["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000", "--cluster-require-full-coverage", "no"]
             } else {
                 vec![]
             })
