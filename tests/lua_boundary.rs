@@ -238,7 +238,7 @@ a_wrong_count_is_an_error! {
     fallback: shape(3, 1, 11, 0);
     note: shape(0, 1, 1, 1);
     window: shape(0, 0, 2, 0);
-    limiter: Shape { set: &[(1, "peek"), (5, ""), (6, ""), (7, ""), (8, "")], ..shape(2, 0, 8, 0) };
+    limiter: Shape { set: &[(1, "peek"), (5, ""), (6, ""), (7, ""), (8, ""), (9, "")], ..shape(2, 0, 9, 0) };
 }
 
 #[tokio::test]

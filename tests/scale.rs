@@ -32,7 +32,18 @@ async fn back(world: &World, id: &str, back: Option<(u64, u32)>, now_us: u64) ->
     let mut conn = world.store.conn().await.unwrap();
     let key = world.store.keys.limiter();
     let (op, held, share) = back.map_or(("hello", 0, 0), |(held, share)| ("back", held, share));
-    scripts::limiter(&mut conn, &key, op, 10, GUARD, held, Some(now_us), Some((id, 30_000, share))).await.unwrap()
+    scripts::limiter(&mut conn, &key, op, 10, GUARD, held, Some(now_us), Some((id, 30_000, share, &[]))).await.unwrap()
+}
+
+/// limiter.lua's 'back' from instance `id` that paced alone at `share` requests/s, saying
+/// in how many ms each of its requests alone still in its second leaves it.
+async fn back_each(world: &World, id: &str, share: u32, each: &[u64], now_us: u64) -> (u64, u64, u64) {
+    let mut conn = world.store.conn().await.unwrap();
+    let key = world.store.keys.limiter();
+    let held = each.iter().copied().max().unwrap_or(0);
+    scripts::limiter(&mut conn, &key, "back", 10, GUARD, held, Some(now_us), Some((id, 30_000, share, each)))
+        .await
+        .unwrap()
 }
 
 const GUARD: u64 = 2_000;
@@ -98,6 +109,41 @@ async fn the_limiter_counts_live_instances_and_keeps_out_the_shares_of_peers_tha
         .await
         .unwrap();
     assert_eq!(peers, ["a"]);
+}
+
+/// An instance back from pacing alone keeps each of its requests alone out of the shared
+/// rate only until that request's second has passed: the shared rate grows back as they
+/// age (one request at a time), instead of staying without its whole share until the
+/// last one's second ends; and it stays so through its next hellos, which say nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_back_keeps_each_request_alone_out_only_until_its_second_has_passed() {
+    let world = World::new().await;
+    let t0 = 1_800_000_000_000_000;
+    hello(&world, "a", t0).await;
+    hello(&world, "b", t0).await;
+    // `a` paced alone at 5/s; its last five requests alone leave their second in 100,
+    // 300, 500, 700 and 900 ms: they stay out, and so does b's share, not seen since.
+    let t1 = t0 + 8_000_000;
+    assert_eq!(back_each(&world, "a", 5, &[100, 300, 500, 700, 900], t1).await, (2, 5, 10));
+    // `b` is back too (it had sent nothing alone): only a's five are out.
+    assert_eq!(hello(&world, "b", t1 + 1_000).await, (2, 5, 5));
+    assert_eq!(limiter(&world, "take", 0, t1 + 1_000).await.0, 0, "5 requests/s shared at once");
+    assert_eq!(limiter(&world, "take", 0, t1 + 1_001).await.0, 2 * INTERVAL - 1, "5 requests/s: 200 ms apart");
+    // 150 ms on, the first has left its second: 6 requests/s, and the next slot is 1/6 s
+    // after the last, not the 1/5 s set when it was granted.
+    assert_eq!(limiter(&world, "peek", 0, t1 + 150_000).await.0, 1_000 + 1_000_000 / 6 - 150_000);
+    // 500 ms on, three of a's five have left their second: 8 requests/s are shared.
+    let t2 = t1 + 500_000;
+    assert_eq!(limiter(&world, "take", 0, t2).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t2 + 1).await.0, 1_000_000 / 8 - 1, "8 requests/s");
+    // A hello from `a` (and one from `b`) keeps the two still in their second out...
+    assert_eq!(hello(&world, "a", t2 + 100_000).await, (2, 5, 2));
+    assert_eq!(hello(&world, "b", t2 + 150_000).await, (2, 5, 2));
+    // ...until the last one's second has passed: the whole rate is shared again.
+    assert_eq!(hello(&world, "a", t1 + 950_000).await, (2, 5, 0));
+    let t3 = t1 + 1_000_000;
+    assert_eq!(limiter(&world, "take", 0, t3).await.0, 0);
+    assert_eq!(limiter(&world, "take", 0, t3 + 1).await.0, INTERVAL - 1, "10 requests/s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -417,6 +417,13 @@ impl Dispatcher {
             }
         };
         drop(taken);
+        // Its partition's Redis stopped answering while it waited (its primary died): the
+        // slot goes to a batch that can go (taken back when this instance paces alone), as
+        // when the second look below goes unanswered, without waiting for that.
+        if self.batcher.unreached(sealed.partition) {
+            self.limiter.unused(slot);
+            return None;
+        }
         // The slot moved while the batch waited: look again right before it leaves. A look
         // its partition's Redis does not answer in time (its primary died while the batch
         // waited) gives the slot up, as the first gate's error does, without holding it
@@ -523,7 +530,9 @@ async fn renew(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>, p: u16) {
     let batches: Vec<String> = dispatcher.batcher.in_hand(p);
     let unreached = dispatcher.batcher.unreached(p);
     let result = async {
-        let mut conn = ctx.store.conn().await?;
+        // A connection that says at once that a primary died (rather than after the
+        // heartbeat's patience), so its partition's waiting batches leave no slot unused.
+        let mut conn = ctx.store.backend.brief().await?;
         if unreached && claimed.is_empty() && batches.is_empty() {
             // Nothing to renew: asked only whether the partition's Redis answers.
             return ctx.store.reach(&mut conn, p).await;

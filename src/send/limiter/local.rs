@@ -22,6 +22,9 @@ struct PacerState {
     pub(super) rps: u32,
     /// The cadence: when the next request may leave.
     next: Option<Instant>,
+    /// What the last grant changed (the cadence before it, the departure it pushed out of
+    /// the window's memory), to take it back.
+    undo: Option<(Option<Instant>, Option<Instant>)>,
     /// Requests granted so far.
     granted: u64,
     /// Departures of the last `configured` requests, the newest last.
@@ -51,6 +54,7 @@ impl LocalPacer {
             configured: rps,
             rps,
             next: None,
+            undo: None,
             granted: 0,
             departures: VecDeque::new(),
             paused_until: None,
@@ -84,6 +88,11 @@ impl LocalPacer {
         }
     }
 
+    /// When its last requests left (at most the configured rate of them), the oldest first.
+    pub(super) fn departures(&self) -> Vec<Instant> {
+        self.state.lock().expect("limiter lock").departures.iter().copied().collect()
+    }
+
     /// Takes the slot if it is due (the request's number), else says how long until it is.
     pub(super) fn try_take(&self) -> Result<u64, Duration> {
         let now = Instant::now();
@@ -93,13 +102,31 @@ impl LocalPacer {
         }
         let slack = SLACK.min(s.interval() / 2);
         let cadence = s.next.filter(|&next| now - next <= slack).unwrap_or(now);
+        let before = s.next;
         s.next = Some(cadence + s.interval());
         s.departures.push_back(now);
-        if s.departures.len() > s.configured as usize {
-            s.departures.pop_front();
-        }
+        let forgotten = if s.departures.len() > s.configured as usize { s.departures.pop_front() } else { None };
+        s.undo = Some((before, forgotten));
         s.granted += 1;
         Ok(s.granted - 1)
+    }
+
+    /// Takes back slot `n`, whose request was never written, when it is the last granted:
+    /// as if it had not been (its place in the window and the cadence are free again).
+    /// Whether it was; one granted before another stays counted, as having left now.
+    pub(super) fn take_back(&self, n: u64) -> bool {
+        let mut s = self.state.lock().expect("limiter lock");
+        if s.granted != n + 1 {
+            return false;
+        }
+        let Some((before, forgotten)) = s.undo.take() else { return false };
+        s.departures.pop_back();
+        if let Some(d) = forgotten {
+            s.departures.push_front(d);
+        }
+        s.granted -= 1;
+        s.next = before;
+        true
     }
 
     /// Waits for the next slot, following it as it moves, and takes it: the caller sends
@@ -209,6 +236,35 @@ mod tests {
         }
         assert_eq!(Instant::now() - start, Duration::from_millis(900), "the cadence is kept");
         assert_eq!(l.next_slot() - start, Duration::from_millis(1040), "the eleventh waits a second after it");
+    }
+
+    /// A slot whose request was never written, taken back while it is the last granted,
+    /// frees its place in the cadence and the window (the window still counts every
+    /// request that left); one with a later grant after it cannot be.
+    #[tokio::test(start_paused = true)]
+    async fn the_last_slot_granted_and_unused_is_taken_back() {
+        let l = LocalPacer::new(4, Duration::ZERO);
+        let start = Instant::now();
+        for _ in 0..4 {
+            let n = l.wait_for_slot(Duration::MAX).await.unwrap();
+            l.sent(n, Instant::now());
+        }
+        // Four left at 0, 250, 500 and 750 ms: the fifth at 1000 ms (the window and the cadence).
+        assert_eq!(l.next_slot() - start, Duration::from_millis(1000));
+        let unused = l.wait_for_slot(Duration::MAX).await.unwrap();
+        assert_eq!(l.next_slot() - start, Duration::from_millis(1250));
+        assert!(l.take_back(unused));
+        assert!(!l.take_back(unused), "taken back once");
+        // Its place is free again: the next slot is now; the window still holds the four
+        // that left (the one after it waits for the second after the one at 250 ms).
+        assert_eq!(l.next_slot() - start, Duration::from_millis(1000));
+        let n = l.wait_for_slot(Duration::MAX).await.unwrap();
+        assert_eq!(n, unused, "its number is given again");
+        l.sent(n, Instant::now());
+        assert_eq!(l.next_slot() - start, Duration::from_millis(1250));
+        let a = l.wait_for_slot(Duration::MAX).await.unwrap();
+        let _b = l.wait_for_slot(Duration::MAX).await.unwrap();
+        assert!(!l.take_back(a), "not the last granted");
     }
 
     #[tokio::test(start_paused = true)]

@@ -58,7 +58,8 @@ const REDIS_RETRY: Duration = Duration::from_millis(100);
 /// answered first); a take given up that Redis did run leaves its slot unused.
 const CALL_PATIENCE: Duration = Duration::from_millis(500);
 
-/// How often an instance in a spell without the limiter asks whether it answers again.
+/// How often an instance in a spell without the limiter asks whether it answers again
+/// (and says hello while the limiter keeps a peer's share out of the shared rate).
 const HELLO_IN_SPELL: Duration = Duration::from_millis(200);
 
 /// A taker at most this late for its slot (half an interval at most) keeps the cadence.
@@ -199,21 +200,23 @@ impl Limiter {
     }
 
     /// A taken slot whose request will not be written (its batch went back at a second
-    /// look at its gate): counted as left now, the conservative guess.
+    /// look at its gate): counted as left now, the conservative guess; one this instance
+    /// granted alone, and the last it did, is taken back instead.
     pub(crate) fn unused(&self, taken: TakenSlot) {
         if let (Limiter::Redis(s), true) = (self, taken.alone) {
-            s.ended_alone(taken.n, true);
+            s.unused_alone(taken.n);
         }
     }
 
     /// Says hello to the shared limiter: counted among the live instances, this one learns
     /// its share; after a spell without it, it comes back. Returns when to say it next:
-    /// every `beat`, and five times a second in a spell, to end it soon.
+    /// every `beat`; five times a second in a spell, to end it soon, and while the limiter
+    /// keeps a peer's share out, so that share comes back soon after the peer does.
     pub(crate) async fn hello(&self, beat: Duration) -> Duration {
         match self {
             Limiter::Redis(s) => {
                 s.hello().await;
-                if s.in_spell() { HELLO_IN_SPELL } else { beat }
+                if s.watching() { HELLO_IN_SPELL } else { beat }
             }
             Limiter::Process(_) => beat,
         }

@@ -32,6 +32,10 @@ struct Standing {
     hello: Option<(Instant, u32, u32)>,
     /// While the limiter cannot be reached.
     spell: Option<Spell>,
+    /// Whether the last hello answered said some peer's share is kept out of the shared
+    /// rate (one that may still pace alone, or is back less than a second after its last
+    /// request alone).
+    reserved: bool,
 }
 
 /// A spell without the shared limiter.
@@ -74,14 +78,17 @@ impl Shared {
 
     /// One call of limiter.lua; returns (wait or flag, Redis now in µs, request number).
     pub(super) async fn call(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64, u64)> {
-        self.call_as(op, arg, 0).await
+        self.call_as(op, arg, (0, &[])).await
     }
 
-    /// [`Shared::call`] with the share this instance paced alone at (for 'back').
-    async fn call_as(&self, op: &str, arg: u64, share: u32) -> anyhow::Result<(u64, u64, u64)> {
-        let mut conn = self.store.conn().await?;
+    /// [`Shared::call`] with the share this instance paced alone at and when each of its
+    /// requests alone leaves its second, ms from now (for 'back').
+    async fn call_as(&self, op: &str, arg: u64, (share, each): (u32, &[u64])) -> anyhow::Result<(u64, u64, u64)> {
+        // A connection that says soon that the limiter's node is gone: this instance paces
+        // alone meanwhile, so a call that waits for its replica's promotion only costs time.
+        let mut conn = self.store.backend.brief().await?;
         let alone_max = crate::model::ms(ALONE_MAX);
-        let id = Some((self.id.as_str(), alone_max, share)).filter(|_| matches!(op, "hello" | "back"));
+        let id = Some((self.id.as_str(), alone_max, share, each)).filter(|_| matches!(op, "hello" | "back"));
         Ok(scripts::limiter(&mut conn, &self.key, op, self.rps, self.guard_us, arg, None, id).await?)
     }
 
@@ -92,11 +99,11 @@ impl Shared {
 
     /// [`Shared::call`] given up after [`CALL_PATIENCE`].
     pub(super) async fn call_patiently(&self, op: &str, arg: u64) -> anyhow::Result<(u64, u64, u64)> {
-        self.call_patiently_as(op, arg, 0).await
+        self.call_patiently_as(op, arg, (0, &[])).await
     }
 
-    async fn call_patiently_as(&self, op: &str, arg: u64, share: u32) -> anyhow::Result<(u64, u64, u64)> {
-        tokio::time::timeout(CALL_PATIENCE, self.call_as(op, arg, share))
+    async fn call_patiently_as(&self, op: &str, arg: u64, back: (u32, &[u64])) -> anyhow::Result<(u64, u64, u64)> {
+        tokio::time::timeout(CALL_PATIENCE, self.call_as(op, arg, back))
             .await
             .unwrap_or_else(|_| Err(anyhow::anyhow!("the limiter's Redis did not answer within {CALL_PATIENCE:?}")))
     }
@@ -117,6 +124,17 @@ impl Shared {
     /// pacing (or none do) until a hello is answered.
     pub(super) fn in_spell(&self) -> bool {
         self.standing.lock().expect("standing lock").spell.is_some()
+    }
+
+    /// Whether it should say hello again soon: in a spell (to end it as soon as the
+    /// limiter answers), or while the limiter keeps a peer's share out of the shared rate.
+    /// A peer's share is kept out until it is heard from after the last instance came
+    /// back (it may still pace alone), so every instance saying hello five times a second
+    /// meanwhile gives the shares back within moments of the last return, instead of at
+    /// each one's next heartbeat.
+    pub(super) fn watching(&self) -> bool {
+        let st = self.standing.lock().expect("standing lock");
+        st.spell.is_some() || st.reserved
     }
 
     /// The limiter did not answer: a spell begins (if none has), paced alone at the share
@@ -240,6 +258,25 @@ impl Shared {
         }
     }
 
+    /// A request granted alone will not be written (its batch went back at a second look):
+    /// taken back from the pacer when it is the last granted, so its place goes to the
+    /// next batch; else counted as having left now.
+    pub(super) fn unused_alone(&self, n: u64) {
+        let taken_back = {
+            let mut st = self.standing.lock().expect("standing lock");
+            st.spell.as_mut().is_some_and(|spell| {
+                let back = spell.pacer.as_ref().is_some_and(|pacer| pacer.take_back(n));
+                if back {
+                    spell.open.remove(&n);
+                }
+                back
+            })
+        };
+        if !taken_back {
+            self.ended_alone(n, true);
+        }
+    }
+
     /// Says hello: counted live, this instance learns its share. After requests alone, all
     /// of them ended, it says it is back instead, once the limiter answers, and none leaves
     /// alone while it does: the share it paced at stays out of the shared rate until a
@@ -261,20 +298,31 @@ impl Shared {
                 Some(spell) if !spell.open.is_empty() => return,
                 Some(spell) => spell.last.map(|last| {
                     spell.returning = true;
+                    let second = Duration::from_secs(1) + self.guard();
                     let share = spell.pacer.as_ref().map_or(0, LocalPacer::configured);
-                    let held = last + Duration::from_secs(1) + self.guard();
-                    (held.saturating_duration_since(sent), share)
+                    // When each request alone still in its second leaves it (rounded up).
+                    let each: Vec<u64> = spell.pacer.as_ref().map_or(Vec::new(), |pacer| {
+                        pacer
+                            .departures()
+                            .into_iter()
+                            .filter_map(|left| (left + second).checked_duration_since(sent))
+                            .map(|d| crate::model::ms(d) + 1)
+                            .collect()
+                    });
+                    ((last + second).saturating_duration_since(sent), share, each)
                 }),
                 None => None,
             }
         };
         let answer = match back {
             // Rounded up: its share is kept out until its last second alone has passed.
-            Some((held, share)) => self.call_patiently_as("back", crate::model::ms(held) + 1, share).await,
+            Some((held, share, each)) => {
+                self.call_patiently_as("back", crate::model::ms(held) + 1, (share, &each)).await
+            }
             None => self.call_patiently("hello", 0).await,
         };
         let mut st = self.standing.lock().expect("standing lock");
-        let Ok((live, share, _reserve)) = answer else {
+        let Ok((live, share, reserve)) = answer else {
             // Not back: it goes on pacing alone, and says it again at the next hello.
             if let Some(spell) = st.spell.as_mut() {
                 spell.returning = false;
@@ -282,6 +330,7 @@ impl Shared {
             return;
         };
         st.joined.get_or_insert(sent);
+        st.reserved = reserve > 0;
         st.hello = Some((sent, u32::try_from(share).unwrap_or(u32::MAX), u32::try_from(live).unwrap_or(u32::MAX)));
         let Some(spell) = st.spell.take() else { return };
         if spell.last.is_none() {
@@ -379,6 +428,8 @@ mod tests {
         assert!(held - stamp <= 1000 + 2 + 1, "its share kept out {} ms after it said it was back", held - stamp);
         let (_, _, reserved) = old.call("hello", 0).await.unwrap();
         assert!(reserved >= 6, "the two peers not seen since may pace alone at 3 each: {reserved}");
+        old.hello().await;
+        assert!(old.watching(), "while the limiter keeps a peer's share out, it says hello five times a second");
         peer.hello().await;
         newcomer.hello().await;
         // Its own share stays out until a second after its last request alone, no longer.
@@ -389,5 +440,7 @@ mod tests {
             tokio::time::sleep(REDIS_RETRY).await;
         }
         assert_eq!(share(&old), Some((3, 3)));
+        old.hello().await;
+        assert!(!old.watching(), "nothing kept out: it says hello at its heartbeat again");
     }
 }

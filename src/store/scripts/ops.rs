@@ -141,13 +141,14 @@ pub async fn provider_down_since(conn: &mut impl ConnectionLike, keys: &Keys) ->
 ///
 /// Runs `lua/limiter.lua`:
 /// ```text
-/// KEYS[1] limiter hash: next_us (cadence), pause_us (no departure before), rps (a lower rate
+/// KEYS[1] limiter hash: next_us (cadence), interval_us (the interval it was set with), pause_us (no departure before), rps (a lower rate
 ///   the provider announced), seq (requests granted), ring (ring size), d<n> (departure of
 ///   request n modulo ring, µs), outage_ms (when an instance last came back from pacing
 ///   alone), reserved ("<requests/s>:<until ms>,…": shares kept out of the shared rate)
 /// KEYS[2] peers hash (KEYS[1]'s name is its hash tag: the same slot): instance id ->
-///   "<stamp ms>:<share>:<held ms>", when it last said hello, the requests/s it would pace
-///   alone, and until when the share it paced alone at is kept out of the shared rate
+///   "<stamp ms>:<share>:<held ms>[:<ms>,…]", when it last said hello, the requests/s it
+///   would pace alone, until when the share it paced alone at is kept out of the shared
+///   rate, and (when it said) until when each of its requests alone is, one request each
 /// ARGV[1] op: 'take' | 'peek' | 'pause' | 'lower' | 'late' | 'hello' | 'back'
 /// ARGV[2] configured requests per second, ARGV[3] guard µs, ARGV[4] argument:
 ///   pause: milliseconds; lower: requests per second; late: request number (it left before now);
@@ -156,6 +157,8 @@ pub async fn provider_down_since(conn: &mut impl ConnectionLike, keys: &Keys) ->
 /// ARGV[6] hello/back: this instance's id ('' for the others)
 /// ARGV[7] hello/back: how long an instance may pace alone after its last hello, ms
 /// ARGV[8] back: the share it paced alone at, requests/s ('' for the others)
+/// ARGV[9] back: for each of its requests alone still in its second, in how many ms it
+///   leaves it ("<ms>,<ms>,…", at most the share; '' for the others)
 /// ```
 #[allow(clippy::too_many_arguments)]
 pub async fn limiter(
@@ -166,11 +169,13 @@ pub async fn limiter(
     guard_us: u64,
     arg: u64,
     now_us: Option<u64>,
-    peer: Option<(&str, u64, u32)>,
+    peer: Option<(&str, u64, u32, &[u64])>,
 ) -> RedisResult<(u64, u64, u64)> {
     let now = now_us.map_or(String::new(), |n| n.to_string());
-    let (id, alone_max, share) = peer.map_or((String::new(), String::new(), String::new()), |(id, ms, share)| {
-        (id.to_string(), ms.to_string(), if op == "back" { share.to_string() } else { String::new() })
+    let (id, alone_max, share, each) = peer.map_or(Default::default(), |(id, ms, share, each)| {
+        let back = op == "back";
+        let each = if back { each.iter().map(u64::to_string).collect::<Vec<_>>().join(",") } else { String::new() };
+        (id.to_string(), ms.to_string(), if back { share.to_string() } else { String::new() }, each)
     });
     SCRIPTS
         .limiter
@@ -184,6 +189,7 @@ pub async fn limiter(
         .arg(id)
         .arg(alone_max)
         .arg(share)
+        .arg(each)
         .invoke_async(conn)
         .await
 }
@@ -195,7 +201,7 @@ pub async fn limiter(
 pub(crate) async fn limiter_peer(conn: &mut impl ConnectionLike, key: &str, id: &str) -> RedisResult<Option<[u64; 3]>> {
     let said: Option<String> = redis::cmd("HGET").arg(Keys::limiter_peers(key)).arg(id).query_async(conn).await?;
     Ok(said.and_then(|said| {
-        let fields: Vec<u64> = said.split(':').filter_map(|f| f.parse().ok()).collect();
+        let fields: Vec<u64> = said.split(':').take(3).filter_map(|f| f.parse().ok()).collect();
         <[u64; 3]>::try_from(fields).ok()
     }))
 }
