@@ -10,6 +10,7 @@ mod counts;
 mod deployment;
 pub mod history;
 pub mod keys;
+mod pool;
 pub mod records;
 pub mod redis_server;
 mod restamp;

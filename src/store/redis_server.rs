@@ -347,6 +347,13 @@ fn slots_owned_by(reply: &redis::Value, port: u16) -> Vec<(u16, u16)> {
         .collect()
 }
 
+/// Closes every client connection of `admin`'s server but `admin`'s own; how many.
+#[cfg(test)]
+pub(crate) async fn kill_clients(admin: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let kill = redis::cmd("CLIENT").arg("KILL").arg("TYPE").arg("normal").arg("SKIPME").arg("yes").clone();
+    kill.query_async(admin).await.expect("CLIENT KILL")
+}
+
 impl RedisServer {
     /// Runs one command on this server alone.
     pub async fn command<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> anyhow::Result<T> {
