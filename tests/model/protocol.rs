@@ -44,7 +44,10 @@
 //! batch's request leaves, never whether or under which key; nor which partition's work
 //! the dispatcher aims at a slot (a partition held while its Redis does not answer or its
 //! replicas do not acknowledge, reopened by the heartbeat's probe): a batch not taken
-//! stays as it was, and one that is goes through the same seal, gate and `WAIT`.
+//! stays as it was, and one that is goes through the same seal, gate and `WAIT`; a gated
+//! batch whose partition is held by the time its slot comes is let go without a request,
+//! as when its second look goes unanswered: its lease runs out as for a holder no longer
+//! holding that work.
 
 use std::fmt;
 
