@@ -29,21 +29,28 @@ async fn hello(world: &World, id: &str, now_us: u64) -> (u64, u64, u64) {
 /// limiter.lua's 'back' from instance `id` that paced alone at `share` requests/s, its
 /// last request alone `held` ms before its second ends (or a 'hello' without `back`).
 async fn back(world: &World, id: &str, back: Option<(u64, u32)>, now_us: u64) -> (u64, u64, u64) {
-    let mut conn = world.store.conn().await.unwrap();
-    let key = world.store.keys.limiter();
     let (op, held, share) = back.map_or(("hello", 0, 0), |(held, share)| ("back", held, share));
-    scripts::limiter(&mut conn, &key, op, 10, GUARD, held, Some(now_us), Some((id, 30_000, share, &[]))).await.unwrap()
+    said(world, id, op, (held, share, &[]), now_us).await
 }
 
 /// limiter.lua's 'back' from instance `id` that paced alone at `share` requests/s, saying
 /// in how many ms each of its requests alone still in its second leaves it.
 async fn back_each(world: &World, id: &str, share: u32, each: &[u64], now_us: u64) -> (u64, u64, u64) {
+    said(world, id, "back", (each.iter().copied().max().unwrap_or(0), share, each), now_us).await
+}
+
+/// limiter.lua's `op` ('hello' or 'back') from instance `id`, which may pace alone 30 s:
+/// with the ms its share stays out, the share, and the ms each request alone stays out.
+async fn said(
+    world: &World,
+    id: &str,
+    op: &str,
+    (held, share, each): (u64, u32, &[u64]),
+    now_us: u64,
+) -> (u64, u64, u64) {
     let mut conn = world.store.conn().await.unwrap();
     let key = world.store.keys.limiter();
-    let held = each.iter().copied().max().unwrap_or(0);
-    scripts::limiter(&mut conn, &key, "back", 10, GUARD, held, Some(now_us), Some((id, 30_000, share, each)))
-        .await
-        .unwrap()
+    scripts::limiter(&mut conn, &key, op, 10, GUARD, held, Some(now_us), Some((id, 30_000, share, each))).await.unwrap()
 }
 
 const GUARD: u64 = 2_000;

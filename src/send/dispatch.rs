@@ -532,7 +532,7 @@ async fn renew(ctx: Arc<Ctx>, dispatcher: Arc<Dispatcher>, p: u16) {
     let result = async {
         // A connection that says at once that a primary died (rather than after the
         // heartbeat's patience), so its partition's waiting batches leave no slot unused.
-        let mut conn = ctx.store.backend.brief().await?;
+        let mut conn = ctx.store.brief().await?;
         if unreached && claimed.is_empty() && batches.is_empty() {
             // Nothing to renew: asked only whether the partition's Redis answers.
             return ctx.store.reach(&mut conn, p).await;

@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use anyhow::Context;
-
 use redis::aio::ConnectionLike;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClient;
@@ -321,10 +320,7 @@ impl Backend {
     pub async fn brief(&self) -> anyhow::Result<Conn> {
         match self {
             Backend::Single(_) => self.conn().await,
-            Backend::Cluster(cluster) => {
-                let brief = cluster.brief.get_or_try_init(|| cluster.brief_client.get_async_connection()).await?;
-                Ok(Conn::Cluster(brief.clone()))
-            }
+            Backend::Cluster(cluster) => made_once(&cluster.brief, &cluster.brief_client).await,
         }
     }
 
@@ -358,10 +354,7 @@ impl Backend {
     pub async fn waited_conn(&self) -> anyhow::Result<Conn> {
         match self {
             Backend::Single(_) => self.conn().await,
-            Backend::Cluster(cluster) => {
-                let waited = cluster.waited.get_or_try_init(|| cluster.client.get_async_connection()).await?;
-                Ok(Conn::Cluster(waited.clone()))
-            }
+            Backend::Cluster(cluster) => made_once(&cluster.waited, &cluster.client).await,
         }
     }
 
@@ -374,6 +367,11 @@ impl Backend {
             Backend::Cluster(cluster) => Ok(Conn::Cluster(cluster.client.get_async_connection().await?)),
         }
     }
+}
+
+/// The connection in `cell`, made by `client` when first needed.
+async fn made_once(cell: &tokio::sync::OnceCell<ClusterConnection>, client: &ClusterClient) -> anyhow::Result<Conn> {
+    Ok(Conn::Cluster(cell.get_or_try_init(|| client.get_async_connection()).await?.clone()))
 }
 
 #[cfg(test)]

@@ -16,6 +16,25 @@ pub struct NoDeployment {
 }
 
 impl Store {
+    /// Deletes every key under this deployment's prefix (the demo on a shared Redis),
+    /// one slot at a time (a cluster refuses multi-key commands across slots).
+    pub(crate) async fn delete_all(&self) -> anyhow::Result<u64> {
+        let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
+        let mut by_slot: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
+        for key in &keys {
+            by_slot.entry(crate::store::keys::hash_tag(key)).or_default().push(key);
+        }
+        let mut conn = self.conn().await?;
+        let mut removed = 0;
+        for (_, keys) in by_slot {
+            for chunk in keys.chunks(500) {
+                let n: u64 = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await?;
+                removed += n;
+            }
+        }
+        Ok(removed)
+    }
+
     /// [`Store::connect`] of a deployment that exists, whatever its layout (`upgrade`'s):
     /// [`NoDeployment`] otherwise, and nothing written.
     pub async fn connect_deployed(config: &Config) -> anyhow::Result<Store> {

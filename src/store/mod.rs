@@ -70,7 +70,7 @@ pub fn unavailable(e: &anyhow::Error) -> bool {
 /// Connections plus the key layout. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
-    pub(crate) backend: Backend,
+    backend: Backend,
     pub keys: Keys,
     /// `redis.wait_replicas`: replicas that must hold a write before it is reported done.
     wait_replicas: u32,
@@ -235,6 +235,11 @@ impl Store {
     /// (never a blocking one, never a WAIT): see `Backend::shared`.
     pub async fn shared(&self) -> anyhow::Result<Conn> {
         self.backend.shared().await
+    }
+
+    /// A connection that says soon that a node is gone (see `Backend::brief`).
+    pub(crate) async fn brief(&self) -> anyhow::Result<Conn> {
+        self.backend.brief().await
     }
 
     /// A connection for writes followed by [`Store::durable`] (see `Backend::waited_conn`).
@@ -563,25 +568,6 @@ impl Store {
             }
         }
         Ok(out)
-    }
-
-    /// Deletes every key under this deployment's prefix (the demo on a shared Redis),
-    /// one slot at a time (a cluster refuses multi-key commands across slots).
-    pub(crate) async fn delete_all(&self) -> anyhow::Result<u64> {
-        let keys = self.scan(&format!("{}:*", self.keys.prefix())).await?;
-        let mut by_slot: std::collections::BTreeMap<&str, Vec<&String>> = Default::default();
-        for key in &keys {
-            by_slot.entry(crate::store::keys::hash_tag(key)).or_default().push(key);
-        }
-        let mut conn = self.conn().await?;
-        let mut removed = 0;
-        for (_, keys) in by_slot {
-            for chunk in keys.chunks(500) {
-                let n: u64 = redis::cmd("UNLINK").arg(chunk).query_async(&mut conn).await?;
-                removed += n;
-            }
-        }
-        Ok(removed)
     }
 }
 

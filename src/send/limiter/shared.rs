@@ -86,7 +86,7 @@ impl Shared {
     async fn call_as(&self, op: &str, arg: u64, (share, each): (u32, &[u64])) -> anyhow::Result<(u64, u64, u64)> {
         // A connection that says soon that the limiter's node is gone: this instance paces
         // alone meanwhile, so a call that waits for its replica's promotion only costs time.
-        let mut conn = self.store.backend.brief().await?;
+        let mut conn = self.store.brief().await?;
         let alone_max = crate::model::ms(ALONE_MAX);
         let id = Some((self.id.as_str(), alone_max, share, each)).filter(|_| matches!(op, "hello" | "back"));
         Ok(scripts::limiter(&mut conn, &self.key, op, self.rps, self.guard_us, arg, None, id).await?)
