@@ -33,7 +33,7 @@ fn gate_limits(config: &Config) -> GateLimits {
 
 /// What the last gate said of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Gated {
+pub enum Gated {
     /// The request may leave (with the batch updated if members were dropped).
     Go,
     /// It may not, and the gate has done what follows (settled, put back, left for a taker).

@@ -4,7 +4,8 @@
 //! slots) → `seal` → `gate` → `request` (one POST, and what follows it) →
 //! `fallback` (operator mail, once) → `settle`; beside them `release` (claimed work
 //! given back), `reclaim` (what a dead holder left), `limiter`, `retry`, `pause`,
-//! `stuck`, and `ctx` (what every task shares).
+//! `stuck`, `ctx` (what every task shares), and `steps` (the path one step at a time,
+//! for the protocol model's conformance walks).
 //!
 //! Words used throughout:
 //! - **slot**: the moment a request may leave, team-wide (`limiter`).
@@ -51,3 +52,6 @@ pub mod stuck;
 pub mod ctx;
 
 pub mod notify;
+
+/// The send path one step at a time, for the protocol model's conformance walks.
+pub mod steps;

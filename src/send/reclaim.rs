@@ -19,6 +19,7 @@ use crate::send::queue::Batcher;
 use crate::send::read::EmailReader;
 use crate::send::settle;
 use crate::send::stuck;
+use crate::store::Conn;
 use crate::store::records;
 use crate::store::scripts::{self, Take, Verdict};
 use crate::store::streams;
@@ -111,40 +112,17 @@ impl Reclaimer {
     /// Takes over batches whose retry is due or whose holder's lease ran out.
     pub async fn due_batches(&self, p: u16) -> anyhow::Result<()> {
         let ctx = &self.ctx;
-        let keys = &ctx.store.keys;
         let mut conn = ctx.store.conn().await?;
         let now_ms = records::now_ms(&mut conn).await?;
-        let due = records::due_batches(&mut conn, keys, p, now_ms, DUE_BATCHES_PER_PASS).await?;
-        let lease_ms = crate::model::ms(ctx.config.lease());
-        let window_ms = crate::model::ms(ctx.config.delivery.resend_window());
+        let due = records::due_batches(&mut conn, &ctx.store.keys, p, now_ms, DUE_BATCHES_PER_PASS).await?;
         for batch in due {
             if self.batcher.has(&batch) {
                 continue;
             }
-            match scripts::take(&mut conn, keys, p, &batch, &ctx.owner, lease_ms, window_ms).await? {
-                Take::Take { key, body, members, tries, maybe_sent } => {
-                    tracing::debug!(batch = %batch, tries, "resending sealed batch");
-                    let taken = Sealed::new(p, batch, key, Bytes::from(body), members);
-                    if let Err(taken) = self.batcher.push_resend(Sealed { tries, maybe_sent, ..taken }) {
-                        settle::put_back(ctx, &taken, Duration::ZERO).await;
-                    }
-                }
-                Take::Expired { members } => {
-                    tracing::error!(
-                        batch = %batch,
-                        deliveries = members.len(),
-                        "sealed batch outlived the provider's idempotency window without a known outcome; \
-                         its deliveries are outcome_unknown and will not be resent"
-                    );
-                    let taken = Sealed::new(p, batch, String::new(), Bytes::new(), members);
-                    let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
-                    settle::record_all(ctx, &taken, verdict, None).instrument(taken.span()).await;
-                }
-                Take::Lost => {
-                    tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
-                    self.settle_lost_batch(p, &batch).await?;
-                }
-                Take::Skip => {}
+            if let Some(taken) = take(ctx, &mut conn, p, &batch).await?
+                && let Err(taken) = self.batcher.push_resend(taken)
+            {
+                settle::put_back(ctx, &taken, Duration::ZERO).await;
             }
         }
         Ok(())
@@ -188,20 +166,52 @@ impl Reclaimer {
         }
         Ok(())
     }
+}
 
-    /// A batch record gone before settlement (a lost write) leaves its members sealed
-    /// into it with nothing to resend: find them (a scan of the partition's records;
-    /// this is rare) and settle them as outcome_unknown, `record_lost`, one by one.
-    async fn settle_lost_batch(&self, p: u16, batch: &str) -> anyhow::Result<()> {
-        let ctx = &self.ctx;
-        let members = records::sealed_into(&ctx.store, p, batch).await?;
-        tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
-        ctx.metrics.records_lost(members.len() as u64);
-        let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-        let settled = settle::record(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
-        settled.instrument(crate::model::work::batch_span(p, batch)).await;
-        Ok(())
+/// Takes over `batch` of partition `p` (take.lua) and returns it to resend under the key
+/// and body its record holds, or `None`: a batch past its resend window or whose record
+/// is gone is settled here, and one that is not due or held by a live holder is left.
+pub(crate) async fn take(ctx: &Ctx, conn: &mut Conn, p: u16, batch: &str) -> anyhow::Result<Option<Sealed>> {
+    let lease_ms = crate::model::ms(ctx.config.lease());
+    let window_ms = crate::model::ms(ctx.config.delivery.resend_window());
+    match scripts::take(conn, &ctx.store.keys, p, batch, &ctx.owner, lease_ms, window_ms).await? {
+        Take::Take { key, body, members, tries, maybe_sent } => {
+            tracing::debug!(batch = %batch, tries, "resending sealed batch");
+            let taken = Sealed::new(p, batch.to_string(), key, Bytes::from(body), members);
+            Ok(Some(Sealed { tries, maybe_sent, ..taken }))
+        }
+        Take::Expired { members } => {
+            tracing::error!(
+                batch = %batch,
+                deliveries = members.len(),
+                "sealed batch outlived the provider's idempotency window without a known outcome; \
+                 its deliveries are outcome_unknown and will not be resent"
+            );
+            let taken = Sealed::new(p, batch.to_string(), String::new(), Bytes::new(), members);
+            let verdict = Verdict::Unknown(Reason::IdempotencyWindowPassed);
+            settle::record_all(ctx, &taken, verdict, None).instrument(taken.span()).await;
+            Ok(None)
+        }
+        Take::Lost => {
+            tracing::error!(batch = %batch, "a sealed batch's record is gone though it was never settled");
+            settle_lost_batch(ctx, p, batch).await?;
+            Ok(None)
+        }
+        Take::Skip => Ok(None),
     }
+}
+
+/// A batch record gone before settlement (a lost write) leaves its members sealed
+/// into it with nothing to resend: find them (a scan of the partition's records;
+/// this is rare) and settle them as outcome_unknown, `record_lost`, one by one.
+async fn settle_lost_batch(ctx: &Ctx, p: u16, batch: &str) -> anyhow::Result<()> {
+    let members = records::sealed_into(&ctx.store, p, batch).await?;
+    tracing::error!(batch = %batch, deliveries = members.len(), "deliveries of a lost batch are outcome_unknown");
+    ctx.metrics.records_lost(members.len() as u64);
+    let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
+    let settled = settle::record(ctx, p, batch, &members, scripts::Settler::Lost, verdicts, &[]);
+    settled.instrument(crate::model::work::batch_span(p, batch)).await;
+    Ok(())
 }
 
 /// How many entries one XAUTOCLAIM may take: a read's worth, at most the queue's room

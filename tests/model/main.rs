@@ -9,6 +9,7 @@
 //! caught; 1 otherwise.
 
 mod protocol;
+mod provider;
 mod walk;
 
 use std::collections::BTreeMap;
@@ -406,13 +407,13 @@ fn main() -> ExitCode {
     );
     if let Some(m) = &mismatch {
         eprintln!(
-            "conformance: Redis and the model differ in partition {} after walk {} (seed {}):",
+            "conformance: the code and the model differ in partition {} after walk {} (seed {}):",
             m.partition, walked, m.seed
         );
         for (i, step) in m.steps.iter().enumerate() {
             eprintln!("  {:>3}. {step}", i + 1);
         }
-        eprintln!("  model: {}\n  redis: {}", m.model, m.redis);
+        eprintln!("  model: {}\n  code:  {}", m.model, m.code);
     }
     if flag("--push-only") {
         // While working on the Web Push channel.

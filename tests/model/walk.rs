@@ -1,20 +1,26 @@
 //! Conformance: seeded random walks of the model, each step executed for real against a
-//! `redis-server` with the real Lua scripts, through the typed calls the daemon makes
-//! (`scripts::claim`, `seal`, `gate`, `settle`, `reschedule`, `fallback`, `take`, `decide`,
-//! `subscribers::upsert`, `suppression::apply`, the quota pause). After every step Redis
-//! is read back, projected onto the model's state, and must equal it.
+//! `redis-server` with the real Lua scripts. The send path's steps run the daemon's own
+//! code (`mailstream::send::steps`: seal.rs, gate.rs, request.rs with its fallback and
+//! settlement, the reclaimer's take), one holder each, against a provider stand-in on
+//! loopback (`provider.rs`) that answers as the model chose; claiming, the channels and
+//! the operators' acts call the typed scripts as their code does (`scripts::claim`,
+//! `decide`, `defer`, `subscribers::upsert`, `suppression::apply`, the quota pause).
+//! After every step Redis is read back, projected onto the model's state, and must equal
+//! it; and what each holder's send path holds next (its batch, key, members, and whether
+//! a request of it may have been processed: what its next step goes from) must equal the
+//! model's hand, so a script's reply and what the Rust makes of it are checked too.
 //!
-//! The walk plays the provider (its answer is the model's choice) and plays time the
-//! least intrusive way: the scripts compare times they stored with Redis `TIME`, so a
-//! lease that runs out is a stored `lease_until` moved into the past, a batch that is
-//! due is its score in `batches` moved there, and a key past its resend window is its
-//! batch's `sealed_ms` moved there. The production scripts are run unchanged. `WAIT`,
-//! failovers and lost writes need more than one server: they stay model-only here. The
-//! projection reads only what the model holds: counts, `sends` and the delivery log's
-//! `recent` index are written by the scripts as in production and left unread; a
-//! delivery settled sent or skipped is read from its period's settled history, where the
-//! scripts keep it instead of its record (its entry's request count, left out when 1, is
-//! checked against what each settling script writes).
+//! The walk plays time the least intrusive way: the scripts compare times they stored
+//! with Redis `TIME`, so a lease that runs out is a stored `lease_until` moved into the
+//! past, a batch that is due is its score in `batches` moved there, and a key past its
+//! resend window is its batch's `sealed_ms` moved there. The production scripts are run
+//! unchanged. `WAIT`, failovers and lost writes need more than one server: they stay
+//! model-only here (an acknowledged `WAIT` is the model's read-back, applied to the
+//! holder's memory). The projection reads only what the model holds: counts, `sends` and
+//! the delivery log's `recent` index are written by the scripts as in production and left
+//! unread; a delivery settled sent or skipped is read from its period's settled history,
+//! where the scripts keep it instead of its record (its entry's request count, left out
+//! when 1, is checked against what each settling script writes).
 
 use std::collections::BTreeMap;
 
@@ -23,36 +29,26 @@ use mailstream::audience::suppression::{self, Act};
 use mailstream::config::{Config, Secret};
 use mailstream::model::outcome::Why;
 use mailstream::model::outcome::{Outcome, Reason};
+use mailstream::model::work::Sealed;
 use mailstream::model::work::{Channel, DeliveryRef, Lane as WorkLane, Ready};
-use mailstream::resend::Action as Class;
+use mailstream::send::steps::{Gated, Steps};
 use mailstream::store::Store;
 use mailstream::store::records::{self, SubscriberRead};
 use mailstream::store::redis_server::RedisServer;
-use mailstream::store::scripts::{
-    self, Claim, Decision, Fallback, FallbackRequest, Gate, GateLimits, GateRequest, Reschedule, SealRequest,
-    Settlement, Settler, Take, Verdict,
-};
+use mailstream::store::scripts::{self, Claim, Decision};
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use rand::seq::IndexedRandom;
 use stateright::Model;
 
+use crate::protocol::Outcome as Provides;
 use crate::protocol::{Action, Answer, AppAnswer, Batch, BatchState, Data, Lane, Phase, Protocol, Rec, State};
+use crate::provider::{Provider, Reply};
 
 const GROUP: &str = "mailstream";
 const LEASE_MS: u64 = 3_600_000;
 const RETENTION: u64 = 3600;
 const CAMPAIGN: &str = "weekly_digest";
-
-fn limits() -> GateLimits {
-    GateLimits {
-        lease_ms: LEASE_MS,
-        window_ms: 23 * 3_600_000,
-        deadline_ms: 48 * 3_600_000,
-        maybe_sent_deadline_ms: 6 * 3_600_000,
-        retention_secs: RETENTION,
-    }
-}
 
 /// How the walk names the model's things in Redis.
 struct Names {
@@ -68,26 +64,27 @@ fn owner(h: u8) -> String {
     format!("holder-{}", (b'A' + h) as char)
 }
 
-fn batch_name(id: u8) -> String {
-    format!("b{id}")
-}
-
-fn key_name(id: u8, version: u8) -> String {
-    format!("k{id}.{version}")
-}
-
 /// A member's email object, as sealed, from `from`.
 fn email(from: &str, to: &str) -> String {
     format!(r#"{{"from":"{from}","to":["{to}"],"subject":"s","text":"t"}}"#)
 }
 
-/// A mismatch between the model and Redis after a step.
+/// A mismatch between the model and the code after a step: what Redis holds, or what
+/// the daemon's step did (and so will do next).
 pub struct Mismatch {
     pub seed: u64,
     pub steps: Vec<String>,
     pub partition: usize,
     pub model: String,
-    pub redis: String,
+    pub code: String,
+}
+
+/// The holder whose send path `action` is a step of.
+fn holder_of(action: Action) -> usize {
+    match action {
+        Action::Seal(h, _) | Action::Gate(h) | Action::Record(h) | Action::Take(h, ..) => usize::from(h),
+        _ => 0,
+    }
 }
 
 /// Walks run against one private `redis-server`, each on a fresh database.
@@ -102,7 +99,30 @@ pub struct Walker {
     /// Per delivery, the first event body this walk saw in its record: one that differs
     /// later is projected as a second body.
     first_body: std::sync::Mutex<Vec<Option<String>>>,
+    /// Each holder's send path: the daemon's own code, one step at a time.
+    steps: Vec<Steps>,
+    /// Where their requests go.
+    provider: Provider,
+    /// What each holder's send path holds: the batch it sealed, gated or took (its own
+    /// memory, from which its next step goes, never rebuilt from the model's).
+    hands: std::sync::Mutex<[Option<Sealed>; 2]>,
+    /// The provider's answer the model chose for a holder's request, until it is sent.
+    outcomes: std::sync::Mutex<[Option<Provides>; 2]>,
+    /// The model's names of the batches and keys the code made this walk.
+    batches: std::sync::Mutex<Known>,
 }
+
+/// Batch ids and Idempotency-Keys as the code drew them, by the model's names for them.
+#[derive(Default)]
+struct Known {
+    /// Batch id → the model's batch.
+    ids: BTreeMap<String, u8>,
+    /// Key → the model's (batch, version).
+    keys: BTreeMap<String, (u8, u8)>,
+}
+
+/// How long a holder's request waits for an answer (a `Hang` costs this much).
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(300);
 
 impl Walker {
     pub async fn start(model: Protocol) -> anyhow::Result<Walker> {
@@ -112,6 +132,11 @@ impl Walker {
         config.redis.partitions = u16::from(model.partitions);
         config.redis.durability = mailstream::config::Durability::Relaxed;
         config.delivery.retention_days = 35;
+        // Leases run out when the walk says so (a stored expiry moved into the past).
+        config.delivery.lease_seconds = LEASE_MS / 1000;
+        let provider = Provider::start().await?;
+        config.resend.base_url = provider.url.clone();
+        config.resend.api_key = Some(Secret::new("re_walk"));
         let store = Store::connect(&config).await?;
         // The current week (Redis's clock): its kick window, the retention from its start, is open.
         let campaign = config.campaign(CAMPAIGN).expect("the example campaign").clone();
@@ -150,6 +175,10 @@ impl Walker {
                     names.subscribers.push(Some(subscriber));
                 }
                 Lane::Transactional => {
+                    if spec.operator {
+                        // Operator mail goes to `[operators] to`: its template may fall back.
+                        config.operators.to.push(address.clone());
+                    }
                     let key = find(spec.partition, "rx-");
                     names.deliveries.push(DeliveryRef::new(
                         mailstream::model::work::TRANSACTIONAL,
@@ -165,7 +194,23 @@ impl Walker {
         let max = addresses.keys().max().copied().unwrap_or(0);
         names.hashes = (0..=max).map(|a| addresses.get(&a).map(|e| keys.address(e).hash).unwrap_or_default()).collect();
         let first_body = std::sync::Mutex::new(vec![None; model.deliveries.len()]);
-        Ok(Walker { _server: server, store, config, model, names, window, first_body })
+        let steps = (0..2u8)
+            .map(|h| Steps::new(config.clone(), store.clone(), &owner(h), REQUEST_TIMEOUT))
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Walker {
+            _server: server,
+            store,
+            config,
+            model,
+            names,
+            window,
+            first_body,
+            steps,
+            provider,
+            hands: Default::default(),
+            outcomes: Default::default(),
+            batches: Default::default(),
+        })
     }
 
     /// One walk of at most `length` steps from `seed`; the steps taken, or the mismatch.
@@ -184,6 +229,9 @@ impl Walker {
             }
         }
         self.first_body.lock().expect("first bodies").iter_mut().for_each(|b| *b = None);
+        *self.hands.lock().expect("the hands") = Default::default();
+        *self.outcomes.lock().expect("the outcomes") = Default::default();
+        *self.batches.lock().expect("the batches") = Known::default();
         let mut rng = StdRng::seed_from_u64(seed);
         let mut state = self.model.init_states().into_iter().next().expect("an initial state");
         let mut steps = Vec::new();
@@ -194,8 +242,14 @@ impl Walker {
             actions.retain(|a| !matches!(a, Action::Lag(_) | Action::Failover(_) | Action::Wait(_, false)));
             let Some(&action) = actions.choose(&mut rng) else { break };
             steps.push(self.model.format_action(&action));
-            self.execute(&mut conn, &state, action).await?;
-            state = self.model.next_state(&state, action).expect("a next state");
+            let next = self.model.next_state(&state, action).expect("a next state");
+            if let Some(code) = self.execute(&mut conn, &state, &next, action).await? {
+                let hand = &next.holders[holder_of(action)].hand;
+                let partition = hand.as_ref().map_or(0, |x| usize::from(x.partition));
+                let model = format!("the holder's hand next: {hand:?}");
+                return Ok(Err(Mismatch { seed, steps, partition, model, code }));
+            }
+            state = next;
             for p in 0..usize::from(self.model.partitions) {
                 let redis = self.project(&mut conn, p as u16).await?;
                 let model = &state.nodes[p].live;
@@ -223,7 +277,7 @@ impl Walker {
                         steps,
                         partition: p,
                         model: format!("{model:?}"),
-                        redis: format!("{redis:?}"),
+                        code: format!("{redis:?}"),
                     }));
                 }
             }
@@ -235,8 +289,80 @@ impl Walker {
         body.iter().map(|&(d, _)| self.names.deliveries[usize::from(d)].clone()).collect()
     }
 
-    /// Runs `action` against Redis as the daemon would, from the model's state before it.
-    async fn execute(&self, conn: &mut mailstream::store::Conn, s: &State, action: Action) -> anyhow::Result<()> {
+    /// The batch holder `h`'s send path holds (the model says it holds one).
+    fn hand(&self, h: u8) -> anyhow::Result<Sealed> {
+        let taken = self.hands.lock().expect("the hands")[usize::from(h)].take();
+        taken.ok_or_else(|| anyhow::anyhow!("holder {h}'s send path holds no batch where the model's holder does"))
+    }
+
+    /// Keeps `b` as what holder `h`'s send path holds next, and says how it differs from
+    /// the model's hand in `next`: the same batch, key, members and knowledge of an
+    /// earlier request, or nothing held on both sides.
+    fn holds(&self, h: u8, b: Option<Sealed>, next: &State) -> Option<String> {
+        let model = next.holders[usize::from(h)].hand.as_ref();
+        let differs = match (&b, model) {
+            (None, None) => None,
+            (Some(b), Some(hand)) => {
+                let known = self.batches.lock().expect("the batches");
+                let same = known.ids.get(&b.id) == Some(&hand.batch)
+                    && known.keys.get(&b.key) == Some(&(hand.batch, hand.version))
+                    && b.partition == u16::from(hand.partition)
+                    && b.members == self.refs(&hand.body)
+                    && b.maybe_sent == hand.maybe_sent;
+                (!same).then(|| format!("the daemon holds {}", self.sealed(&known, b)))
+            }
+            (Some(b), None) => {
+                let known = self.batches.lock().expect("the batches");
+                Some(format!("the daemon holds {}", self.sealed(&known, b)))
+            }
+            (None, Some(_)) => Some("the daemon holds no batch".to_string()),
+        };
+        self.hands.lock().expect("the hands")[usize::from(h)] = b;
+        differs
+    }
+
+    /// A key the code drew for the model's `hand` (a reseal, a fallback) is its version.
+    fn new_key(&self, key: &str, hand: &crate::protocol::Hand) {
+        let mut known = self.batches.lock().expect("the batches");
+        known.keys.entry(key.to_string()).or_insert((hand.batch, hand.version));
+    }
+
+    /// `b` in the model's names.
+    fn sealed(&self, known: &Known, b: &Sealed) -> String {
+        let members: Vec<Option<usize>> =
+            b.members.iter().map(|m| self.names.deliveries.iter().position(|d| d == m)).collect();
+        format!(
+            "batch {:?} key {:?} in partition {}, members {members:?}, maybe_sent {}",
+            known.ids.get(&b.id),
+            known.keys.get(&b.key),
+            b.partition,
+            b.maybe_sent
+        )
+    }
+
+    /// The code's id of the model's batch `id` (one never made names nothing).
+    fn batch_name(&self, id: u8) -> String {
+        let known = self.batches.lock().expect("the batches");
+        known.ids.iter().find(|&(_, &i)| i == id).map_or_else(|| format!("never-made-{id}"), |(name, _)| name.clone())
+    }
+
+    /// The code's key for the model's `version` of batch `id`.
+    fn key_name(&self, id: u8, version: u8) -> Option<String> {
+        let known = self.batches.lock().expect("the batches");
+        known.keys.iter().find(|&(_, &k)| k == (id, version)).map(|(key, _)| key.clone())
+    }
+
+    /// Runs `action` against Redis as the daemon would, from the model's state before it
+    /// (`s`); `next` is the model's after it. `Some` says how the daemon's own step (seal,
+    /// gate, request, take) did otherwise than the model: what it holds next, and so what
+    /// it does next.
+    async fn execute(
+        &self,
+        conn: &mut mailstream::store::Conn,
+        s: &State,
+        next: &State,
+        action: Action,
+    ) -> anyhow::Result<Option<String>> {
         let keys = &self.store.keys;
         match action {
             Action::Kick(d) => {
@@ -253,10 +379,17 @@ impl Walker {
                         }
                     }
                     Lane::Transactional => {
+                        // Operator mail names its template (its fallback sender is looked up).
+                        let to = &self.names.addresses[usize::from(d)];
+                        let request = if spec.operator {
+                            format!(r#"{{"to":"{to}","template":"new_lead"}}"#)
+                        } else {
+                            "{}".to_string()
+                        };
                         let item = scripts::IngestItem {
                             delivery: dref,
                             hash: "h",
-                            request: "{}",
+                            request: &request,
                             event: None,
                             attachments: None,
                         };
@@ -395,10 +528,9 @@ impl Walker {
                 let (sealable, _) = self.model.sealable(&holder.claimed, p);
                 let items: Vec<Ready> = sealable
                     .iter()
-                    .map(|&(d, a)| {
+                    .map(|&(d, _)| {
                         let dref = self.names.deliveries[usize::from(d)].clone();
                         let to = &self.names.addresses[usize::from(d)];
-                        let _ = a;
                         Ready {
                             entry: entries.get(&dref.id()).cloned().unwrap_or_default(),
                             json: email("a@acme.example", to),
@@ -408,118 +540,69 @@ impl Walker {
                         }
                     })
                     .collect();
-                let (batch, key) = (batch_name(s.next_batch), key_name(s.next_batch, 0));
-                let request = SealRequest {
-                    partition: u16::from(p),
-                    batch: &batch,
-                    idempotency_key: &key,
-                    owner: &owner(h),
-                    group: GROUP,
-                    lease_ms: LEASE_MS,
-                };
-                scripts::seal(conn, keys, &request, &items).await?;
+                let sealed = self.steps[usize::from(h)].seal(u16::from(p), items).await?;
+                if let Some(b) = &sealed {
+                    let mut known = self.batches.lock().expect("the batches");
+                    known.ids.insert(b.id.clone(), s.next_batch);
+                    known.keys.insert(b.key.clone(), (s.next_batch, 0));
+                }
+                return Ok(self.holds(h, sealed, next));
             }
             Action::Gate(h) => {
-                let hand = s.holders[usize::from(h)].hand.as_ref().expect("a hand");
-                let p = u16::from(hand.partition);
-                let (batch, new_key) = (batch_name(hand.batch), key_name(hand.batch, hand.version + 1));
-                let members = self.refs(&hand.body);
-                let who = owner(h);
-                let request = GateRequest {
-                    partition: p,
-                    batch: &batch,
-                    owner: &who,
-                    new_key: &new_key,
-                    limits: limits(),
-                    maybe_sent: hand.maybe_sent,
-                };
-                // What the sender does with each answer.
-                let holder = Settler::Holder(&who);
-                match scripts::gate(conn, keys, &request, &members).await? {
-                    Gate::Go { .. } | Gate::Resealed { .. } | Gate::Empty { .. } | Gate::NotHeld | Gate::Settled => {}
-                    Gate::Withhold { reasons } => {
-                        let verdicts =
-                            reasons.into_iter().map(|r| Verdict::Unknown(r.unwrap_or(Reason::Withheld))).collect();
-                        self.settle(conn, p, &batch, &members, holder, verdicts).await?;
+                let mut b = self.hand(h)?;
+                let gated = self.steps[usize::from(h)].gate(&mut b).await;
+                let after = next.holders[usize::from(h)].hand.as_ref();
+                return Ok(match (gated, after) {
+                    // A reseal made a new key: the model's next version.
+                    (Gated::Go, Some(hand)) => {
+                        self.new_key(&b.key, hand);
+                        self.holds(h, Some(b), next)
                     }
-                    Gate::Paused => {
-                        self.reschedule(conn, p, &batch, &who, false, hand.maybe_sent).await?;
+                    (Gated::Stop, None) => None,
+                    (gated, _) => {
+                        let known = self.batches.lock().expect("the batches");
+                        Some(format!("the daemon's gate said {gated:?}, with {}", self.sealed(&known, &b)))
                     }
-                    Gate::Expired => {
-                        let verdicts = vec![Verdict::Unknown(Reason::IdempotencyWindowPassed); members.len()];
-                        self.settle(conn, p, &batch, &members, holder, verdicts).await?;
-                    }
-                    Gate::Deadline { .. } => anyhow::bail!("no deadline passes in a walk"),
-                    Gate::Lost => {
-                        let verdicts = vec![Verdict::Unknown(Reason::RecordLost); members.len()];
-                        self.settle(conn, p, &batch, &members, Settler::Lost, verdicts).await?;
-                    }
+                });
+            }
+            Action::Wait(h, true) => {
+                // No WAIT on one server (`wait_replicas = 0`): the model's read-back, on the
+                // daemon's memory (a batch taken over since its gate is let go).
+                if next.holders[usize::from(h)].hand.is_none() {
+                    self.hands.lock().expect("the hands")[usize::from(h)] = None;
                 }
+            }
+            Action::Send(h, outcome) => {
+                // The request leaves at `Record`, where the daemon's own call sends it and
+                // records the answer in one go; the model's choice waits until then.
+                self.outcomes.lock().expect("the outcomes")[usize::from(h)] = Some(outcome);
             }
             Action::Record(h) => {
                 let hand = s.holders[usize::from(h)].hand.as_ref().expect("a hand");
                 let Phase::Answered(answer) = hand.phase else { anyhow::bail!("recorded before an answer") };
-                let p = u16::from(hand.partition);
-                let (batch, members, who) = (batch_name(hand.batch), self.refs(&hand.body), owner(h));
-                match answer {
-                    Answer::Accepted => {
-                        let verdicts = members.iter().map(|_| Verdict::Sent("re_walk".into())).collect();
-                        self.settle(conn, p, &batch, &members, Settler::Answer, verdicts).await?;
-                    }
-                    Answer::Timeout => self.reschedule(conn, p, &batch, &who, true, true).await?,
-                    Answer::Retry => self.reschedule(conn, p, &batch, &who, true, hand.maybe_sent).await?,
-                    Answer::Fatal | Answer::Refused => {
-                        // The sender fallback first, as send/request.rs tries it: operator mail, no
-                        // fallback already, and nothing the holder knows may have been sent.
-                        let operator = hand.body.iter().all(|&(d, _)| self.model.deliveries[usize::from(d)].operator);
-                        let action = if answer == Answer::Refused { Class::SenderRejected } else { Class::Fatal };
-                        if operator
-                            && mailstream::send::fallback::may_fall_back(action, false, hand.maybe_sent, hand.fallback)
-                        {
-                            let emails: Vec<String> = hand
-                                .body
-                                .iter()
-                                .map(|&(d, _)| email("alerts@fallback.example", &self.names.addresses[usize::from(d)]))
-                                .collect();
-                            let (refused_key, key) =
-                                (key_name(hand.batch, hand.version), key_name(hand.batch, hand.version + 1));
-                            let request = FallbackRequest {
-                                partition: p,
-                                batch: &batch,
-                                owner: &who,
-                                refused_key: &refused_key,
-                                key: &key,
-                                template: "new_lead",
-                                error: "validation_error",
-                                status: 403,
-                                lease_ms: LEASE_MS,
-                                retention_secs: RETENTION,
-                            };
-                            if let Fallback::Sealed { .. } =
-                                scripts::fallback(conn, &self.store.keys, &request, &members, &emails).await?
-                            {
-                                return Ok(());
-                            }
-                        }
-                        let error = Reason::Provider(mailstream::model::error_name::ErrorName::InvalidParameter);
-                        let verdict = if hand.maybe_sent { Verdict::Unknown(error) } else { Verdict::Failed(error) };
-                        let verdicts = vec![verdict; members.len()];
-                        self.settle(conn, p, &batch, &members, Settler::Holder(&who), verdicts).await?;
-                    }
+                let outcome = self.outcomes.lock().expect("the outcomes")[usize::from(h)].take();
+                self.provider.set(match answer {
+                    Answer::Accepted => Reply::Accept,
+                    Answer::Timeout if outcome == Some(Provides::TimedOut) => Reply::Hang,
+                    Answer::Timeout => Reply::Close,
+                    Answer::Retry => Reply::RateLimited,
+                    Answer::Refused => Reply::SenderRefused,
+                    Answer::Fatal => Reply::KeyReused,
+                });
+                let b = self.hand(h)?;
+                let again = self.steps[usize::from(h)].attempt(b).await;
+                if let (Some(b), Some(hand)) = (&again, &next.holders[usize::from(h)].hand) {
+                    self.new_key(&b.key, hand);
                 }
+                return Ok(self.holds(h, again, next));
             }
             Action::Take(h, p, id) => {
                 let p16 = u16::from(p);
-                let batch = batch_name(id);
+                let batch = self.batch_name(id);
                 // Its retry is due, or its holder's lease ran out.
                 let _: () = redis::cmd("ZADD").arg(keys.batches(p16)).arg(0).arg(&batch).query_async(conn).await?;
-                let who = owner(h);
-                if let Take::Expired { members } =
-                    scripts::take(conn, keys, p16, &batch, &who, LEASE_MS, limits().window_ms).await?
-                {
-                    let verdicts = vec![Verdict::Unknown(Reason::IdempotencyWindowPassed); members.len()];
-                    self.settle(conn, p16, &batch, &members, Settler::Holder(&who), verdicts).await?;
-                }
+                let taken = self.steps[usize::from(h)].take(p16, &batch).await?;
+                return Ok(self.holds(h, taken, next));
             }
             Action::Unsubscribe(d) if matches!(self.model.deliveries[usize::from(d)].lane, Lane::App | Lane::Push) => {
                 // The channel turned off (`off:<campaign>:<channel>`), email left on.
@@ -566,7 +649,7 @@ impl Walker {
                 let x = *holder.pushing.iter().find(|x| x.delivery == d).expect("pushing it");
                 if !x.sent {
                     // Its lease ran out before the requests: the sender writes nothing.
-                    return Ok(());
+                    return Ok(None);
                 }
                 let dref = &self.names.deliveries[usize::from(d)];
                 let p = u16::from(self.model.deliveries[usize::from(d)].partition);
@@ -649,57 +732,31 @@ impl Walker {
             Action::WindowPasses(id, version) => {
                 // Only the batch still holding that key is past its window (a reseal made a
                 // new key and a new `sealed_ms`).
+                let batch = self.batch_name(id);
+                let key = self.key_name(id, version);
                 for p in 0..self.model.partitions {
-                    let key = keys.batch(u16::from(p), &batch_name(id));
+                    let record = keys.batch(u16::from(p), &batch);
                     let (stored,): (Option<String>,) =
-                        redis::cmd("HMGET").arg(&key).arg("key").query_async(conn).await?;
-                    if stored.as_deref() == Some(key_name(id, version).as_str()) {
-                        let _: () = redis::cmd("HSET").arg(&key).arg("sealed_ms").arg(0).query_async(conn).await?;
+                        redis::cmd("HMGET").arg(&record).arg("key").query_async(conn).await?;
+                    if stored.is_some() && stored == key {
+                        let _: () = redis::cmd("HSET").arg(&record).arg("sealed_ms").arg(0).query_async(conn).await?;
                     }
                 }
             }
+            Action::Crash(h) => {
+                // Its memory is gone with it.
+                self.hands.lock().expect("the hands")[usize::from(h)] = None;
+                self.outcomes.lock().expect("the outcomes")[usize::from(h)] = None;
+            }
             // The walk plays the provider, and a holder's memory: no Redis step.
-            Action::Wait(..)
-            | Action::Send(..)
-            | Action::Post(..)
-            | Action::Crash(_)
-            | Action::Stall(_)
-            | Action::Resume(_) => {}
+            Action::Wait(_, false) => anyhow::bail!("no WAIT refusal on one server"),
+            Action::Post(..) | Action::Stall(_) | Action::Resume(_) => {}
             Action::Lag(_) | Action::Failover(_) => anyhow::bail!("not on one server"),
             // The walks' bound has no ticks: the ages are checked on Redis's own clock, moved
             // for real, by tests/dedup_age.rs.
             Action::Tick => anyhow::bail!("the walks do not move Redis's clock"),
         }
-        Ok(())
-    }
-
-    async fn settle(
-        &self,
-        conn: &mut mailstream::store::Conn,
-        p: u16,
-        batch: &str,
-        members: &[DeliveryRef],
-        by: Settler<'_>,
-        verdicts: Vec<Verdict>,
-    ) -> anyhow::Result<()> {
-        let settlements: Vec<Settlement<'_>> =
-            members.iter().zip(verdicts).map(|(member, verdict)| Settlement { member, verdict }).collect();
-        scripts::settle(conn, &self.store.keys, p, batch, by, &settlements, RETENTION).await?;
-        Ok(())
-    }
-
-    async fn reschedule(
-        &self,
-        conn: &mut mailstream::store::Conn,
-        p: u16,
-        batch: &str,
-        owner: &str,
-        failed_request: bool,
-        maybe_sent: bool,
-    ) -> anyhow::Result<()> {
-        let r = Reschedule { delay_ms: 60_000, failed_request, maybe_sent, error: Reason::Postponed, said: None };
-        scripts::reschedule(conn, &self.store.keys, p, batch, owner, &r).await?;
-        Ok(())
+        Ok(None)
     }
 
     /// Delivery id → its stream entry id, in both lanes of partition `p`.
@@ -804,13 +861,10 @@ impl Walker {
                 Some("processing") => {
                     Rec::Processing(fields.get("lease_owner").and_then(|o| holder(o)).unwrap_or(u8::MAX))
                 }
-                Some("sealed") => Rec::Sealed(
-                    fields
-                        .get("batch")
-                        .and_then(|b| b.strip_prefix('b'))
-                        .and_then(|b| b.parse().ok())
-                        .unwrap_or(u8::MAX),
-                ),
+                Some("sealed") => {
+                    let known = self.batches.lock().expect("the batches");
+                    Rec::Sealed(fields.get("batch").and_then(|b| known.ids.get(b)).copied().unwrap_or(u8::MAX))
+                }
                 Some("sent") => Rec::Sent,
                 Some("failed") => Rec::Failed,
                 Some("skipped") => Rec::Skipped,
@@ -871,7 +925,8 @@ impl Walker {
         let batches: Vec<BTreeMap<String, String>> =
             if names.is_empty() { Vec::new() } else { pipe.query_async(conn).await? };
         for (name, fields) in names.iter().zip(batches) {
-            let id: u8 = name.strip_prefix('b').and_then(|n| n.parse().ok()).unwrap_or(u8::MAX);
+            let known = self.batches.lock().expect("the batches");
+            let id: u8 = known.ids.get(name).copied().unwrap_or(u8::MAX);
             if fields.is_empty() {
                 // A zset entry with no record: the model has no such thing.
                 data.batches.push(Batch {
@@ -885,8 +940,8 @@ impl Walker {
                 });
                 continue;
             }
-            let version =
-                fields.get("key").and_then(|k| k.rsplit_once('.')).and_then(|(_, v)| v.parse().ok()).unwrap_or(u8::MAX);
+            let version = fields.get("key").and_then(|k| known.keys.get(k)).map_or(u8::MAX, |&(_, v)| v);
+            drop(known);
             let members: Vec<u8> =
                 fields.get("members").map(|m| m.split(' ').filter_map(delivery).collect()).unwrap_or_default();
             let addresses: Vec<u8> = fields
