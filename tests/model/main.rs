@@ -1,5 +1,6 @@
 //! Checks the send protocol's model (`protocol.rs`) exhaustively on the CI bound (and the
-//! smaller bounds beside it: a channel's, the history's, the ages', the reseal bound), then
+//! smaller bounds beside it: a channel's, the history's, the ages', the reseal and the
+//! time bounds), then
 //! mutants: a mutant is caught when the checker finds a counterexample, printed as the
 //! sequence of script calls that leads to it. `cargo test` runs the bound and the
 //! required mutants; `bench/model` (`--json --all-mutants --larger`) every mutant and a
@@ -25,9 +26,11 @@ use stateright::{Checker, HasDiscoveries, Model, UniformChooser};
 /// an application event whose body is written anew or not waited for, on the Web Push
 /// bound, browser marks not waited for, on the settled history's bound, a kick whose
 /// dedup does not read the history, on the ages' bound, traces that expire the
-/// retention after they settled, and, on the reseal bound, a maybe-sent batch re-sealed
-/// without the members who left).
-const REQUIRED: [Mutant; 11] = [
+/// retention after they settled, on the reseal bound, a maybe-sent batch re-sealed
+/// without the members who left, and, on the time bound, a batch let through past its
+/// delivery deadline, a maybe-sent one settled failed at its deadline, and a request
+/// sent on a gate its slot made stale).
+const REQUIRED: [Mutant; 14] = [
     Mutant::MissingBatchReadAsSettled,
     Mutant::CommitBeforeReplicas,
     Mutant::LaneSkipsSuppression,
@@ -39,6 +42,9 @@ const REQUIRED: [Mutant; 11] = [
     Mutant::KickForgetsSettledHistory,
     Mutant::ExpiryFromSettlement,
     Mutant::ResealMaybeSent,
+    Mutant::GateSkipsDeadline,
+    Mutant::DeadlineFailsMaybeSent,
+    Mutant::SendsOnStaleGate,
 ];
 
 /// The CI bound: 2 deliveries (a campaign delivery whose address the render hook
@@ -72,6 +78,8 @@ fn ci_bound(mutant: Option<Mutant>) -> Protocol {
             windows: 1,
             pauses: 0,
             ticks: 0,
+            deadlines: 0,
+            stales: 0,
         },
         envs: vec![Env::Replicated, Env::LostWrites],
         mutant,
@@ -110,6 +118,8 @@ fn channel_bound(mutant: Option<Mutant>) -> Protocol {
             windows: 0,
             pauses: 0,
             ticks: 0,
+            deadlines: 0,
+            stales: 0,
         },
         envs: vec![Env::Replicated],
         mutant,
@@ -145,6 +155,8 @@ fn history_bound(mutant: Option<Mutant>) -> Protocol {
         windows: 0,
         pauses: 0,
         ticks: 0,
+        deadlines: 0,
+        stales: 0,
     };
     m
 }
@@ -165,6 +177,7 @@ fn bound_for(mutant: Mutant) -> Protocol {
         Mutant::KickForgetsSettledHistory => history_bound(Some(mutant)),
         Mutant::ExpiryFromSettlement => aging_bound(Some(mutant)),
         Mutant::ResealMaybeSent => reseal_bound(Some(mutant)),
+        m if m.is_time() => time_bound(Some(mutant)),
         m if m.is_channel() => channel_bound(Some(mutant)),
         m if m.is_push() => push_bound(Some(mutant)),
         _ => ci_bound(Some(mutant)),
@@ -206,8 +219,45 @@ fn reseal_bound(mutant: Option<Mutant>) -> Protocol {
         windows: 0,
         pauses: 1,
         ticks: 0,
+        deadlines: 0,
+        stales: 0,
     };
     m.envs = vec![Env::Replicated];
+    m
+}
+
+/// The time bound (#59), exhaustive in `cargo test`: the two deliveries of one batch (the
+/// reseal bound's), with time passing where the code reads it: the batch's delivery
+/// deadline and its keys' maybe-sent deadlines pass, a holder's slot moves past its gate's
+/// freshness (it looks again), and a holder's heartbeat is slow (a stall: its leases run
+/// out while it runs, another takes over, it goes on where it was); one provider answer
+/// other than an acceptance and a suppression.
+fn time_bound(mutant: Option<Mutant>) -> Protocol {
+    let mut m = reseal_bound(mutant);
+    m.budget = Budget {
+        kicks: 1,
+        crashes: 0,
+        stalls: 1,
+        failovers: 0,
+        unsubscribes: 0,
+        suppressions: 1,
+        failures: 1,
+        wait_failures: 0,
+        windows: 0,
+        pauses: 0,
+        ticks: 0,
+        deadlines: 2,
+        stales: 1,
+    };
+    m
+}
+
+/// The time bound widened for `bench/model`: the resend window passes too, and a member
+/// unsubscribes.
+fn wide_time_bound() -> Protocol {
+    let mut m = time_bound(None);
+    m.budget.windows = 1;
+    m.budget.unsubscribes = 1;
     m
 }
 
@@ -243,6 +293,8 @@ fn larger_bound() -> Protocol {
         windows: 2,
         pauses: 1,
         ticks: 0,
+        deadlines: 0,
+        stales: 0,
     };
     m.liveness = false;
     m
@@ -331,6 +383,8 @@ fn walk_bound() -> Protocol {
         windows: 2,
         pauses: 2,
         ticks: 0,
+        deadlines: 2,
+        stales: 2,
     };
     m.envs = vec![Env::Replicated];
     m
@@ -394,6 +448,10 @@ fn main() -> ExitCode {
         // While working on the kick window and the dedup's expiry.
         return one_bound("the ages' bound", aging_bound, Mutant::ExpiryFromSettlement);
     }
+    if flag("--time-only") {
+        // The time bound and one of its mutants alone (#59).
+        return one_bound("the time bound", time_bound, Mutant::GateSkipsDeadline);
+    }
     if flag("--reseal-only") {
         // The reseal bound and its mutant alone (#59).
         return one_bound("the reseal bound", reseal_bound, Mutant::ResealMaybeSent);
@@ -429,6 +487,9 @@ fn main() -> ExitCode {
     let history = explore(history_bound(None), "the settled history's bound, exhaustive");
     let aging = explore(aging_bound(None), "the ages' bound: kick, settle and expiry on one clock, exhaustive");
     let reseal = explore(reseal_bound(None), "the reseal bound: two members in one batch, compound faults, exhaustive");
+    let time = explore(time_bound(None), "the time bound: deadlines, a slow heartbeat, a stale gate, exhaustive");
+    // Wider, for bench/model: the resend window and an unsubscribe too.
+    let wide_time = larger.then(|| explore(wide_time_bound(), "the wide time bound, exhaustive"));
     let mut mutants = BTreeMap::new();
     for mutant in Mutant::ALL.into_iter().filter(|m| all_mutants || REQUIRED.contains(m)) {
         let run = check_mutant(bound_for(mutant));
@@ -484,6 +545,10 @@ fn main() -> ExitCode {
             "aging_states": aging.states,
             "reseal_states": reseal.states,
             "reseal_seconds": reseal.seconds,
+            "time_states": time.states,
+            "time_seconds": time.seconds,
+            "wide_time_states": wide_time.as_ref().map(|r| r.states),
+            "wide_time_seconds": wide_time.as_ref().map(|r| r.seconds),
             "properties": properties,
             "mutants": mutants,
             "larger": larger_report,
@@ -504,7 +569,9 @@ fn main() -> ExitCode {
         && push.failures.is_empty()
         && history.failures.is_empty()
         && aging.failures.is_empty()
-        && reseal.failures.is_empty();
+        && reseal.failures.is_empty()
+        && time.failures.is_empty()
+        && wide_time.as_ref().is_none_or(|r| r.failures.is_empty());
     if bounds_hold && missed_required.is_empty() && larger_ok && mismatch.is_none() {
         ExitCode::SUCCESS
     } else {

@@ -128,6 +128,11 @@ pub struct Budget {
     pub pauses: u8,
     /// Steps of Redis's clock (0: time does not pass for the dedup's ages).
     pub ticks: u8,
+    /// Passings of a batch's deadline: its delivery deadline (since it was first sealed),
+    /// or its key's maybe-sent deadline (since that key was sealed).
+    pub deadlines: u8,
+    /// Slots that moved past a holder's gate's freshness (the limiter's wait).
+    pub stales: u8,
 }
 
 /// Where Redis may lose writes.
@@ -206,10 +211,18 @@ pub enum Mutant {
     /// written, not before its period's kick window ends (key layout 7): a period kicked
     /// early and settled before it started can be kicked again once its traces are gone.
     ExpiryFromSettlement,
+    /// gate.lua: a batch never sent is let through past its delivery deadline.
+    GateSkipsDeadline,
+    /// gate.lua's 'deadline' as the sender reads it: a batch past its maybe-sent deadline
+    /// is settled failed, though a request of it may have been processed.
+    DeadlineFailsMaybeSent,
+    /// dispatch.rs: a request leaves on its gate's look however long its slot made it
+    /// wait (no second look once the gate is older than its freshness).
+    SendsOnStaleGate,
 }
 
 impl Mutant {
-    pub const ALL: [Mutant; 19] = [
+    pub const ALL: [Mutant; 22] = [
         Mutant::MissingBatchReadAsSettled,
         Mutant::CommitBeforeReplicas,
         Mutant::LaneSkipsSuppression,
@@ -229,11 +242,19 @@ impl Mutant {
         Mutant::PushMarksNotWaited,
         Mutant::KickForgetsSettledHistory,
         Mutant::ExpiryFromSettlement,
+        Mutant::GateSkipsDeadline,
+        Mutant::DeadlineFailsMaybeSent,
+        Mutant::SendsOnStaleGate,
     ];
 
     /// Whether it is about the application channel (checked on the channel's bound).
     pub fn is_channel(self) -> bool {
         matches!(self, Mutant::AppBodyRewritten | Mutant::AppBodyNotWaited)
+    }
+
+    /// Whether it is about time at the gate (checked on the time bound).
+    pub fn is_time(self) -> bool {
+        matches!(self, Mutant::GateSkipsDeadline | Mutant::DeadlineFailsMaybeSent | Mutant::SendsOnStaleGate)
     }
 
     /// Whether it is about the Web Push channel (checked on its bound).
@@ -262,6 +283,9 @@ impl Mutant {
             Mutant::PushMarksNotWaited => "push_marks_not_waited",
             Mutant::KickForgetsSettledHistory => "kick_forgets_settled_history",
             Mutant::ExpiryFromSettlement => "expiry_from_settlement",
+            Mutant::GateSkipsDeadline => "gate_skips_delivery_deadline",
+            Mutant::DeadlineFailsMaybeSent => "deadline_fails_maybe_sent",
+            Mutant::SendsOnStaleGate => "sends_on_a_stale_gate",
         }
     }
 }
@@ -416,6 +440,11 @@ pub struct Hand {
     pub gated_unwanted: bool,
     /// Its key is a fallback's (the holder tells from the key it holds).
     pub fallback: bool,
+    /// The gate let it through past a deadline it had to hold it to (only a mutant does).
+    pub late: bool,
+    /// Its slot moved past the gate's freshness while a member was no longer wanted, and
+    /// the request leaves on that look (only a mutant does).
+    pub stale_unwanted: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -464,6 +493,14 @@ pub struct Ghost {
     pub left: Vec<Key>,
     /// Keys sealed longer ago than the resend window.
     pub old: Vec<Key>,
+    /// Keys sealed longer ago than the maybe-sent deadline (below the resend window).
+    pub unsure: Vec<Key>,
+    /// Batches first sealed longer ago than the delivery deadline.
+    pub overdue: Vec<u8>,
+    /// A request left past a deadline its gate had to hold it to.
+    pub late: bool,
+    /// A request left with a member no longer wanted a freshness before it.
+    pub stale_unwanted: bool,
     pub double: bool,
     pub unwanted: bool,
     pub past_window: bool,
@@ -566,6 +603,12 @@ pub enum Action {
     Pause,
     Unpause,
     WindowPasses(u8, u8),
+    /// Batch b's delivery deadline passes (since it was first sealed).
+    DeadlinePasses(u8),
+    /// The maybe-sent deadline of batch b's version v passes (since that key was sealed).
+    UnsurePasses(u8, u8),
+    /// Holder h's slot moves past its gate's freshness.
+    Stale(u8),
     /// Redis's clock moves on one step.
     Tick,
 }
@@ -620,6 +663,11 @@ impl fmt::Display for Action {
             Action::Unpause => write!(f, "mailstream resume"),
             Action::WindowPasses(b, v) => {
                 write!(f, "the resend window of batch {b} v{v} passes (the provider forgets it)")
+            }
+            Action::DeadlinePasses(b) => write!(f, "the delivery deadline of batch {b} passes (since first sealed)"),
+            Action::UnsurePasses(b, v) => write!(f, "the maybe-sent deadline of batch {b} v{v} passes"),
+            Action::Stale(h) => {
+                write!(f, "{}: its slot moves past the gate's freshness (the limiter's wait)", holder_name(h))
             }
             Action::Tick => write!(
                 f,
@@ -742,6 +790,15 @@ impl Protocol {
         (digest && g.unsubscribed & bit(d) != 0) || g.suppressed & bit(address) != 0
     }
 
+    /// Whether a request of `b`'s key is between its gate and leaving.
+    fn in_flight(s: &State, b: &Batch) -> bool {
+        s.holders.iter().any(|x| {
+            x.hand.as_ref().is_some_and(|h| {
+                (h.batch, h.version) == (b.id, b.version) && matches!(h.phase, Phase::Gated | Phase::Ready)
+            })
+        })
+    }
+
     /// Whether holder `h` no longer renews what it held (its leases may run out).
     fn lapsed(s: &State, h: u8) -> bool {
         s.holders[usize::from(h)].status != Status::Running
@@ -844,6 +901,10 @@ impl Model for Protocol {
                         suppressed: 0,
                         left: Vec::new(),
                         old: Vec::new(),
+                        unsure: Vec::new(),
+                        overdue: Vec::new(),
+                        late: false,
+                        stale_unwanted: false,
                         double: false,
                         unwanted: false,
                         past_window: false,
@@ -948,30 +1009,37 @@ impl Model for Protocol {
                         }
                     }
                 }
-                Some(hand) => match hand.phase {
-                    Phase::ToGate => actions.push(Action::Gate(h)),
-                    Phase::Gated => {
-                        actions.push(Action::Wait(h, true));
-                        if s.left.wait_failures > 0 {
-                            actions.push(Action::Wait(h, false));
-                        }
+                Some(hand) => {
+                    // The limiter's wait moves a slot past the gate's freshness: the
+                    // dispatcher looks again before the request leaves.
+                    if matches!(hand.phase, Phase::Gated | Phase::Ready) && s.left.stales > 0 {
+                        actions.push(Action::Stale(h));
                     }
-                    Phase::Ready => {
-                        actions.push(Action::Send(h, Outcome::Accepted));
-                        if s.left.failures > 0 {
-                            if s.provider.iter().any(|(k, _)| *k == (hand.batch, hand.version)) {
-                                actions.push(Action::Send(h, Outcome::Refused));
-                            } else {
-                                for o in
-                                    [Outcome::AnswerLost, Outcome::TimedOut, Outcome::RateLimited, Outcome::Refused]
-                                {
-                                    actions.push(Action::Send(h, o));
+                    match hand.phase {
+                        Phase::ToGate => actions.push(Action::Gate(h)),
+                        Phase::Gated => {
+                            actions.push(Action::Wait(h, true));
+                            if s.left.wait_failures > 0 {
+                                actions.push(Action::Wait(h, false));
+                            }
+                        }
+                        Phase::Ready => {
+                            actions.push(Action::Send(h, Outcome::Accepted));
+                            if s.left.failures > 0 {
+                                if s.provider.iter().any(|(k, _)| *k == (hand.batch, hand.version)) {
+                                    actions.push(Action::Send(h, Outcome::Refused));
+                                } else {
+                                    for o in
+                                        [Outcome::AnswerLost, Outcome::TimedOut, Outcome::RateLimited, Outcome::Refused]
+                                    {
+                                        actions.push(Action::Send(h, o));
+                                    }
                                 }
                             }
                         }
+                        Phase::Answered(_) => actions.push(Action::Record(h)),
                     }
-                    Phase::Answered(_) => actions.push(Action::Record(h)),
-                },
+                }
             }
             let others_alive =
                 s.holders.iter().enumerate().any(|(o, x)| o != usize::from(h) && x.status != Status::Dead);
@@ -1001,16 +1069,22 @@ impl Model for Protocol {
                 // (by default) before the provider's, and that margin is what a request
                 // gated just before the end has to leave in (a stall longer than it is
                 // outside the model).
-                let in_flight = |b: &Batch| {
-                    s.holders.iter().any(|x| {
-                        x.hand.as_ref().is_some_and(|h| {
-                            (h.batch, h.version) == (b.id, b.version) && matches!(h.phase, Phase::Gated | Phase::Ready)
-                        })
-                    })
-                };
                 for b in &node.live.batches {
-                    if !s.ghost.old.contains(&(b.id, b.version)) && !in_flight(b) {
+                    if !s.ghost.old.contains(&(b.id, b.version)) && !Self::in_flight(s, b) {
                         actions.push(Action::WindowPasses(b.id, b.version));
+                    }
+                }
+            }
+            if s.left.deadlines > 0 {
+                // Hours, not between a gate and its request (which leaves within a
+                // freshness and a second look of it), as the window above.
+                for b in node.live.batches.iter().filter(|b| !Self::in_flight(s, b)) {
+                    if !s.ghost.overdue.contains(&b.id) {
+                        actions.push(Action::DeadlinePasses(b.id));
+                    }
+                    let key = (b.id, b.version);
+                    if !s.ghost.unsure.contains(&key) && !s.ghost.old.contains(&key) {
+                        actions.push(Action::UnsurePasses(b.id, b.version));
                     }
                 }
             }
@@ -1315,6 +1389,8 @@ impl Model for Protocol {
                         phase: Phase::ToGate,
                         gated_unwanted: false,
                         fallback: false,
+                        late: false,
+                        stale_unwanted: false,
                     };
                     s.holders[usize::from(h)].hand = Some(hand);
                 }
@@ -1350,6 +1426,8 @@ impl Model for Protocol {
             }
             Action::Send(h, outcome) => {
                 let hand = s.holders[usize::from(h)].hand.clone().expect("a hand");
+                s.ghost.late |= hand.late;
+                s.ghost.stale_unwanted |= hand.stale_unwanted;
                 let key = (hand.batch, hand.version);
                 if s.ghost.left.contains(&key) && s.ghost.old.contains(&key) {
                     s.ghost.past_window = true;
@@ -1453,6 +1531,8 @@ impl Model for Protocol {
                         phase: Phase::ToGate,
                         gated_unwanted: false,
                         fallback,
+                        late: false,
+                        stale_unwanted: false,
                     };
                     s.holders[usize::from(h)].hand = Some(hand);
                 }
@@ -1520,6 +1600,25 @@ impl Model for Protocol {
                     node.live.paused = false;
                 }
             }
+            Action::DeadlinePasses(id) => {
+                s.left.deadlines -= 1;
+                s.ghost.overdue.push(id);
+            }
+            Action::UnsurePasses(id, version) => {
+                s.left.deadlines -= 1;
+                s.ghost.unsure.push((id, version));
+            }
+            Action::Stale(h) => {
+                s.left.stales -= 1;
+                let ghost = s.ghost.clone();
+                let hand = s.holders[usize::from(h)].hand.as_mut().expect("a hand");
+                if self.on(Mutant::SendsOnStaleGate) {
+                    // Leaves on the old look: a member unwanted since is mailed.
+                    hand.stale_unwanted |= hand.body.iter().any(|&m| self.ghost_unwanted(&ghost, m));
+                } else {
+                    hand.phase = Phase::ToGate;
+                }
+            }
             Action::WindowPasses(id, version) => {
                 s.left.windows -= 1;
                 s.ghost.old.push((id, version));
@@ -1558,6 +1657,10 @@ impl Model for Protocol {
             Property::always("no_browser_posted_again_after_its_201_was_recorded", |_, s: &State| !s.ghost.reposted),
             Property::always("no_kick_accepted_after_the_dedup_of_its_deliveries_may_have_expired", |_, s: &State| {
                 !s.ghost.rekicked
+            }),
+            Property::always("no_request_leaves_past_its_delivery_deadline", |_, s: &State| !s.ghost.late),
+            Property::always("no_member_unwanted_a_freshness_before_its_request_is_mailed", |_, s: &State| {
+                !s.ghost.stale_unwanted
             }),
             Property::always("a_settled_outcome_says_what_was_sent", |m: &Protocol, s: &State| {
                 (0..m.deliveries.len()).all(|d| {
@@ -1720,6 +1823,19 @@ impl Protocol {
             Self::settle_members(live, b.id, Mode::Holder(h), |_| Rec::Unknown);
             return;
         }
+        // 'deadline': a key that may have been sent, past its maybe-sent deadline, ends
+        // outcome_unknown; a batch never sent, past its delivery deadline, ends failed.
+        if maybe_sent && ghost.unsure.contains(&(b.id, b.version)) {
+            let verdict = if self.on(Mutant::DeadlineFailsMaybeSent) { Rec::Failed } else { Rec::Unknown };
+            Self::settle_members(live, b.id, Mode::Holder(h), |_| verdict);
+            return;
+        }
+        let overdue = !maybe_sent && ghost.overdue.contains(&b.id);
+        if overdue && !self.on(Mutant::GateSkipsDeadline) {
+            Self::settle_members(live, b.id, Mode::Holder(h), |_| Rec::Failed);
+            return;
+        }
+        hand.late = overdue;
         let mut reasons = Vec::with_capacity(b.body.len());
         for &(d, address) in &b.body {
             let spec = self.deliveries[usize::from(d)];

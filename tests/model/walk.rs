@@ -743,6 +743,39 @@ impl Walker {
                     }
                 }
             }
+            Action::DeadlinePasses(id) => {
+                // First sealed longer ago than the delivery deadline (gate.lua reads
+                // `first_sealed_ms`, which no reseal moves).
+                let batch = self.batch_name(id);
+                for p in 0..self.model.partitions {
+                    let record = keys.batch(u16::from(p), &batch);
+                    let exists: bool = redis::cmd("EXISTS").arg(&record).query_async(conn).await?;
+                    if exists {
+                        let _: () =
+                            redis::cmd("HSET").arg(&record).arg("first_sealed_ms").arg(0).query_async(conn).await?;
+                    }
+                }
+            }
+            Action::UnsurePasses(id, version) => {
+                // That key sealed longer ago than the maybe-sent deadline, and not the
+                // resend window: between the two.
+                let d = &self.config.delivery;
+                let ago = (d.maybe_sent_deadline_hours + d.resend_window_hours) * 3_600_000 / 2;
+                let (batch, key) = (self.batch_name(id), self.key_name(id, version));
+                let now = mailstream::store::records::now_ms(conn).await?;
+                for p in 0..self.model.partitions {
+                    let record = keys.batch(u16::from(p), &batch);
+                    let (stored,): (Option<String>,) =
+                        redis::cmd("HMGET").arg(&record).arg("key").query_async(conn).await?;
+                    if stored.is_some() && stored == key {
+                        let _: () =
+                            redis::cmd("HSET").arg(&record).arg("sealed_ms").arg(now - ago).query_async(conn).await?;
+                    }
+                }
+            }
+            // The dispatcher's second look: the holder's next step is its gate again (the
+            // model's hand goes back before it); nothing in Redis until then.
+            Action::Stale(_) => {}
             Action::Crash(h) => {
                 // Its memory is gone with it.
                 self.hands.lock().expect("the hands")[usize::from(h)] = None;
