@@ -54,9 +54,15 @@ impl Sender {
 
     /// The sender `config` describes; `seed` fixes the retry jitter (tests).
     pub(crate) fn from_config(config: &Config, seed: Option<u64>) -> anyhow::Result<Sender> {
+        Sender::with_timeout(config, seed, Duration::from_secs(config.resend.timeout_seconds))
+    }
+
+    /// [`Sender::from_config`], its requests giving up after `timeout` (the model's walks:
+    /// shorter than the config's whole seconds).
+    pub(crate) fn with_timeout(config: &Config, seed: Option<u64>, timeout: Duration) -> anyhow::Result<Sender> {
         let r = &config.resend;
         let key = r.api_key.clone().ok_or_else(|| ConfigError::Invalid(vec![crate::config::NO_API_KEY.into()]))?;
-        let client = Client::new(&r.base_url, key, Duration::from_secs(r.timeout_seconds))?;
+        let client = Client::new(&r.base_url, key, timeout)?;
         let rng = seed.map_or_else(rand::make_rng, StdRng::seed_from_u64);
         Ok(Sender::new(client, RetryPolicy::from_config(&config.delivery), rng, &r.base_url))
     }

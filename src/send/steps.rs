@@ -8,16 +8,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rand::SeedableRng;
-use rand::rngs::StdRng;
-
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
 use crate::model::work::{Ready, Sealed};
-use crate::resend::Client;
 use crate::send::ctx::{Ctx, Failpoints};
 use crate::send::gate::{self, GateConns};
 use crate::send::request::Sender;
-use crate::send::retry::RetryPolicy;
 use crate::send::{reclaim, seal};
 use crate::shutdown::Shutdown;
 use crate::store::Store;
@@ -35,11 +30,7 @@ impl Steps {
     /// A holder named `owner` (its leases and batches say so) on `store`, whose requests
     /// go to `config.resend.base_url` and give up after `timeout`.
     pub fn new(config: Config, store: Store, owner: &str, timeout: Duration) -> anyhow::Result<Steps> {
-        let r = &config.resend;
-        let key = r.api_key.clone().ok_or_else(|| ConfigError::Invalid(vec![crate::config::NO_API_KEY.into()]))?;
-        let client = Client::new(&r.base_url, key, timeout)?;
-        let retry = RetryPolicy::from_config(&config.delivery);
-        let sender = Sender::new(client, retry, StdRng::seed_from_u64(0), &r.base_url);
+        let sender = Sender::with_timeout(&config, Some(0), timeout)?;
         let gates = GateConns::new(&config);
         let metrics = Arc::default();
         let mut ctx = Ctx::new(config, store, owner.to_string(), metrics, Failpoints::default(), &Shutdown::never());

@@ -732,46 +732,20 @@ impl Walker {
             Action::WindowPasses(id, version) => {
                 // Only the batch still holding that key is past its window (a reseal made a
                 // new key and a new `sealed_ms`).
-                let batch = self.batch_name(id);
-                let key = self.key_name(id, version);
-                for p in 0..self.model.partitions {
-                    let record = keys.batch(u16::from(p), &batch);
-                    let (stored,): (Option<String>,) =
-                        redis::cmd("HMGET").arg(&record).arg("key").query_async(conn).await?;
-                    if stored.is_some() && stored == key {
-                        let _: () = redis::cmd("HSET").arg(&record).arg("sealed_ms").arg(0).query_async(conn).await?;
-                    }
-                }
+                self.age_batch(conn, id, Some(version), "sealed_ms", 0).await?;
             }
             Action::DeadlinePasses(id) => {
                 // First sealed longer ago than the delivery deadline (gate.lua reads
                 // `first_sealed_ms`, which no reseal moves).
-                let batch = self.batch_name(id);
-                for p in 0..self.model.partitions {
-                    let record = keys.batch(u16::from(p), &batch);
-                    let exists: bool = redis::cmd("EXISTS").arg(&record).query_async(conn).await?;
-                    if exists {
-                        let _: () =
-                            redis::cmd("HSET").arg(&record).arg("first_sealed_ms").arg(0).query_async(conn).await?;
-                    }
-                }
+                self.age_batch(conn, id, None, "first_sealed_ms", 0).await?;
             }
             Action::UnsurePasses(id, version) => {
                 // That key sealed longer ago than the maybe-sent deadline, and not the
                 // resend window: between the two.
                 let d = &self.config.delivery;
                 let ago = (d.maybe_sent_deadline_hours + d.resend_window_hours) * 3_600_000 / 2;
-                let (batch, key) = (self.batch_name(id), self.key_name(id, version));
                 let now = mailstream::store::records::now_ms(conn).await?;
-                for p in 0..self.model.partitions {
-                    let record = keys.batch(u16::from(p), &batch);
-                    let (stored,): (Option<String>,) =
-                        redis::cmd("HMGET").arg(&record).arg("key").query_async(conn).await?;
-                    if stored.is_some() && stored == key {
-                        let _: () =
-                            redis::cmd("HSET").arg(&record).arg("sealed_ms").arg(now - ago).query_async(conn).await?;
-                    }
-                }
+                self.age_batch(conn, id, Some(version), "sealed_ms", now - ago).await?;
             }
             // The dispatcher's second look: the holder's next step is its gate again (the
             // model's hand goes back before it); nothing in Redis until then.
@@ -781,8 +755,8 @@ impl Walker {
                 self.hands.lock().expect("the hands")[usize::from(h)] = None;
                 self.outcomes.lock().expect("the outcomes")[usize::from(h)] = None;
             }
-            // The walk plays the provider, and a holder's memory: no Redis step.
             Action::Wait(_, false) => anyhow::bail!("no WAIT refusal on one server"),
+            // The walk plays the application, and a holder's pause: no Redis step.
             Action::Post(..) | Action::Stall(_) | Action::Resume(_) => {}
             Action::Lag(_) | Action::Failover(_) => anyhow::bail!("not on one server"),
             // The walks' bound has no ticks: the ages are checked on Redis's own clock, moved
@@ -790,6 +764,29 @@ impl Walker {
             Action::Tick => anyhow::bail!("the walks do not move Redis's clock"),
         }
         Ok(None)
+    }
+
+    /// Moves a stored time of the model's batch `id` into the past (`field` set to
+    /// `value`), in whichever partition holds its record; with `version`, only while the
+    /// record still holds that version's key.
+    async fn age_batch(
+        &self,
+        conn: &mut mailstream::store::Conn,
+        id: u8,
+        version: Option<u8>,
+        field: &str,
+        value: u64,
+    ) -> anyhow::Result<()> {
+        let batch = self.batch_name(id);
+        let key = version.map(|v| self.key_name(id, v));
+        for p in 0..self.model.partitions {
+            let record = self.store.keys.batch(u16::from(p), &batch);
+            let (stored,): (Option<String>,) = redis::cmd("HMGET").arg(&record).arg("key").query_async(conn).await?;
+            if stored.is_some() && key.as_ref().is_none_or(|k| *k == stored) {
+                let _: () = redis::cmd("HSET").arg(&record).arg(field).arg(value).query_async(conn).await?;
+            }
+        }
+        Ok(())
     }
 
     /// Delivery id → its stream entry id, in both lanes of partition `p`.
